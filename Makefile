@@ -1,0 +1,35 @@
+# The two commands a new machine needs:  make demo   and   make test
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast lint bench-enqueue clean-local
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP) ## create the virtualenv and install everything
+
+demo: $(STAMP) ## start local shards and show events flowing (data in .qm-local)
+	$(BIN)/qm demo --dir .qm-local
+
+test: $(STAMP) ## the whole suite: unit, integration (real PostgreSQL), Spark
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP) ## without the Spark tests
+	$(BIN)/python -m pytest -q -m "not spark"
+
+lint: $(STAMP) ## ruff and mypy --strict
+	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks
+	$(BIN)/mypy
+
+bench-enqueue: $(STAMP) ## enqueue throughput vs a plain table (JSON on stdout)
+	$(BIN)/python benchmarks/enqueue.py
+
+clean-local: ## stop and delete the demo's local shards
+	-$(BIN)/qm local stop --dir .qm-local
+	rm -rf .qm-local

@@ -1,0 +1,182 @@
+"""Queue administration and status across the shards of a topology.
+
+Queues exist on every shard with the same settings: ``create_queue`` and ``alter_queue``
+apply the change shard by shard through the SQL functions ``qm.create_queue`` and
+``qm.alter_queue`` (which also work from any SQL client).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from queue_manager.db.errors import translate
+from queue_manager.db.sqlfiles import query
+from queue_manager.domain.names import check_queue_name
+from queue_manager.domain.topology import Shard, Topology
+from queue_manager.errors import ConfigurationError, QueueManagerError
+
+#: settings accepted by create/alter, with the Python type each must have
+SETTINGS: Mapping[str, type | tuple[type, ...]] = {
+    "partitions": int,
+    "shuffle": int,
+    "window_seconds": (int, float),
+    "cache_size": int,
+    "ack_timeout_seconds": (int, float),
+    "backoff_min_seconds": (int, float),
+    "backoff_max_seconds": (int, float),
+    "max_attempts": int,
+    "max_qps": (int, float, type(None)),
+    "max_concurrency": (int, type(None)),
+    "retention_seconds": (int, float),
+    "payload_limit_bytes": int,
+    "max_delay_seconds": (int, float),
+    "paused": bool,
+}
+
+
+def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Refuse unknown keys and wrong types before anything reaches a shard."""
+    out = {}
+    for key, value in settings.items():
+        expected = SETTINGS.get(key)
+        if expected is None:
+            raise ConfigurationError(f"unknown queue setting {key!r}; known settings: {', '.join(SETTINGS)}")
+        if isinstance(value, bool) and expected is not bool:
+            raise ConfigurationError(f"queue setting {key!r} must be a number, got {value!r}")
+        if not isinstance(value, expected):
+            raise ConfigurationError(f"queue setting {key!r} has the wrong type: {value!r}")
+        out[key] = value
+    return out
+
+
+def _admin_error(exc: psycopg.Error, queue: str) -> QueueManagerError | psycopg.Error:
+    if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "queues"):
+        return ConfigurationError(f"queue {queue!r}: invalid settings ({exc.diag.message_primary})")
+    if isinstance(exc, pg.InvalidParameterValue | pg.InvalidTextRepresentation | pg.NumericValueOutOfRange):
+        return ConfigurationError(f"queue {queue!r}: {exc.diag.message_primary}")
+    if isinstance(exc, pg.DuplicateTable):
+        return ConfigurationError(exc.diag.message_primary or str(exc))
+    return translate(exc, queue=queue)
+
+
+def _on_every_shard(topology: Topology, queue: str, name: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    results = {}
+    for shard in topology.shards:
+        try:
+            with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+                row = conn.execute(query(name), params).fetchone()
+        except psycopg.Error as exc:
+            raise _admin_error(exc, queue) from exc
+        assert row is not None
+        results[shard.name] = dict(row)
+    return results
+
+
+def create_queue(
+    topology: Topology, queue: str, settings: Mapping[str, Any], *, if_not_exists: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Create the queue on every shard; returns each shard's registry row."""
+    check_queue_name(queue)
+    params = {"queue": queue, "settings": json.dumps(check_settings(settings)), "if_not_exists": if_not_exists}
+    return _on_every_shard(topology, queue, "create_queue", params)
+
+
+def alter_queue(topology: Topology, queue: str, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Change settings on every shard (a shrink of N completes later, see ``qm.finish_resize``)."""
+    check_queue_name(queue)
+    if not settings:
+        raise ConfigurationError("nothing to change: give at least one setting")
+    params = {"queue": queue, "settings": json.dumps(check_settings(settings))}
+    return _on_every_shard(topology, queue, "alter_queue", params)
+
+
+def list_queues(topology: Topology) -> dict[str, list[dict[str, Any]]]:
+    """Every shard's queue registry."""
+    out = {}
+    for shard in topology.shards:
+        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+            out[shard.name] = [dict(r) for r in conn.execute(query("list_queues")).fetchall()]
+    return out
+
+
+@dataclass
+class QueueStatus:
+    """Length and health of one queue on one shard."""
+
+    queue: str
+    #: partitions written to (N)
+    partitions: int
+    #: partitions that may still hold events (> partitions while a shrink drains)
+    partitions_physical: int
+    shuffle: int
+    paused: bool
+    #: events by state
+    counts: dict[str, int] = field(default_factory=dict)
+    #: live events (to_be_fired + fired) per partition, index = partition
+    depth: list[int] = field(default_factory=list)
+    #: to_be_fired events whose fire_at has passed
+    due_now: int = 0
+    #: age of the oldest due event (seconds), None when nothing is due
+    oldest_due_age_seconds: float | None = None
+    #: live events still in partitions being dropped; the shrink completes when this is 0
+    draining: int = 0
+
+    @property
+    def length(self) -> int:
+        """Live events: to_be_fired + fired, summed over partitions (the seed's Len)."""
+        return sum(self.depth)
+
+
+def shard_status(shard: Shard) -> list[QueueStatus]:
+    """Status of every queue on one shard (completing any shrink whose partitions drained)."""
+    out = []
+    with psycopg.connect(shard.dsn, autocommit=True) as conn:
+        queues = conn.execute(query("list_queues")).fetchall()
+        for q in queues:
+            name, n, physical, k = q[0], q[1], q[2], q[3]
+            paused = q[15]
+            if physical > n:
+                remaining = conn.execute(query("finish_resize"), {"queue": name}).fetchone()
+                if remaining is not None and remaining[0] == 0:
+                    physical = n
+            st = QueueStatus(
+                name, n, physical, k, paused, counts={s: 0 for s in ("to_be_fired", "fired", "acked", "failed")}
+            )
+            depth = [0] * max(physical, n)
+            table = sql.Identifier(name)
+            for part, state, cnt in conn.execute(sql.SQL(query("queue_state_counts")).format(queue=table)):
+                st.counts[state] = st.counts.get(state, 0) + cnt
+                if state in ("to_be_fired", "fired"):
+                    if part >= len(depth):
+                        depth.extend([0] * (part + 1 - len(depth)))
+                    depth[part] += cnt
+            st.depth = depth
+            st.draining = sum(depth[n:])
+            age, due = conn.execute(sql.SQL(query("queue_oldest_due")).format(queue=table)).fetchone() or (None, 0)
+            st.oldest_due_age_seconds, st.due_now = age, due
+            out.append(st)
+    return out
+
+
+def status(topology: Topology) -> dict[str, Any]:
+    """Status of every queue on every shard, as plain data (what ``qm status --json`` prints)."""
+    shards = []
+    for shard in topology.shards:
+        entry: dict[str, Any] = {"shard": shard.name, "range": str(shard.key_range)}
+        try:
+            qs = shard_status(shard)
+        except psycopg.OperationalError as exc:
+            entry["error"] = f"unreachable: {exc}".strip()
+            shards.append(entry)
+            continue
+        entry["queues"] = [{**asdict(s), "length": s.length} for s in qs]
+        shards.append(entry)
+    return {"shards": shards}

@@ -1,0 +1,291 @@
+"""The ``qm`` command line.
+
+    qm local start --shards N --dir DIR     start N embedded PostgreSQL shards, migrate, write DIR/topology.toml
+    qm local stop --dir DIR                 stop them (a later start reuses the data)
+    qm migrate --topology T                 apply the schema history to every shard
+    qm queue create|alter|list|pause|resume manage queues on every shard
+    qm enqueue QUEUE TENANT [PAYLOAD]       enqueue one event (routed to the tenant's shard)
+    qm status [--json]                      length and state of every queue on every shard
+    qm demo --dir DIR                       the end-to-end demo on local shards
+
+``--topology`` defaults to ``$QM_TOPOLOGY``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from queue_manager import admin
+from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
+from queue_manager.errors import ConfigurationError, QueueManagerError
+
+# option name -> (setting key, type, help)
+_QUEUE_OPTIONS: list[tuple[str, str, Any, str]] = [
+    ("--partitions", "partitions", int, "partitions per shard, N (default 16)"),
+    ("--shuffle", "shuffle", int, "shuffle-shard size k: partitions per tenant (default 4)"),
+    ("--window", "window_seconds", float, "seconds of upcoming events the manager caches (default 30)"),
+    ("--cache-size", "cache_size", int, "most events the manager caches (default 10000)"),
+    ("--ack-timeout", "ack_timeout_seconds", float, "seconds a receiver has to ack (default 30)"),
+    ("--backoff-min", "backoff_min_seconds", float, "first re-fire delay, seconds (default 1)"),
+    ("--backoff-max", "backoff_max_seconds", float, "longest re-fire delay, seconds (default 300)"),
+    ("--max-attempts", "max_attempts", int, "attempts before an event is dead-lettered (default 20)"),
+    ("--max-qps", "max_qps", float, "most events fired per second, all shards together (default unlimited)"),
+    ("--max-concurrency", "max_concurrency", int, "most events in flight (default unlimited)"),
+    ("--retention", "retention_seconds", float, "seconds acked events are kept (default 604800)"),
+    ("--payload-limit", "payload_limit_bytes", int, "largest payload in bytes (default 65536)"),
+    ("--max-delay", "max_delay_seconds", float, "latest fire_at accepted, seconds from now (default 10 years)"),
+]
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    path = args.topology or os.environ.get("QM_TOPOLOGY")
+    if not path:
+        raise ConfigurationError("no topology: pass --topology FILE or set QM_TOPOLOGY")
+    return Topology.load(path)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    out = {key: getattr(args, key) for _, key, _, _ in _QUEUE_OPTIONS if getattr(args, key) is not None}
+    if getattr(args, "paused", None) is not None:
+        out["paused"] = args.paused
+    return out
+
+
+def _print(data: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(data)
+
+
+def cmd_local_start(args: argparse.Namespace) -> int:
+    from queue_manager.db.migrate import migrate_topology
+    from queue_manager.local.embedded import LocalCluster
+
+    directory = Path(args.dir).resolve()
+    settings = {"fsync": "off", "synchronous_commit": "off"} if args.fsync_off else None
+    cluster = LocalCluster(directory, args.shards, settings=settings)
+    dsns = cluster.start()
+    ranges = even_ranges(len(dsns))
+    topology = Topology(
+        tuple(Shard(name, dsn, kr) for name, dsn, kr in zip(shard_names(len(dsns)), dsns, ranges, strict=True))
+    )
+    path = directory / "topology.toml"
+    path.write_text(topology.to_toml())
+    migrate_topology(topology)
+    print(f"started {len(dsns)} PostgreSQL shard(s) in {directory}:")
+    for shard in topology.shards:
+        print(f"  {shard.name}  range {shard.key_range!s:<6} {shard.dsn}")
+    print(f"topology: {path}   (export QM_TOPOLOGY={path})")
+    return 0
+
+
+def cmd_local_stop(args: argparse.Namespace) -> int:
+    from queue_manager.local.embedded import LocalCluster
+
+    LocalCluster.from_directory(Path(args.dir).resolve()).stop()
+    print(f"stopped the shards in {args.dir}")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from queue_manager.db.migrate import migrate_topology
+
+    for name in migrate_topology(_topology(args)):
+        print(f"migrated shard {name}")
+    return 0
+
+
+def cmd_queue_create(args: argparse.Namespace) -> int:
+    rows = admin.create_queue(_topology(args), args.name, _settings(args), if_not_exists=args.if_not_exists)
+    for shard, row in rows.items():
+        print(f"{shard}: queue {row['name']} partitions={row['partitions']} shuffle={row['shuffle']}")
+    return 0
+
+
+def cmd_queue_alter(args: argparse.Namespace) -> int:
+    rows = admin.alter_queue(_topology(args), args.name, _settings(args))
+    for shard, row in rows.items():
+        shrink = ""
+        if row["partitions_physical"] > row["partitions"]:
+            shrink = f" (shrinking: partitions {row['partitions']}..{row['partitions_physical'] - 1} drain first)"
+        print(f"{shard}: queue {row['name']} updated{shrink}")
+    return 0
+
+
+def cmd_queue_pause(args: argparse.Namespace, paused: bool) -> int:
+    admin.alter_queue(_topology(args), args.name, {"paused": paused})
+    print(f"queue {args.name} {'paused' if paused else 'resumed'} on every shard")
+    return 0
+
+
+def cmd_queue_list(args: argparse.Namespace) -> int:
+    data = admin.list_queues(_topology(args))
+    if args.json:
+        _print(data, True)
+        return 0
+    for shard, queues in data.items():
+        print(f"shard {shard}:")
+        for q in queues:
+            print(
+                f"  {q['name']:<24} N={q['partitions']:<4} k={q['shuffle']:<3} window={q['window_seconds']}s "
+                f"cache={q['cache_size']} ack_timeout={q['ack_timeout_seconds']}s max_attempts={q['max_attempts']}"
+                f"{' PAUSED' if q['paused'] else ''}"
+            )
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from queue_manager.producer import Router
+
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"payload must be JSON: {exc}") from None
+    fire_at = datetime.fromisoformat(args.fire_at) if args.fire_at else None
+    with Router(_topology(args)) as router:
+        shard = router.shard_for(args.tenant)
+        event_id = router.enqueue(args.queue, args.tenant, payload, fire_at=fire_at, dedup_key=args.dedup_key)
+    if event_id is None:
+        print(f"duplicate: an event with dedup key {args.dedup_key!r} exists on shard {shard.name}")
+    else:
+        print(f"enqueued event {event_id} on shard {shard.name}")
+    return 0
+
+
+def render_status(data: dict[str, Any]) -> str:
+    """Human-readable form of ``admin.status``."""
+    lines = []
+    for shard in data["shards"]:
+        lines.append(f"shard {shard['shard']} ({shard['range']})")
+        if "error" in shard:
+            lines.append(f"  {shard['error']}")
+            continue
+        if not shard["queues"]:
+            lines.append("  no queues")
+        for q in shard["queues"]:
+            c = q["counts"]
+            age = q["oldest_due_age_seconds"]
+            lines.append(
+                f"  {q['queue']}: length {q['length']}  to_be_fired {c['to_be_fired']}  fired {c['fired']}  "
+                f"acked {c['acked']}  failed {c['failed']}  due {q['due_now']}"
+                f"  oldest due {'-' if age is None else f'{age:.1f}s'}{'  PAUSED' if q['paused'] else ''}"
+            )
+            lines.append(f"    depth by partition: {q['depth']}")
+            if q["partitions_physical"] > q["partitions"]:
+                lines.append(
+                    f"    shrinking {q['partitions_physical']} -> {q['partitions']}: "
+                    f"{q['draining']} live events left in partitions {q['partitions']}..{q['partitions_physical'] - 1}"
+                )
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    data = admin.status(_topology(args))
+    if args.queue:
+        for shard in data["shards"]:
+            shard["queues"] = [q for q in shard.get("queues", []) if q["queue"] == args.queue]
+    print(json.dumps(data, indent=2, default=str) if args.json else render_status(data))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from queue_manager.demo import run_demo
+
+    return run_demo(Path(args.dir).resolve(), shards=args.shards, tenants=args.tenants, events=args.events)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qm", description="Sharded, table-backed queue manager on PostgreSQL")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_topology(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--topology", help="topology TOML file (default: $QM_TOPOLOGY)")
+        return p
+
+    local = sub.add_parser("local", help="embedded PostgreSQL shards on this machine").add_subparsers(
+        dest="local_command", required=True
+    )
+    p = local.add_parser("start", help="start N shards (reusing DIR's data), migrate them, write DIR/topology.toml")
+    p.add_argument("--shards", type=int, default=2, help="number of shards, a power of two (default 2)")
+    p.add_argument("--dir", required=True, help="directory for the data and the topology file")
+    p.add_argument("--fsync-off", action="store_true", help="fsync=off, synchronous_commit=off (throwaway data)")
+    p.set_defaults(func=cmd_local_start)
+    p = local.add_parser("stop", help="stop the shards started in DIR")
+    p.add_argument("--dir", required=True)
+    p.set_defaults(func=cmd_local_stop)
+
+    with_topology(sub.add_parser("migrate", help="apply the schema to every shard")).set_defaults(func=cmd_migrate)
+
+    queue = sub.add_parser("queue", help="create, alter, list, pause and resume queues").add_subparsers(
+        dest="queue_command", required=True
+    )
+    for verb, func in (("create", cmd_queue_create), ("alter", cmd_queue_alter)):
+        p = with_topology(queue.add_parser(verb, help=f"{verb} a queue on every shard"))
+        p.add_argument("name")
+        for flag, key, typ, help_ in _QUEUE_OPTIONS:
+            p.add_argument(flag, dest=key, type=typ, help=help_)
+        p.add_argument("--paused", dest="paused", action="store_const", const=True, help="refuse to dispatch")
+        if verb == "create":
+            p.add_argument("--if-not-exists", action="store_true", help="succeed if the queue exists")
+        p.set_defaults(func=func)
+    p = with_topology(queue.add_parser("list", help="list queues and their settings"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_queue_list)
+    for verb, paused in (("pause", True), ("resume", False)):
+        p = with_topology(queue.add_parser(verb, help=f"{verb} dispatching of a queue"))
+        p.add_argument("name")
+        p.set_defaults(func=lambda a, paused=paused: cmd_queue_pause(a, paused))
+
+    p = with_topology(sub.add_parser("enqueue", help="enqueue one event"))
+    p.add_argument("queue")
+    p.add_argument("tenant")
+    p.add_argument("payload", nargs="?", default="{}", help="JSON payload (default {})")
+    p.add_argument("--fire-at", help="ISO-8601 time with offset, e.g. 2026-01-01T12:00:00+00:00")
+    p.add_argument("--dedup-key")
+    p.set_defaults(func=cmd_enqueue)
+
+    p = with_topology(sub.add_parser("status", help="queue length and state on every shard"))
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--queue", help="only this queue")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("demo", help="run the demo on local embedded shards")
+    p.add_argument("--dir", default=".qm-local", help="directory for the local shards (default .qm-local)")
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--tenants", type=int, default=200)
+    p.add_argument("--events", type=int, default=20, help="events per tenant")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``qm`` console command."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s %(message)s"
+    )
+    try:
+        result: int = args.func(args)
+        return result
+    except QueueManagerError as exc:
+        print(f"qm: error: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.OperationalError as exc:
+        print(f"qm: database unreachable: {exc}".rstrip(), file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The error tree of the queue manager.
+
+Every error a user can meet derives from :class:`QueueManagerError`. Each class's
+docstring is its default message; callers pass a more precise one (what was wrong,
+what was expected, what to do).
+
+    QueueManagerError
+    ├── ConfigurationError        bad settings, topology files, CLI arguments
+    │   └── TopologyError         keyspace ranges that do not cover the keyspace exactly
+    ├── InvalidNameError          a queue or shard name outside the allow-list
+    ├── EnqueueError              the database refused an event
+    │   ├── MisroutedTenantError  the tenant belongs to another shard
+    │   ├── InvalidEventError     empty tenant, bad fire_at, oversized payload, ...
+    │   └── QueuePausedError      (reserved) the queue refuses new events
+    ├── UnknownQueueError         no queue of that name on the shard
+    └── LocalClusterError         the embedded PostgreSQL servers could not be started
+"""
+
+from __future__ import annotations
+
+
+class QueueManagerError(Exception):
+    """A queue manager operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.__doc__ or type(self).__name__)
+
+
+class ConfigurationError(QueueManagerError):
+    """The configuration is invalid."""
+
+
+class TopologyError(ConfigurationError):
+    """The topology is invalid."""
+
+
+class InvalidNameError(QueueManagerError):
+    """A name is not allowed."""
+
+
+class EnqueueError(QueueManagerError):
+    """The database refused the event."""
+
+
+class MisroutedTenantError(EnqueueError):
+    """The tenant belongs to another shard."""
+
+    def __init__(self, message: str | None = None, *, right_shard: str | None = None) -> None:
+        super().__init__(message)
+        #: name of the shard that owns the tenant, when the database said so
+        self.right_shard = right_shard
+
+
+class InvalidEventError(EnqueueError):
+    """The event is invalid."""
+
+
+class QueuePausedError(EnqueueError):
+    """The queue is paused."""
+
+
+class UnknownQueueError(QueueManagerError):
+    """No queue of that name exists on the shard."""
+
+
+class LocalClusterError(QueueManagerError):
+    """The local embedded PostgreSQL cluster could not be managed."""

@@ -1,0 +1,289 @@
+"""Enqueue from Python: join the caller's transaction, route to the right shard, load in bulk.
+
+``enqueue`` runs one ``INSERT INTO <queue>`` on the connection it is given, inside whatever
+transaction that connection has open, so the event commits or rolls back with the caller's
+own writes. It accepts a psycopg ``Connection``, a SQLAlchemy ``Connection`` or ``Session``;
+``aenqueue`` does the same for psycopg's ``AsyncConnection``.
+
+``enqueue_batch`` loads many events with COPY. It places each event itself (least-loaded
+partition of the tenant's shuffle set, with the loads read once per batch and kept up to
+date as it assigns), and the database's CHECK constraints verify every row, so a batch is
+all-or-nothing and a bad row is refused with the same rules as a plain INSERT.
+
+``Router`` holds one connection pool per shard of a topology and sends each tenant to its
+shard.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from queue_manager.db.errors import translate
+from queue_manager.db.sqlfiles import query
+from queue_manager.domain import routing
+from queue_manager.domain.names import check_queue_name
+from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.errors import InvalidEventError, MisroutedTenantError, UnknownQueueError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection as SAConnection
+    from sqlalchemy.orm import Session as SASession
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event to enqueue."""
+
+    #: the tenant key: picks the shard and the shuffle set
+    tenant: str
+    #: any JSON-serialisable value
+    payload: Any
+    #: earliest firing time (timezone-aware); None = as soon as possible (database clock)
+    fire_at: datetime | None = None
+    #: producer deduplication key, unique per (queue, tenant) while the event is kept
+    dedup_key: str | None = None
+
+
+def _statement(name: str, queue: str) -> sql.Composed:
+    return sql.SQL(query(name)).format(queue=sql.Identifier(check_queue_name(queue)))
+
+
+def _params(tenant: str, payload: Any, fire_at: datetime | None, dedup_key: str | None) -> dict[str, Any]:
+    if fire_at is not None and fire_at.tzinfo is None:
+        raise InvalidEventError("fire_at must be timezone-aware (a naive datetime is ambiguous)")
+    return {"tenant": tenant, "payload": Jsonb(payload), "fire_at": fire_at, "dedup_key": dedup_key}
+
+
+def enqueue(
+    conn: psycopg.Connection[Any] | SAConnection | SASession,
+    queue: str,
+    tenant: str,
+    payload: Any,
+    fire_at: datetime | None = None,
+    dedup_key: str | None = None,
+) -> int | None:
+    """Insert one event in the caller's current transaction.
+
+    Returns the new event's id, or None when an event with the same ``dedup_key`` already
+    exists for this tenant (the insert then does nothing). Raises MisroutedTenantError,
+    InvalidEventError or UnknownQueueError when the database refuses the event; as with any
+    failed statement, the caller's transaction must then be rolled back.
+    """
+    stmt = _statement("enqueue", queue)
+    params = _params(tenant, payload, fire_at, dedup_key)
+    if isinstance(conn, psycopg.Connection):
+        try:
+            row = conn.execute(stmt, params).fetchone()
+        except psycopg.Error as exc:
+            raise translate(exc, queue=queue) from exc
+        return None if row is None else int(row[0])
+    return _enqueue_sqlalchemy(conn, stmt, params, queue)
+
+
+def _enqueue_sqlalchemy(
+    conn: SAConnection | SASession, stmt: sql.Composed, params: dict[str, Any], queue: str
+) -> int | None:
+    from sqlalchemy.engine import Connection as SAConnection
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.orm import Session as SASession
+
+    if isinstance(conn, SASession):
+        conn = conn.connection()
+    if not isinstance(conn, SAConnection):
+        raise TypeError(f"enqueue needs a psycopg or SQLAlchemy connection or session, got {type(conn).__name__}")
+    driver = conn.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        raise TypeError("enqueue through SQLAlchemy needs the psycopg driver (postgresql+psycopg://)")
+    try:
+        row = conn.exec_driver_sql(stmt.as_string(driver), params).fetchone()
+    except DBAPIError as exc:
+        if isinstance(exc.orig, psycopg.Error):
+            raise translate(exc.orig, queue=queue) from exc
+        raise
+    return None if row is None else int(row[0])
+
+
+async def aenqueue(
+    conn: psycopg.AsyncConnection[Any],
+    queue: str,
+    tenant: str,
+    payload: Any,
+    fire_at: datetime | None = None,
+    dedup_key: str | None = None,
+) -> int | None:
+    """``enqueue`` for a psycopg AsyncConnection, in the caller's current transaction."""
+    stmt = _statement("enqueue", queue)
+    try:
+        cur = await conn.execute(stmt, _params(tenant, payload, fire_at, dedup_key))
+        row = await cur.fetchone()
+    except psycopg.Error as exc:
+        raise translate(exc, queue=queue) from exc
+    return None if row is None else int(row[0])
+
+
+@dataclass(frozen=True)
+class _Placement:
+    partitions: int
+    shuffle: int
+    shard: str
+    key_range: KeyRange
+    loads: list[int]
+
+
+def _placement(conn: psycopg.Connection[Any], queue: str) -> _Placement:
+    row = conn.execute(query("queue_routing_info"), {"queue": queue}).fetchone()
+    if row is None:
+        raise UnknownQueueError(f"queue {queue!r} does not exist on this shard: create it with 'qm queue create'")
+    n, k, _limit, shard, start, end, loads = row
+    if shard is None:
+        raise UnknownQueueError("this database has no shard identity yet: run 'qm migrate --topology <file>'")
+    return _Placement(n, k, shard, KeyRange(start, end), list(loads or [0] * n))
+
+
+def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Event]) -> int:
+    """Load events with COPY in the caller's transaction; returns how many were inserted.
+
+    All events must belong to this connection's shard (``Router.enqueue_batch`` splits a
+    mixed batch by shard). Events whose ``dedup_key`` already exists are skipped.
+    """
+    check_queue_name(queue)
+    place = _placement(conn, queue)
+    load = dict(enumerate(place.loads))
+    rows: list[tuple[str, int, str, datetime | None, str | None]] = []
+    counts: dict[int, int] = defaultdict(int)
+    for i, ev in enumerate(events):
+        if not ev.tenant:
+            raise InvalidEventError(f"event #{i}: tenant must be a non-empty string")
+        if not place.key_range.contains(ev.tenant):
+            raise MisroutedTenantError(
+                f"event #{i}: tenant {ev.tenant!r} does not belong to shard {place.shard!r} ({place.key_range})"
+            )
+        if ev.fire_at is not None and ev.fire_at.tzinfo is None:
+            raise InvalidEventError(f"event #{i}: fire_at must be timezone-aware")
+        p = routing.least_loaded(routing.shuffle_set(ev.tenant, place.partitions, place.shuffle), load)
+        load[p] = load.get(p, 0) + 1
+        counts[p] += 1
+        rows.append((ev.tenant, p, json.dumps(ev.payload), ev.fire_at, ev.dedup_key))
+    if not rows:
+        return 0
+    inserted = _copy_rows(conn, queue, rows)
+    conn.execute(query("add_load"), {"queue": queue, "partitions": list(counts), "counts": list(counts.values())})
+    return inserted
+
+
+def _copy_rows(conn: psycopg.Connection[Any], queue: str, rows: Sequence[tuple[Any, ...]]) -> int:
+    table = sql.Identifier(queue)
+    try:
+        if any(r[4] is not None for r in rows):
+            # dedup keys need ON CONFLICT, which COPY lacks: stage, then one INSERT ... SELECT
+            conn.execute(query("create_staging"))
+            conn.execute(query("truncate_staging"))
+            with conn.cursor().copy(
+                "COPY qm_staging (tenant, partition, payload, fire_at, dedup_key) FROM STDIN"
+            ) as cp:
+                for r in rows:
+                    cp.write_row(r)
+            cur = conn.execute(_statement("insert_from_staging", queue))
+            return cur.rowcount
+        # COPY cannot ask for a column default per row: rows without fire_at go in a second COPY
+        timed = [r[:4] for r in rows if r[3] is not None]
+        untimed = [r[:3] for r in rows if r[3] is None]
+        if timed:
+            with conn.cursor().copy(
+                sql.SQL("COPY {} (tenant, partition, payload, fire_at) FROM STDIN").format(table)
+            ) as cp:
+                for r in timed:
+                    cp.write_row(r)
+        if untimed:
+            with conn.cursor().copy(sql.SQL("COPY {} (tenant, partition, payload) FROM STDIN").format(table)) as cp:
+                for r in untimed:
+                    cp.write_row(r)
+        return len(rows)
+    except psycopg.Error as exc:
+        raise translate(exc, queue=queue) from exc
+
+
+class Router:
+    """Routes tenants to their shard and keeps a connection pool per shard.
+
+    Use it as a context manager (or call ``close``). Pools open lazily on first use.
+    """
+
+    def __init__(self, topology: Topology, *, min_size: int = 1, max_size: int = 8) -> None:
+        self.topology = topology
+        self._min_size = min_size
+        self._max_size = max_size
+        self._pools: dict[str, ConnectionPool[psycopg.Connection[Any]]] = {}
+
+    def __enter__(self) -> Router:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every pool."""
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+    def shard_for(self, tenant: str) -> Shard:
+        """The shard that owns the tenant."""
+        return self.topology.shard_for(tenant)
+
+    def pool(self, shard: Shard) -> ConnectionPool[psycopg.Connection[Any]]:
+        """The (lazily opened) connection pool of a shard."""
+        pool = self._pools.get(shard.name)
+        if pool is None:
+            pool = ConnectionPool(
+                shard.dsn, min_size=self._min_size, max_size=self._max_size, open=True, name=f"qm-{shard.name}"
+            )
+            self._pools[shard.name] = pool
+        return pool
+
+    @contextmanager
+    def transaction(self, tenant: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection to the tenant's shard inside a transaction (commits on success).
+
+        Do the application's own writes and ``enqueue`` calls on it, and they commit together.
+        """
+        with self.pool(self.shard_for(tenant)).connection() as conn, conn.transaction():
+            yield conn
+
+    def enqueue(
+        self,
+        queue: str,
+        tenant: str,
+        payload: Any,
+        fire_at: datetime | None = None,
+        dedup_key: str | None = None,
+    ) -> int | None:
+        """Enqueue one event in its own transaction on the tenant's shard."""
+        with self.transaction(tenant) as conn:
+            return enqueue(conn, queue, tenant, payload, fire_at, dedup_key)
+
+    def enqueue_batch(self, queue: str, events: Iterable[Event]) -> int:
+        """Split events by shard and load each part with COPY, one transaction per shard.
+
+        Each shard's part commits on its own: a failure on one shard leaves the parts already
+        committed on others in place (re-run with dedup keys to make retries safe).
+        """
+        by_shard: dict[str, list[Event]] = defaultdict(list)
+        for ev in events:
+            by_shard[self.shard_for(ev.tenant).name].append(ev)
+        total = 0
+        for name, part in by_shard.items():
+            with self.pool(self.topology.by_name(name)).connection() as conn, conn.transaction():
+                total += enqueue_batch(conn, queue, part)
+        return total

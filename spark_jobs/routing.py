@@ -1,0 +1,167 @@
+"""Keyspace routing and shuffle sharding as Spark SQL column expressions.
+
+This is :mod:`queue_manager.domain.routing` rewritten with Spark SQL built-in functions only
+(``md5``, ``substring``, ``conv``, ``pmod``, ``div``), so a job can route or check millions of
+rows without a Python UDF. Every function takes and returns :class:`pyspark.sql.Column`
+expressions; the shuffle-set shape (``n`` partitions, ``k`` per tenant) is a pair of Python
+ints, validated with :func:`queue_manager.domain.routing.check_shuffle_params`, so the
+per-group constants are folded into the expression when it is built.
+
+Let ``h = md5(cast(tenant as binary))``: Spark casts a string to its UTF-8 bytes, which is
+what the Python (``hashlib``) and PostgreSQL (``md5(text)`` on a UTF-8 database) sides hash.
+All results are NULL for a NULL tenant (and :func:`in_shuffle_set` for a NULL partition).
+The test vectors in ``tests/vectors/routing_vectors.json`` pin the behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
+
+from queue_manager.domain.routing import KEYSPACE_HEX_DIGITS, check_shuffle_params, draw_width, group_bounds
+from queue_manager.errors import ConfigurationError, TopologyError
+
+#: Debian/Ubuntu's ``libpostgresql-jdbc-java`` installs the driver here
+DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
+#: environment variable naming a PostgreSQL JDBC driver jar
+JDBC_JAR_ENV = "QM_JDBC_JAR"
+
+_BOUND_RE = re.compile(r"^(?:[0-9a-f]{16})?$")
+
+
+def tenant_md5(tenant: Column) -> Column:
+    """The 32 lowercase hex digits of md5 over the tenant's UTF-8 bytes."""
+    return F.md5(tenant.cast("binary"))
+
+
+def _keyspace_hex_of(h: Column) -> Column:
+    return h.substr(1, KEYSPACE_HEX_DIGITS)
+
+
+def keyspace_hex(tenant: Column) -> Column:
+    """The tenant's keyspace id as 16 lowercase hex digits (the form key ranges compare against)."""
+    return _keyspace_hex_of(tenant_md5(tenant))
+
+
+def keyspace_id(tenant: Column) -> Column:
+    """The tenant's unsigned 64-bit keyspace id as ``decimal(20,0)`` (it does not fit a signed bigint)."""
+    return F.conv(keyspace_hex(tenant), 16, 10).cast("decimal(20,0)")
+
+
+def _hex_to_int(digits: Column, width: int) -> Column:
+    """``width`` hex digits as an integer: bigint up to 15 digits, decimal(20,0) for 16 (unsigned 64-bit)."""
+    return F.conv(digits, 16, 10).cast("decimal(20,0)" if width >= KEYSPACE_HEX_DIGITS else "bigint")
+
+
+def _draw(h: Column, k: int, j: int | Column) -> Column:
+    """Group ``j``'s draw: ``w = 16 div k`` hex digits of ``h`` from 0-based digit ``16 + j*w``."""
+    width = draw_width(k)
+    if isinstance(j, int):
+        return _hex_to_int(h.substr(KEYSPACE_HEX_DIGITS + j * width + 1, width), width)
+    start = F.lit(KEYSPACE_HEX_DIGITS + 1) + j * F.lit(width)
+    return _hex_to_int(h.substr(start, F.lit(width)), width)
+
+
+def _div(a: Column, b: Column) -> Column:
+    """Integral division (SQL ``a div b``), exact for the non-negative ints used here."""
+    return F.call_function("div", a, b)
+
+
+def shuffle_set(tenant: Column, n: int, k: int) -> Column:
+    """The tenant's ``k`` partitions of ``n`` as an ascending ``array<int>`` (one per group).
+
+    Group ``j`` is ``[j*n div k, (j+1)*n div k)`` and its pick is ``lo + draw_j mod size``.
+    Raises ConfigurationError for an invalid shape.
+    """
+    check_shuffle_params(n, k)
+    h = tenant_md5(tenant)
+    picks = []
+    for j in range(k):
+        lo, hi = group_bounds(n, k, j)
+        pick = F.lit(lo) + F.pmod(_draw(h, k, j), F.lit(hi - lo))
+        picks.append(pick.cast("int"))
+    return F.array(*picks)
+
+
+def in_shuffle_set(tenant: Column, partition: Column, n: int, k: int) -> Column:
+    """Whether ``partition`` is in the tenant's shuffle set, by the closed formula the database checks.
+
+    ``p`` lies in group ``j = ((p+1)*k - 1) div n`` and belongs to the set iff it equals that
+    group's pick. False for a partition outside ``[0, n)``; NULL for a NULL tenant or partition.
+    Raises ConfigurationError for an invalid shape.
+    """
+    check_shuffle_params(n, k)
+    p = partition.cast("bigint")
+    h = tenant_md5(tenant)
+    j = _div((p + F.lit(1)) * F.lit(k) - F.lit(1), F.lit(n))
+    lo = _div(j * F.lit(n), F.lit(k))
+    hi = _div((j + F.lit(1)) * F.lit(n), F.lit(k))
+    pick = lo + F.pmod(_draw(h, k, j), hi - lo)
+    in_range = (p >= F.lit(0)) & (p < F.lit(n))
+    # ``when`` keeps out-of-range partitions away from the draw (a negative j would read bad digits)
+    return F.when(in_range, p == pick).when(p.isNotNull(), F.lit(False))
+
+
+def in_key_range(tenant: Column, start: str, end: str) -> Column:
+    """Whether the tenant's keyspace id lies in ``[start, end)``.
+
+    ``start`` and ``end`` are normalised bounds as in
+    :class:`queue_manager.domain.topology.KeyRange`: 16 lowercase hex digits, or ``''`` for an
+    open end. The comparison is on the hex strings (byte order). Raises TopologyError for a
+    malformed bound.
+    """
+    for what, bound in (("start", start), ("end", end)):
+        if not _BOUND_RE.match(bound):
+            raise TopologyError(
+                f"{what} bound {bound!r} must be 16 lowercase hex digits or '' (use KeyRange.parse to normalise)"
+            )
+    kid = keyspace_hex(tenant)
+    cond = kid.isNotNull()
+    if start:
+        cond = kid >= F.lit(start)
+    if end:
+        below = kid < F.lit(end)
+        cond = (cond & below) if start else below
+    return cond
+
+
+def find_jdbc_jar() -> str | None:
+    """The PostgreSQL JDBC driver jar: ``$QM_JDBC_JAR``, else Debian's, else None.
+
+    Raises ConfigurationError if ``QM_JDBC_JAR`` is set but names no file.
+    """
+    env = os.environ.get(JDBC_JAR_ENV)
+    if env:
+        if not Path(env).is_file():
+            raise ConfigurationError(f"{JDBC_JAR_ENV}={env!r} is not a file (point it at the PostgreSQL JDBC jar)")
+        return env
+    if Path(DEBIAN_JDBC_JAR).is_file():
+        return DEBIAN_JDBC_JAR
+    return None
+
+
+def spark_session(app_name: str = "qm", *, jdbc_jar: str | None = None) -> SparkSession:
+    """A local Spark session sized for a small (2-core) machine.
+
+    ``local[2]``, 4 shuffle partitions, no UI, 1 GiB driver. The PostgreSQL JDBC jar
+    (``jdbc_jar``, else :func:`find_jdbc_jar`) is added with ``spark.jars`` when found.
+    Settings only take effect if no session is running yet in this process (``getOrCreate``).
+    Raises ConfigurationError if ``jdbc_jar`` is given but names no file.
+    """
+    if jdbc_jar is not None and not Path(jdbc_jar).is_file():
+        raise ConfigurationError(f"JDBC jar {jdbc_jar!r} is not a file")
+    jar = jdbc_jar or find_jdbc_jar()
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "1g")
+    )
+    if jar:
+        builder = builder.config("spark.jars", jar)
+    return builder.getOrCreate()
