@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -155,63 +155,76 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
     """Load events with COPY in the caller's transaction; returns how many were inserted.
 
     All events must belong to this connection's shard (``Router.enqueue_batch`` splits a
-    mixed batch by shard). Events whose ``dedup_key`` already exists are skipped.
+    mixed batch by shard). Events whose ``dedup_key`` already exists are skipped. Placement
+    caches each tenant's shuffle set; events without ``fire_at`` get the transaction's
+    ``now()`` (what the column default would give them), so one COPY carries the whole batch.
     """
     check_queue_name(queue)
+    events = events if isinstance(events, list | tuple) else list(events)
     place = _placement(conn, queue)
-    load = dict(enumerate(place.loads))
-    rows: list[tuple[str, int, str, datetime | None, str | None]] = []
-    counts: dict[int, int] = defaultdict(int)
-    for i, ev in enumerate(events):
-        if not ev.tenant:
-            raise InvalidEventError(f"event #{i}: tenant must be a non-empty string")
-        if not place.key_range.contains(ev.tenant):
-            raise MisroutedTenantError(
-                f"event #{i}: tenant {ev.tenant!r} does not belong to shard {place.shard!r} ({place.key_range})"
-            )
-        if ev.fire_at is not None and ev.fire_at.tzinfo is None:
-            raise InvalidEventError(f"event #{i}: fire_at must be timezone-aware")
-        p = routing.least_loaded(routing.shuffle_set(ev.tenant, place.partitions, place.shuffle), load)
-        load[p] = load.get(p, 0) + 1
-        counts[p] += 1
-        rows.append((ev.tenant, p, json.dumps(ev.payload), ev.fire_at, ev.dedup_key))
-    if not rows:
-        return 0
-    inserted = _copy_rows(conn, queue, rows)
-    conn.execute(query("add_load"), {"queue": queue, "partitions": list(counts), "counts": list(counts.values())})
+    load = place.loads + [0] * max(0, place.partitions - len(place.loads))
+    counts = [0] * len(load)
+    now_row = conn.execute("SELECT now()").fetchone()
+    assert now_row is not None
+    now: datetime = now_row[0]
+    sets: dict[str, tuple[int, ...]] = {}
+    dumps = json.dumps
+
+    def rows() -> Iterator[tuple[str, int, str, datetime, str | None]]:
+        for i, ev in enumerate(events):
+            tenant = ev.tenant
+            candidates = sets.get(tenant)
+            if candidates is None:
+                if not tenant:
+                    raise InvalidEventError(f"event #{i}: tenant must be a non-empty string")
+                h = routing.tenant_hash(tenant)
+                if not place.key_range.contains_hex(h[: routing.KEYSPACE_HEX_DIGITS]):
+                    raise MisroutedTenantError(
+                        f"event #{i}: tenant {tenant!r} does not belong to shard {place.shard!r} ({place.key_range})"
+                    )
+                candidates = sets[tenant] = routing.shuffle_set_from_hash(h, place.partitions, place.shuffle)
+            best = candidates[0]
+            for p in candidates:
+                if load[p] < load[best]:
+                    best = p
+            load[best] += 1
+            counts[best] += 1
+            fire_at = ev.fire_at
+            if fire_at is None:
+                fire_at = now
+            elif fire_at.tzinfo is None:
+                raise InvalidEventError(f"event #{i}: fire_at must be timezone-aware")
+            yield tenant, best, dumps(ev.payload), fire_at, ev.dedup_key
+
+    try:
+        inserted = _copy_rows(conn, queue, rows(), staged=any(ev.dedup_key is not None for ev in events))
+    except psycopg.Error as exc:
+        raise translate(exc, queue=queue) from exc
+    if inserted:
+        used = [p for p, c in enumerate(counts) if c]
+        conn.execute(query("add_load"), {"queue": queue, "partitions": used, "counts": [counts[p] for p in used]})
     return inserted
 
 
-def _copy_rows(conn: psycopg.Connection[Any], queue: str, rows: Sequence[tuple[Any, ...]]) -> int:
-    table = sql.Identifier(queue)
-    try:
-        if any(r[4] is not None for r in rows):
-            # dedup keys need ON CONFLICT, which COPY lacks: stage, then one INSERT ... SELECT
-            conn.execute(query("create_staging"))
-            conn.execute(query("truncate_staging"))
-            with conn.cursor().copy(
-                "COPY qm_staging (tenant, partition, payload, fire_at, dedup_key) FROM STDIN"
-            ) as cp:
-                for r in rows:
-                    cp.write_row(r)
-            cur = conn.execute(_statement("insert_from_staging", queue))
-            return cur.rowcount
-        # COPY cannot ask for a column default per row: rows without fire_at go in a second COPY
-        timed = [r[:4] for r in rows if r[3] is not None]
-        untimed = [r[:3] for r in rows if r[3] is None]
-        if timed:
-            with conn.cursor().copy(
-                sql.SQL("COPY {} (tenant, partition, payload, fire_at) FROM STDIN").format(table)
-            ) as cp:
-                for r in timed:
-                    cp.write_row(r)
-        if untimed:
-            with conn.cursor().copy(sql.SQL("COPY {} (tenant, partition, payload) FROM STDIN").format(table)) as cp:
-                for r in untimed:
-                    cp.write_row(r)
-        return len(rows)
-    except psycopg.Error as exc:
-        raise translate(exc, queue=queue) from exc
+def _copy_rows(conn: psycopg.Connection[Any], queue: str, rows: Iterator[tuple[Any, ...]], *, staged: bool) -> int:
+    """Stream rows into COPY as they are placed, so placement (client) and COPY (server) overlap.
+
+    With dedup keys (``staged``) the rows go to a temp table first, then one INSERT ... SELECT
+    ... ON CONFLICT DO NOTHING, since COPY has no ON CONFLICT.
+    """
+    columns = "(tenant, partition, payload, fire_at, dedup_key)"
+    target = sql.SQL("qm_staging") if staged else sql.Identifier(queue)
+    if staged:
+        conn.execute(query("create_staging"))
+        conn.execute(query("truncate_staging"))
+    written = 0
+    with conn.cursor().copy(sql.SQL("COPY {} " + columns + " FROM STDIN").format(target)) as cp:
+        for row in rows:
+            cp.write_row(row)
+            written += 1
+    if not staged:
+        return written
+    return conn.execute(_statement("insert_from_staging", queue)).rowcount
 
 
 class Router:

@@ -143,18 +143,21 @@ BEGIN
 END
 $$;
 
--- BEFORE INSERT ROW trigger of every queue table (TG_ARGV[0] = queue id). Runs only when the
--- partition is left to the database or the row claims a state other than a fresh event.
+-- BEFORE INSERT ROW trigger of every queue table. Runs only when the partition is left to the
+-- database or the row claims a state other than a fresh event. The queue's settings and the
+-- shard's range arrive as trigger arguments (qm.apply_queue regenerates the trigger whenever
+-- they change), so a routed insert reads no catalog row but the load counters:
+--   TG_ARGV: 0 queue id, 1 N, 2 k, 3 payload limit, 4 max delay (s), 5 shard name ('' = unset),
+--            6 range start, 7 range end, 8.. enqueue-counter sequence oids, one per partition
 CREATE FUNCTION qm.route_event() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    q record;
+    n integer := TG_ARGV[1]::integer;
+    k integer := TG_ARGV[2]::integer;
     h text;
     kid text;
-    right_shard text;
+    done bigint[];
     w integer;
-    lo integer;
-    hi integer;
     pick integer;
     load bigint;
     best integer := -1;
@@ -178,42 +181,32 @@ BEGIN
         RAISE EXCEPTION 'queue "%": payload must not be NULL (use ''{}'' or ''null''::jsonb for an empty payload)', TG_TABLE_NAME
             USING ERRCODE = '23514';
     END IF;
-
-    SELECT qq.id, qq.partitions, qq.shuffle, qq.payload_limit_bytes, qq.max_delay_seconds, qq.enq_seqs,
-           l.done, s.name AS shard_name, s.range_start, s.range_end
-      INTO q
-      FROM qm.queues qq
-      JOIN qm.queue_load l ON l.queue_id = qq.id
-      LEFT JOIN qm.shard s ON true
-     WHERE qq.id = TG_ARGV[0]::integer;
-    IF q.shard_name IS NULL THEN
+    IF TG_ARGV[5] = '' THEN
         RAISE EXCEPTION 'this database has no shard identity yet' USING ERRCODE = '55000',
             HINT = 'run: qm migrate --topology <file>';
     END IF;
-
-    IF NEW.fire_at < timestamptz '2000-01-01' OR NEW.fire_at > now() + make_interval(secs => q.max_delay_seconds) THEN
+    IF NEW.fire_at < timestamptz '2000-01-01' OR NEW.fire_at > now() + make_interval(secs => TG_ARGV[4]::double precision) THEN
         RAISE EXCEPTION 'queue "%": fire_at % is out of range: it must be finite, after 2000-01-01 and at most % seconds from now',
-            TG_TABLE_NAME, NEW.fire_at, q.max_delay_seconds USING ERRCODE = '22008';
+            TG_TABLE_NAME, NEW.fire_at, TG_ARGV[4] USING ERRCODE = '22008';
     END IF;
 
     h := md5(NEW.tenant);
     kid := substr(h, 1, 16);
-    IF (q.range_start <> '' AND kid COLLATE "C" < q.range_start) OR (q.range_end <> '' AND kid COLLATE "C" >= q.range_end) THEN
-        right_shard := qm.shard_for(NEW.tenant);
+    IF (TG_ARGV[6] <> '' AND kid COLLATE "C" < TG_ARGV[6]) OR (TG_ARGV[7] <> '' AND kid COLLATE "C" >= TG_ARGV[7]) THEN
         RAISE EXCEPTION 'tenant % belongs to shard "%", not to this shard "%" (keyspace id %)',
-            quote_literal(NEW.tenant), coalesce(right_shard, '<unknown: topology not stored>'), q.shard_name, kid
+            quote_literal(NEW.tenant), coalesce(qm.shard_for(NEW.tenant), '<unknown: topology not stored>'), TG_ARGV[5], kid
             USING ERRCODE = '23514', HINT = 'route by keyspace id (queue_manager.Router does this)',
-                  DETAIL = 'right_shard=' || coalesce(right_shard, '');
+                  DETAIL = 'right_shard=' || coalesce(qm.shard_for(NEW.tenant), '');
     END IF;
 
-    IF pg_column_size(NEW.payload) > q.payload_limit_bytes THEN
+    IF pg_column_size(NEW.payload) > TG_ARGV[3]::integer THEN
         RAISE EXCEPTION 'queue "%": payload of % bytes exceeds the queue''s limit of % bytes',
-            TG_TABLE_NAME, pg_column_size(NEW.payload), q.payload_limit_bytes USING ERRCODE = '54000';
+            TG_TABLE_NAME, pg_column_size(NEW.payload), TG_ARGV[3] USING ERRCODE = '54000';
     END IF;
 
     IF NEW.dedup_key IS NOT NULL THEN
         -- serialise producers of the same key; READ COMMITTED then sees a committed twin
-        PERFORM pg_advisory_xact_lock(q.id, hashtext(NEW.tenant || chr(31) || NEW.dedup_key));
+        PERFORM pg_advisory_xact_lock(TG_ARGV[0]::integer, hashtext(NEW.tenant || chr(31) || NEW.dedup_key));
         EXECUTE format('SELECT 1 FROM %I.%I WHERE tenant = $1 AND dedup_key = $2', TG_TABLE_SCHEMA, TG_TABLE_NAME)
             USING NEW.tenant, NEW.dedup_key;
         GET DIAGNOSTICS pick = ROW_COUNT;
@@ -223,19 +216,18 @@ BEGIN
     END IF;
 
     IF NEW.partition IS NULL THEN
-        w := least(16 / q.shuffle, 7);
-        FOR j IN 0 .. q.shuffle - 1 LOOP
-            lo := (j * q.partitions) / q.shuffle;
-            hi := ((j + 1) * q.partitions) / q.shuffle;
-            pick := lo + ('x' || lpad(substr(h, 17 + j * w, w), 8, '0'))::bit(32)::integer % (hi - lo);
-            load := coalesce(pg_sequence_last_value(q.enq_seqs[pick + 1]), 0) - coalesce(q.done[pick + 1], 0);
+        SELECT l.done INTO done FROM qm.queue_load l WHERE l.queue_id = TG_ARGV[0]::integer;
+        w := least(16 / k, 7);
+        FOR j IN 0 .. k - 1 LOOP
+            pick := (j * n) / k + ('x' || lpad(substr(h, 17 + j * w, w), 8, '0'))::bit(32)::integer % (((j + 1) * n) / k - (j * n) / k);
+            load := coalesce(pg_sequence_last_value(TG_ARGV[8 + pick]::oid::regclass), 0) - coalesce(done[pick + 1], 0);
             IF best < 0 OR load < best_load THEN
                 best := pick;
                 best_load := load;
             END IF;
         END LOOP;
         NEW.partition := best;
-        PERFORM nextval(q.enq_seqs[best + 1]);
+        PERFORM nextval(TG_ARGV[8 + best]::oid::regclass);
     END IF;
     RETURN NEW;
 END
@@ -267,7 +259,9 @@ DECLARE
     s qm.shard;
     t text;
     w integer;
-    j text;
+    lo_arr integer[];
+    off_arr integer[];
+    size_arr integer[];
     range_expr text := 'true';
     seqs regclass[] := '{}';
     seq_name text;
@@ -276,8 +270,6 @@ BEGIN
     SELECT * INTO s FROM qm.shard;
     t := format('public.%I', q.name);
     w := least(16 / q.shuffle, 7);
-    -- group of partition p, and that group's bounds, as SQL over the row's own columns
-    j := format('((((partition)::integer + 1) * %s - 1) / %s)', q.shuffle, q.partitions);
 
     FOR p IN 0 .. q.partitions_physical - 1 LOOP
         seq_name := format('q%s_p%s_enq', q.id, p);
@@ -306,15 +298,34 @@ BEGIN
                    q.name || '_payload_within_limit');
     EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %I CHECK (attempts > 0 OR (%s)) NOT VALID',
                    t, q.name || '_tenant_on_this_shard', range_expr);
+    -- per partition p (index p+1): its group's first partition, the 1-based hex offset of the
+    -- group's draw in md5(tenant), and the group's size; constants keep the check small
+    SELECT array_agg((g.j * q.partitions) / q.shuffle ORDER BY p),
+           array_agg(17 + g.j * w ORDER BY p),
+           array_agg(((g.j + 1) * q.partitions) / q.shuffle - (g.j * q.partitions) / q.shuffle ORDER BY p)
+      INTO lo_arr, off_arr, size_arr
+      FROM generate_series(0, q.partitions - 1) p
+     CROSS JOIN LATERAL (SELECT ((p + 1) * q.shuffle - 1) / q.partitions AS j) g;
     EXECUTE format(
         'ALTER TABLE %s ADD CONSTRAINT %I CHECK (attempts > 0 OR (partition >= 0 AND partition < %s AND '
-        'partition = (%s * %s) / %s + (''x'' || lpad(substr(md5(tenant), 17 + %s * %s, %s), 8, ''0''))::bit(32)::integer'
-        ' %% (((%s + 1) * %s) / %s - (%s * %s) / %s))) NOT VALID',
-        t, q.name || '_partition_in_shuffle_set', q.partitions,
-        j, q.partitions, q.shuffle, j, w, w,
-        j, q.partitions, q.shuffle, j, q.partitions, q.shuffle);
+        'partition - (%L::integer[])[partition + 1] = '
+        '(''x'' || substr(md5(tenant), (%L::integer[])[partition + 1], %s))::bit(%s)::integer'
+        ' %% (%L::integer[])[partition + 1])) NOT VALID',
+        t, q.name || '_partition_in_shuffle_set', q.partitions, lo_arr, off_arr, w, w * 4, size_arr);
     EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %I CHECK (attempts > 0 OR pg_column_size(payload) <= %s) NOT VALID',
                    t, q.name || '_payload_within_limit', q.payload_limit_bytes);
+
+    EXECUTE format('DROP TRIGGER IF EXISTS qm_route ON %s', t);
+    EXECUTE format(
+        'CREATE TRIGGER qm_route BEFORE INSERT ON %s FOR EACH ROW '
+        'WHEN (NEW.partition IS NULL OR NEW.attempts <> 0 OR NEW.state <> ''to_be_fired'' '
+        'OR NEW.fired_at IS NOT NULL OR NEW.acked_at IS NOT NULL OR NEW.ack_deadline IS NOT NULL) '
+        'EXECUTE FUNCTION qm.route_event(%s)', t,
+        (SELECT string_agg(quote_literal(a.arg), ', ' ORDER BY a.ord) FROM unnest(
+            ARRAY[q.id::text, q.partitions::text, q.shuffle::text, q.payload_limit_bytes::text,
+                  q.max_delay_seconds::text, coalesce(s.name, ''), coalesce(s.range_start, ''), coalesce(s.range_end, '')]
+            || (SELECT coalesce(array_agg(x::oid::text ORDER BY o), '{}') FROM unnest(seqs) WITH ORDINALITY AS u(x, o))
+        ) WITH ORDINALITY AS a(arg, ord)));
 END
 $$;
 
@@ -423,11 +434,6 @@ BEGIN
     EXECUTE format('CREATE INDEX %I ON %s (ack_deadline) WHERE state = ''fired''', queue_name || '_fired', t);
     -- producer deduplication, per tenant
     EXECUTE format('CREATE UNIQUE INDEX %I ON %s (tenant, dedup_key) WHERE dedup_key IS NOT NULL', queue_name || '_dedup', t);
-    EXECUTE format(
-        'CREATE TRIGGER qm_route BEFORE INSERT ON %s FOR EACH ROW '
-        'WHEN (NEW.partition IS NULL OR NEW.attempts <> 0 OR NEW.state <> ''to_be_fired'' '
-        'OR NEW.fired_at IS NOT NULL OR NEW.acked_at IS NOT NULL OR NEW.ack_deadline IS NOT NULL) '
-        'EXECUTE FUNCTION qm.route_event(%L)', t, q.id);
     EXECUTE format('CREATE TRIGGER qm_wake AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION qm.wake_manager(%L)', t, q.id);
     PERFORM qm.apply_queue(q.id);
     SELECT * INTO q FROM qm.queues WHERE id = q.id;
