@@ -139,16 +139,18 @@ class _Placement:
     shard: str
     key_range: KeyRange
     loads: list[int]
+    #: the transaction's now(): the fire_at a column default would give
+    now: datetime
 
 
 def _placement(conn: psycopg.Connection[Any], queue: str) -> _Placement:
     row = conn.execute(query("queue_routing_info"), {"queue": queue}).fetchone()
     if row is None:
         raise UnknownQueueError(f"queue {queue!r} does not exist on this shard: create it with 'qm queue create'")
-    n, k, _limit, shard, start, end, loads = row
+    n, k, _limit, shard, start, end, loads, now = row
     if shard is None:
         raise UnknownQueueError("this database has no shard identity yet: run 'qm migrate --topology <file>'")
-    return _Placement(n, k, shard, KeyRange(start, end), list(loads or [0] * n))
+    return _Placement(n, k, shard, KeyRange(start, end), list(loads), now)
 
 
 def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Event]) -> int:
@@ -162,11 +164,9 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
     check_queue_name(queue)
     events = events if isinstance(events, list | tuple) else list(events)
     place = _placement(conn, queue)
-    load = place.loads + [0] * max(0, place.partitions - len(place.loads))
+    load = place.loads
     counts = [0] * len(load)
-    now_row = conn.execute("SELECT now()").fetchone()
-    assert now_row is not None
-    now: datetime = now_row[0]
+    now = place.now
     sets: dict[str, tuple[int, ...]] = {}
     dumps = json.dumps
 

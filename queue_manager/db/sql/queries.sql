@@ -8,9 +8,10 @@ VALUES (%(tenant)s, %(payload)s, coalesce(%(fire_at)s, now()), %(dedup_key)s)
 RETURNING id
 
 -- queue_routing_info --
--- What a bulk loader needs to place events itself: N, k, the shard's range and current loads.
+-- What a bulk loader needs to place events itself: N, k, the shard's range, current loads (one per
+-- physical partition, so at least N), and the transaction's now() for events without fire_at.
 SELECT q.partitions, q.shuffle, q.payload_limit_bytes, s.name AS shard_name, s.range_start, s.range_end,
-       qm.partition_loads(q.name) AS loads
+       qm.partition_loads(q.name) AS loads, now() AS now
   FROM qm.queues q
   LEFT JOIN qm.shard s ON true
  WHERE q.name = %(queue)s

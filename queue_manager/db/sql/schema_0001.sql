@@ -156,6 +156,7 @@ DECLARE
     k integer := TG_ARGV[2]::integer;
     h text;
     kid text;
+    right_shard text;
     done bigint[];
     w integer;
     pick integer;
@@ -193,10 +194,11 @@ BEGIN
     h := md5(NEW.tenant);
     kid := substr(h, 1, 16);
     IF (TG_ARGV[6] <> '' AND kid COLLATE "C" < TG_ARGV[6]) OR (TG_ARGV[7] <> '' AND kid COLLATE "C" >= TG_ARGV[7]) THEN
+        right_shard := qm.shard_for(NEW.tenant);
         RAISE EXCEPTION 'tenant % belongs to shard "%", not to this shard "%" (keyspace id %)',
-            quote_literal(NEW.tenant), coalesce(qm.shard_for(NEW.tenant), '<unknown: topology not stored>'), TG_ARGV[5], kid
+            quote_literal(NEW.tenant), coalesce(right_shard, '<unknown: topology not stored>'), TG_ARGV[5], kid
             USING ERRCODE = '23514', HINT = 'route by keyspace id (queue_manager.Router does this)',
-                  DETAIL = 'right_shard=' || coalesce(qm.shard_for(NEW.tenant), '');
+                  DETAIL = 'right_shard=' || coalesce(right_shard, '');
     END IF;
 
     IF pg_column_size(NEW.payload) > TG_ARGV[3]::integer THEN
@@ -217,6 +219,8 @@ BEGIN
 
     IF NEW.partition IS NULL THEN
         SELECT l.done INTO done FROM qm.queue_load l WHERE l.queue_id = TG_ARGV[0]::integer;
+        -- the pick formula of qm.shuffle_set, inlined: a call would cost a second md5 and a
+        -- function call per insert (tests compare the partitions chosen with the Python spec)
         w := least(16 / k, 7);
         FOR j IN 0 .. k - 1 LOOP
             pick := (j * n) / k + ('x' || lpad(substr(h, 17 + j * w, w), 8, '0'))::bit(32)::integer % (((j + 1) * n) / k - (j * n) / k);
