@@ -6,6 +6,8 @@
     qm queue create|alter|list|pause|resume manage queues on every shard
     qm enqueue QUEUE TENANT [PAYLOAD]       enqueue one event (routed to the tenant's shard)
     qm status [--json]                      length and state of every queue on every shard
+    qm manager --shard S --tokens F         run the manager of one shard (websocket, metrics, health)
+    qm events retry QUEUE [--id ..]         put dead-lettered (failed) events back
     qm demo --dir DIR                       the end-to-end demo on local shards
 
 ``--topology`` defaults to ``$QM_TOPOLOGY``.
@@ -199,6 +201,53 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_manager(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from queue_manager.manager import Manager, ManagerConfig
+    from queue_manager.manager.auth import TokenStore
+
+    topology = _topology(args)
+    shard = topology.by_name(args.shard)
+    tokens_path = args.tokens or os.environ.get("QM_TOKENS")
+    if not tokens_path:
+        raise ConfigurationError("no receiver tokens: pass --tokens FILE or set QM_TOKENS (see docs/protocol.md)")
+    config = ManagerConfig(
+        dsn=shard.dsn,
+        shard=shard.name,
+        tokens=TokenStore.load(tokens_path),
+        host=args.host,
+        port=args.port,
+        allowed_origins=frozenset(args.allow_origin) if args.allow_origin else None,
+        lease_ttl=args.lease_ttl,
+        drain_timeout=args.drain_timeout,
+    )
+
+    async def serve() -> None:
+        manager = Manager(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, manager.request_stop)
+        task = asyncio.create_task(manager.run())
+        await manager.ready.wait()
+        print(
+            f"qm manager: shard {shard.name}, ws://{args.host}:{manager.port}/ (metrics /metrics, health /health), "
+            f"holder {config.holder}",
+            flush=True,
+        )
+        await task
+
+    asyncio.run(serve())
+    return 0
+
+
+def cmd_events_retry(args: argparse.Namespace) -> int:
+    total = admin.retry_failed(_topology(args), args.queue, ids=args.id or None, tenant=args.tenant)
+    print(f"{total} failed event(s) of {args.queue} put back to to_be_fired")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from queue_manager.demo import run_demo
 
@@ -260,6 +309,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--queue", help="only this queue")
     p.set_defaults(func=cmd_status)
+
+    p = with_topology(sub.add_parser("manager", help="run the manager of one shard"))
+    p.add_argument("--shard", required=True, help="shard name from the topology")
+    p.add_argument("--tokens", help="receiver token file, TOML (default: $QM_TOKENS)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="websocket, metrics and health port (default 8765; 0 = any)")
+    p.add_argument("--allow-origin", action="append", help="allowed Origin header (repeat; default: any)")
+    p.add_argument("--lease-ttl", type=float, default=5.0, help="leadership lease, seconds (default 5)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, wait this long for acks (default 30)")
+    p.set_defaults(func=cmd_manager)
+
+    events = sub.add_parser("events", help="act on events").add_subparsers(dest="events_command", required=True)
+    p = with_topology(events.add_parser("retry", help="put dead-lettered (failed) events back to to_be_fired"))
+    p.add_argument("queue")
+    p.add_argument("--id", type=int, action="append", help="only this event id (repeat)")
+    p.add_argument("--tenant", help="only this tenant's events")
+    p.set_defaults(func=cmd_events_retry)
 
     p = sub.add_parser("demo", help="run the demo on local embedded shards")
     p.add_argument("--dir", default=".qm-local", help="directory for the local shards (default .qm-local)")

@@ -16,29 +16,29 @@ def read_sql(name: str) -> str:
 
 
 @cache
-def queries() -> dict[str, LiteralString]:
-    """Named runtime queries from ``sql/queries.sql``: blocks introduced by ``-- name --``.
+def queries(filename: str = "queries.sql") -> dict[str, LiteralString]:
+    """Named runtime queries from ``sql/<filename>``: blocks introduced by ``-- name --``.
 
     Comment lines right after the name line document the query and are kept; queue table
     names are written ``{queue}`` and filled in with ``psycopg.sql`` after an allow-list check.
     """
-    text = read_sql("queries.sql")
+    text = read_sql(filename)
     parts = _BLOCK_RE.split(text)
     found: dict[str, LiteralString] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in found:
-            raise RuntimeError(f"queries.sql defines {name!r} twice")
+            raise RuntimeError(f"{filename} defines {name!r} twice")
         # the SQL comes from a file shipped with the package, never from user input
         found[name] = cast(LiteralString, body.strip())
     return found
 
 
-def query(name: str) -> LiteralString:
+def query(name: str, filename: str = "queries.sql") -> LiteralString:
     """One named runtime query; KeyError names the missing block."""
     try:
-        return queries()[name]
+        return queries(filename)[name]
     except KeyError:
-        raise KeyError(f"no query named {name!r} in queries.sql") from None
+        raise KeyError(f"no query named {name!r} in {filename}") from None
 
 
 def run_script(bind: Any, script: str) -> None:

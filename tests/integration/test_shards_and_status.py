@@ -195,7 +195,7 @@ def test_migrate_is_idempotent_and_sets_identity(new_database: Any, tmp_path: Pa
     assert main(["migrate", "--topology", str(topo)]) == 0
     with psycopg.connect(dsn) as c:
         assert c.execute("SELECT name, range_start, range_end FROM qm.shard").fetchone() == ("only", "", "")
-        assert c.execute("SELECT version_num FROM qm.alembic_version").fetchone() == ("0001",)
+        assert c.execute("SELECT version_num FROM qm.alembic_version").fetchone() == ("0002",)
 
 
 def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) -> None:

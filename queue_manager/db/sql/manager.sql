@@ -1,0 +1,132 @@
+-- Named queries of the manager (loaded by queue_manager.db.sqlfiles.queries("manager.sql")).
+-- {queue} is a queue table name checked against the allow-list. Every statement that changes an
+-- event's state calls qm.fence(term) first (see schema_0002.sql): a deposed manager's writes fail.
+
+-- mgr_queues --
+-- The queues of this shard with the settings the manager needs.
+SELECT id, name, partitions, partitions_physical, window_seconds, cache_size, ack_timeout_seconds,
+       backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, paused
+  FROM qm.queues ORDER BY id
+
+-- mgr_shard --
+SELECT name FROM qm.shard
+
+-- mgr_acquire --
+SELECT qm.acquire_leadership(%(holder)s, %(ttl)s)
+
+-- mgr_renew --
+SELECT qm.renew_leadership(%(holder)s, %(term)s, %(ttl)s)
+
+-- mgr_resign --
+SELECT qm.release_leadership(%(holder)s, %(term)s)
+
+-- mgr_arm --
+-- Try (never wait) to take the wake locks of the given queues, for the session: a producer whose
+-- shared try-lock then fails sends NOTIFY qm_wake. Returns the queue ids it holds.
+SELECT array_agg(q) FILTER (WHERE pg_try_advisory_lock(29037, q)) FROM unnest(%(ids)s::integer[]) AS q
+
+-- mgr_disarm --
+SELECT pg_advisory_unlock_all()
+
+-- mgr_scan --
+-- The window of one queue: per partition, the earliest to_be_fired events due before now + window,
+-- at most %(quota)s each (an index range scan of {queue}_due per partition). Also returns the
+-- database clock, so the manager can fire by the database's time.
+SELECT e.id, e.tenant, e.partition, extract(epoch FROM e.fire_at)::double precision AS fire_at,
+       extract(epoch FROM clock_timestamp())::double precision AS db_now
+  FROM generate_series(0, %(partitions)s - 1) AS p(part)
+ CROSS JOIN LATERAL (
+        SELECT q.id, q.tenant, q.partition, q.fire_at
+          FROM {queue} q
+         WHERE q.partition = p.part AND q.state = 'to_be_fired'
+           AND q.fire_at <= now() + make_interval(secs => %(window)s)
+         ORDER BY q.fire_at
+         LIMIT %(quota)s) e
+ ORDER BY e.partition, e.fire_at
+
+-- mgr_db_now --
+SELECT extract(epoch FROM clock_timestamp())::double precision
+
+-- mgr_fire --
+-- Mark due events fired (attempt + 1, ack deadline) under the current term; only the rows returned
+-- were fired and may be pushed. fire_at <= now() keeps "never early" by the database clock.
+UPDATE {queue} q
+   SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
+       ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
+  FROM (SELECT qm.fence(%(term)s) AS term) f
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state = 'to_be_fired' AND q.fire_at <= now()
+RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
+
+-- mgr_ack --
+-- fired -> acked for (id, attempt) pairs still fired at that attempt; bumps the done counters.
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     done AS (
+        UPDATE {queue} q SET state = 'acked', acked_at = now(), ack_deadline = NULL
+          FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+         WHERE q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+        RETURNING q.id, q.partition)
+SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), qm.add_done(%(queue_id)s, coalesce(array_agg(partition), ARRAY[]::smallint[]))::text FROM done
+
+-- mgr_release --
+-- fired -> to_be_fired (or failed at max attempts) for (id, attempt) pairs: nacks and the events of
+-- a receiver that went away. delay NULL means the queue's back-off; error is kept as last_error.
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     moved AS (
+        UPDATE {queue} q
+           SET state = CASE WHEN q.attempts >= %(max_attempts)s THEN 'failed' ELSE 'to_be_fired' END::qm.event_state,
+               fire_at = CASE WHEN q.attempts >= %(max_attempts)s THEN q.fire_at
+                              ELSE now() + make_interval(secs => coalesce(a.delay, qm.backoff_seconds(q.attempts, %(backoff_min)s, %(backoff_max)s))) END,
+               ack_deadline = NULL, last_error = a.error
+          FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::double precision[], %(errors)s::text[])
+               AS a(id, attempt, delay, error)
+         WHERE q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+        RETURNING q.id, q.partition, q.state)
+SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER (WHERE state = 'failed'), ARRAY[]::bigint[]),
+       qm.add_done(%(queue_id)s, coalesce(array_agg(partition) FILTER (WHERE state = 'failed'), ARRAY[]::smallint[]))::text
+  FROM moved
+
+-- mgr_extend --
+-- Push the ack deadline of (id, attempt) pairs still fired at that attempt to now + seconds.
+WITH f AS (SELECT qm.fence(%(term)s) AS term)
+UPDATE {queue} q SET ack_deadline = now() + make_interval(secs => a.seconds)
+  FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(seconds)s::double precision[]) AS a(id, attempt, seconds)
+ WHERE q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+RETURNING q.id, extract(epoch FROM q.ack_deadline)::double precision
+
+-- mgr_sweep --
+-- The old-event collector: events left fired past their ack deadline (a receiver that never
+-- answered, or a manager that crashed) go back to to_be_fired after the back-off, or to failed
+-- at max attempts. SKIP LOCKED pages past rows an application transaction holds.
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     cand AS MATERIALIZED (
+        SELECT q.id FROM {queue} q
+         WHERE q.state = 'fired' AND q.ack_deadline <= now()
+         ORDER BY q.ack_deadline
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED),
+     moved AS (
+        UPDATE {queue} q
+           SET state = CASE WHEN q.attempts >= %(max_attempts)s THEN 'failed' ELSE 'to_be_fired' END::qm.event_state,
+               fire_at = CASE WHEN q.attempts >= %(max_attempts)s THEN q.fire_at
+                              ELSE now() + make_interval(secs => qm.backoff_seconds(q.attempts, %(backoff_min)s, %(backoff_max)s)) END,
+               ack_deadline = NULL,
+               last_error = 'no ack before the deadline (attempt ' || q.attempts || ')'
+          FROM f, cand
+         WHERE q.id = cand.id AND q.state = 'fired' AND q.ack_deadline <= now()
+        RETURNING q.id, q.partition, q.state)
+SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER (WHERE state = 'failed'), ARRAY[]::bigint[]),
+       qm.add_done(%(queue_id)s, coalesce(array_agg(partition) FILTER (WHERE state = 'failed'), ARRAY[]::smallint[]))::text,
+       (SELECT count(*) FROM cand)
+  FROM moved
+
+-- events_retry --
+-- Put dead-lettered events back: a fresh attempt budget, due now.
+UPDATE {queue} SET state = 'to_be_fired', attempts = 0, fire_at = now(), last_error = NULL,
+       fired_at = NULL, acked_at = NULL, ack_deadline = NULL
+ WHERE state = 'failed'
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+RETURNING id
+
+-- events_wake --
+SELECT pg_notify('qm_wake', %(queue)s)

@@ -1,0 +1,148 @@
+"""The window cache of one queue: upcoming to_be_fired events held in memory, per partition.
+
+The database stays the truth: the cache is rebuilt from every scan, and a fire that the
+database refuses just drops (or puts back) the entry. The cache holds only what firing needs
+(id, tenant, partition, fire_at); payloads come back from the fire UPDATE itself, so memory
+is bounded by the queue's cache size whatever the payload sizes or the backlog.
+
+Reads are fair: :meth:`WindowCache.take` visits partitions round-robin, one event per
+partition per turn, starting from a position kept across calls, so a full partition cannot
+starve the others.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+R = TypeVar("R")
+
+#: how far into a partition take() looks for an event a receiver will accept
+LOOKAHEAD = 16
+
+
+@dataclass(slots=True)
+class Entry:
+    id: int
+    tenant: str
+    partition: int
+    fire_at: float  # database epoch seconds
+    retried: bool = False
+
+
+class WindowCache:
+    """Due-soon events of one queue, ordered by fire_at within each partition."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, deque[Entry]] = {}
+        self._cursor = 0
+        #: partitions whose last scan hit its quota: more events may wait beyond the cached ones
+        self.truncated: set[int] = set()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def replace(
+        self, entries: Iterable[Entry], truncated: Iterable[int], partitions: Iterable[int] | None = None
+    ) -> None:
+        """Install a scan's result. With ``partitions``, only those partitions are replaced."""
+        fresh: dict[int, deque[Entry]] = {}
+        for e in entries:
+            d = fresh.get(e.partition)
+            if d is None:
+                d = fresh[e.partition] = deque()
+            d.append(e)
+        for d in fresh.values():
+            if any(d[i].fire_at > d[i + 1].fire_at for i in range(len(d) - 1)):
+                fresh_sorted = sorted(d, key=lambda x: x.fire_at)
+                d.clear()
+                d.extend(fresh_sorted)
+        if partitions is None:
+            self._parts = fresh
+            self.truncated = set(truncated)
+        else:
+            for p in partitions:
+                self._parts.pop(p, None)
+                self.truncated.discard(p)
+            self._parts.update(fresh)
+            self.truncated.update(truncated)
+        self._size = sum(len(d) for d in self._parts.values())
+
+    def next_fire_at(self) -> float | None:
+        """The earliest fire_at in the cache, or None when it is empty."""
+        heads = [d[0].fire_at for d in self._parts.values() if d]
+        return min(heads) if heads else None
+
+    def due_count(self, now: float) -> int:
+        return sum(1 for d in self._parts.values() for e in d if e.fire_at <= now)
+
+    def needs_refill(self) -> bool:
+        """True when a partition cut short by its quota has run dry: rescan to see what follows."""
+        return any(not self._parts.get(p) for p in self.truncated)
+
+    def take(self, now: float, limit: int, choose: Callable[[Entry], R | None]) -> list[tuple[Entry, R]]:
+        """Remove and return up to ``limit`` due events (fire_at <= now), round-robin by partition.
+
+        ``choose(entry)`` returns where the event goes (a receiver) or None when nobody can take
+        it now; such an event stays, and the next LOOKAHEAD events of its partition are tried.
+        """
+        out: list[tuple[Entry, R]] = []
+        if limit <= 0 or not self._parts:
+            return out
+        order = sorted(p for p, d in self._parts.items() if d and d[0].fire_at <= now)
+        if not order:
+            return out
+        # start at the first partition at or after the cursor, wrapping around
+        start = next((i for i, p in enumerate(order) if p >= self._cursor), 0)
+        order = order[start:] + order[:start]
+        while order and len(out) < limit:
+            still: list[int] = []
+            for p in order:
+                if len(out) >= limit:
+                    still.append(p)
+                    continue
+                d = self._parts[p]
+                picked = -1
+                target: R | None = None
+                for i in range(min(LOOKAHEAD, len(d))):
+                    e = d[i]
+                    if e.fire_at > now:
+                        break
+                    target = choose(e)
+                    if target is not None:
+                        picked = i
+                        break
+                if picked < 0:
+                    continue
+                e = d[picked]
+                del d[picked]
+                self._size -= 1
+                out.append((e, target))  # type: ignore[arg-type]
+                self._cursor = p + 1
+                if d and d[0].fire_at <= now:
+                    still.append(p)
+                elif not d:
+                    del self._parts[p]
+            order = still
+        return out
+
+    def put_back(self, entries: Iterable[Entry]) -> None:
+        """Return entries the database did not fire yet (for example one clock tick early)."""
+        for e in entries:
+            d = self._parts.get(e.partition)
+            if d is None:
+                d = self._parts[e.partition] = deque()
+            # keep fire_at order; put-backs are rare and near the head
+            i = 0
+            while i < len(d) and d[i].fire_at <= e.fire_at:
+                i += 1
+            d.insert(i, e)
+            self._size += 1
+
+    def clear(self) -> None:
+        self._parts.clear()
+        self.truncated.clear()
+        self._size = 0

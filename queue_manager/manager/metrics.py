@@ -1,0 +1,165 @@
+"""A small Prometheus text-format registry (counters, gauges, histograms), no dependency.
+
+Only what the manager needs: labelled series, one registry per manager, rendered on
+``GET /metrics`` in the text exposition format 0.0.4.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable
+
+_LabelKey = tuple[tuple[str, str], ...]
+
+
+def _fmt_labels(labels: _LabelKey, extra: tuple[tuple[str, str], ...] = ()) -> str:
+    items = labels + extra
+    if not items:
+        return ""
+    body = ",".join(f'{k}="{_escape(v)}"' for k, v in items)
+    return "{" + body + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _fmt_value(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name = name
+        self.help = help_text
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} {self.kind}"
+
+
+class Counter(_Metric):
+    """A monotonically increasing value per label set."""
+
+    kind = "counter"
+
+    def __init__(self, name: str, help_text: str) -> None:
+        super().__init__(name, help_text)
+        self.values: dict[_LabelKey, float] = {}
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        self.values[key] = self.values.get(key, 0.0) + amount
+
+    def get(self, **labels: str) -> float:
+        return self.values.get(tuple(sorted(labels.items())), 0.0)
+
+    def total(self) -> float:
+        return sum(self.values.values())
+
+    def render(self) -> Iterable[str]:
+        yield from super().render()
+        for key, value in sorted(self.values.items()):
+            yield f"{self.name}{_fmt_labels(key)} {_fmt_value(value)}"
+
+
+class Gauge(_Metric):
+    """A value that goes up and down, set directly or read from a callback at render time."""
+
+    kind = "gauge"
+
+    def __init__(
+        self, name: str, help_text: str, read: Callable[[], Iterable[tuple[dict[str, str], float]]] | None = None
+    ) -> None:
+        super().__init__(name, help_text)
+        self.values: dict[_LabelKey, float] = {}
+        self._read = read
+
+    def set(self, value: float, **labels: str) -> None:
+        self.values[tuple(sorted(labels.items()))] = value
+
+    def render(self) -> Iterable[str]:
+        yield from super().render()
+        values = dict(self.values)
+        if self._read is not None:
+            for labels, value in self._read():
+                values[tuple(sorted(labels.items()))] = value
+        for key, value in sorted(values.items()):
+            yield f"{self.name}{_fmt_labels(key)} {_fmt_value(value)}"
+
+
+class Histogram(_Metric):
+    """Cumulative buckets, sum and count per label set."""
+
+    kind = "histogram"
+
+    def __init__(self, name: str, help_text: str, buckets: Iterable[float]) -> None:
+        super().__init__(name, help_text)
+        self.bounds = sorted(buckets)
+        self.series: dict[_LabelKey, list[float]] = {}  # bucket counts..., sum, count
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        row = self.series.get(key)
+        if row is None:
+            row = self.series[key] = [0.0] * (len(self.bounds) + 2)
+        i = bisect.bisect_left(self.bounds, value)
+        if i < len(self.bounds):
+            row[i] += 1
+        row[-2] += value
+        row[-1] += 1
+
+    def count(self, **labels: str) -> float:
+        row = self.series.get(tuple(sorted(labels.items())))
+        return row[-1] if row else 0.0
+
+    def render(self) -> Iterable[str]:
+        yield from super().render()
+        for key, row in sorted(self.series.items()):
+            running = 0.0
+            for bound, n in zip(self.bounds, row, strict=False):
+                running += n
+                yield f"{self.name}_bucket{_fmt_labels(key, (('le', _fmt_value(bound)),))} {_fmt_value(running)}"
+            yield f"{self.name}_bucket{_fmt_labels(key, (('le', '+Inf'),))} {_fmt_value(row[-1])}"
+            yield f"{self.name}_sum{_fmt_labels(key)} {_fmt_value(row[-2])}"
+            yield f"{self.name}_count{_fmt_labels(key)} {_fmt_value(row[-1])}"
+
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Registry:
+    """All metrics of one manager, rendered together."""
+
+    def __init__(self) -> None:
+        self.metrics: list[_Metric] = []
+
+    def counter(self, name: str, help_text: str) -> Counter:
+        m = Counter(name, help_text)
+        self.metrics.append(m)
+        return m
+
+    def gauge(
+        self, name: str, help_text: str, read: Callable[[], Iterable[tuple[dict[str, str], float]]] | None = None
+    ) -> Gauge:
+        m = Gauge(name, help_text, read)
+        self.metrics.append(m)
+        return m
+
+    def histogram(self, name: str, help_text: str, buckets: Iterable[float] = LATENCY_BUCKETS) -> Histogram:
+        m = Histogram(name, help_text, buckets)
+        self.metrics.append(m)
+        return m
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for m in self.metrics:
+            lines.extend(m.render())
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,250 @@
+"""Websocket frames of protocol ``qm.v1`` (see docs/protocol.md): parse client frames, build server frames.
+
+Every client frame is one JSON object with a ``type``. Parsing never raises anything but
+:class:`FrameError`, whose ``code`` and message go back to the client in an ``error`` frame;
+the connection stays open and no other event is affected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL = "qm.v1"
+
+#: limits a client must respect (also sent in the welcome frame)
+MAX_FRAME_BYTES = 1 << 20
+MAX_ITEMS_PER_FRAME = 10_000
+MAX_CREDIT = 100_000
+MAX_TENANTS_PER_SUBSCRIPTION = 10_000
+MAX_ERROR_TEXT = 4096
+MAX_REF_LENGTH = 200
+MAX_EXTEND_SECONDS = 86_400.0
+MAX_NACK_DELAY_SECONDS = 315_576_000.0
+
+# error codes (docs/protocol.md lists them with their meaning)
+BAD_JSON = "bad_json"
+BAD_FRAME = "bad_frame"
+UNKNOWN_TYPE = "unknown_type"
+FORBIDDEN = "forbidden"
+UNKNOWN_QUEUE = "unknown_queue"
+NOT_SUBSCRIBED = "not_subscribed"
+ALREADY_SUBSCRIBED = "already_subscribed"
+UNKNOWN_ID = "unknown_id"
+STALE = "stale"
+DUPLICATE = "duplicate"
+UNAVAILABLE = "unavailable"
+DRAINING = "draining"
+
+# close codes
+CLOSE_GOING_AWAY = 1001  # the manager drains or stops
+CLOSE_NOT_LEADER = 4001  # the manager lost leadership of its shard; reconnect (to the active one)
+
+
+class FrameError(Exception):
+    """A client frame is malformed or not allowed; sent back as an ``error`` frame."""
+
+    def __init__(self, code: str, message: str, ref: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.ref = ref
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    queue: str
+    tenants: tuple[str, ...] | None
+    credit: int | None
+    ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    credit: int
+    ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    items: tuple[tuple[int, int], ...]
+    ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class NackItem:
+    id: int
+    attempt: int
+    delay: float | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    items: tuple[NackItem, ...]
+    ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendItem:
+    id: int
+    attempt: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    items: tuple[ExtendItem, ...]
+    ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    ref: Any
+
+
+Frame = Subscribe | Credit | Ack | Nack | Extend | Ping
+
+_INT64_MAX = (1 << 63) - 1
+_INT32_MAX = (1 << 31) - 1
+
+
+def _int(value: Any, what: str, lo: int, hi: int, ref: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise FrameError(BAD_FRAME, f"{what} must be an integer from {lo} to {hi}, got {json.dumps(value)[:60]}", ref)
+    return value
+
+
+def _seconds(value: Any, what: str, hi: float, ref: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= hi
+    ):
+        raise FrameError(
+            BAD_FRAME, f"{what} must be a number of seconds from 0 to {hi:g}, got {json.dumps(value)[:60]}", ref
+        )
+    return float(value)
+
+
+def _items(obj: dict[str, Any], key: str, ref: Any) -> list[Any]:
+    items = obj.get(key)
+    if not isinstance(items, list) or not items:
+        raise FrameError(BAD_FRAME, f"'{key}' must be a non-empty list", ref)
+    if len(items) > MAX_ITEMS_PER_FRAME:
+        raise FrameError(BAD_FRAME, f"'{key}' holds {len(items)} items; at most {MAX_ITEMS_PER_FRAME} per frame", ref)
+    return items
+
+
+def _id_attempt(item: Any, i: int, ref: Any) -> tuple[int, int]:
+    if isinstance(item, list) and len(item) == 2:
+        ident, attempt = item
+    elif isinstance(item, dict):
+        ident, attempt = item.get("id"), item.get("attempt")
+    else:
+        raise FrameError(BAD_FRAME, f'event #{i}: give [id, attempt] or {{"id": ..., "attempt": ...}}', ref)
+    return _int(ident, f"event #{i}: id", 1, _INT64_MAX, ref), _int(attempt, f"event #{i}: attempt", 1, _INT32_MAX, ref)
+
+
+def parse(text: str | bytes) -> Frame:
+    """Parse one client frame; raise FrameError with a precise message when it is not valid."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError(BAD_JSON, "binary frames must hold UTF-8 JSON text") from None
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise FrameError(BAD_JSON, f"frame is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FrameError(BAD_FRAME, "a frame must be a JSON object with a 'type'")
+    ref = obj.get("ref")
+    if ref is not None and not (
+        isinstance(ref, str | int) and not isinstance(ref, bool) and len(str(ref)) <= MAX_REF_LENGTH
+    ):
+        raise FrameError(BAD_FRAME, f"'ref' must be a string or integer of at most {MAX_REF_LENGTH} characters")
+    kind = obj.get("type")
+    if kind == "ack":
+        return Ack(tuple(_id_attempt(it, i, ref) for i, it in enumerate(_items(obj, "events", ref))), ref)
+    if kind == "nack":
+        nacks = []
+        for i, it in enumerate(_items(obj, "events", ref)):
+            if not isinstance(it, dict):
+                raise FrameError(BAD_FRAME, f'event #{i}: give {{"id", "attempt"[, "delay", "error"]}}', ref)
+            ident, attempt = _id_attempt(it, i, ref)
+            delay = it.get("delay")
+            if delay is not None:
+                delay = _seconds(delay, f"event #{i}: delay", MAX_NACK_DELAY_SECONDS, ref)
+            error = it.get("error")
+            if error is not None and not isinstance(error, str):
+                raise FrameError(BAD_FRAME, f"event #{i}: error must be a string", ref)
+            if error is not None and len(error) > MAX_ERROR_TEXT:
+                error = error[:MAX_ERROR_TEXT]
+            nacks.append(NackItem(ident, attempt, delay, error))
+        return Nack(tuple(nacks), ref)
+    if kind == "extend":
+        extends = []
+        for i, it in enumerate(_items(obj, "events", ref)):
+            if not isinstance(it, dict):
+                raise FrameError(BAD_FRAME, f'event #{i}: give {{"id", "attempt", "seconds"}}', ref)
+            ident, attempt = _id_attempt(it, i, ref)
+            secs = _seconds(it.get("seconds"), f"event #{i}: seconds", MAX_EXTEND_SECONDS, ref)
+            extends.append(ExtendItem(ident, attempt, secs))
+        return Extend(tuple(extends), ref)
+    if kind == "credit":
+        return Credit(_int(obj.get("credit"), "credit", 0, MAX_CREDIT, ref), ref)
+    if kind == "subscribe":
+        queue = obj.get("queue")
+        if not isinstance(queue, str) or not queue:
+            raise FrameError(BAD_FRAME, "'queue' must be a queue name", ref)
+        tenants = obj.get("tenants")
+        if tenants is not None:
+            if (
+                not isinstance(tenants, list)
+                or not tenants
+                or len(tenants) > MAX_TENANTS_PER_SUBSCRIPTION
+                or not all(isinstance(t, str) and t for t in tenants)
+            ):
+                raise FrameError(
+                    BAD_FRAME,
+                    f"'tenants' must be a list of 1 to {MAX_TENANTS_PER_SUBSCRIPTION} non-empty strings, or null",
+                    ref,
+                )
+            tenants = tuple(tenants)
+        credit = obj.get("credit")
+        if credit is not None:
+            credit = _int(credit, "credit", 0, MAX_CREDIT, ref)
+        return Subscribe(queue, tenants, credit, ref)
+    if kind == "ping":
+        return Ping(ref)
+    if isinstance(kind, str):
+        raise FrameError(UNKNOWN_TYPE, f"unknown frame type {kind[:40]!r}", ref)
+    raise FrameError(BAD_FRAME, "a frame must be a JSON object with a 'type'", ref)
+
+
+def dumps(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def error_frame(code: str, message: str, ref: Any = None, **extra: Any) -> str:
+    body: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    if ref is not None:
+        body["ref"] = ref
+    body.update(extra)
+    return dumps(body)
+
+
+def event_json(ident: int, attempt: int, tenant: str, partition: int, fire_at: float, payload_json: str) -> str:
+    """One delivered event; the payload is spliced in as the JSON text the database stored."""
+    return (
+        f'{{"id":{ident},"attempt":{attempt},"tenant":{json.dumps(tenant, ensure_ascii=False)},'
+        f'"partition":{partition},"fire_at":{fire_at!r},"payload":{payload_json}}}'
+    )
+
+
+def deliver_frame(queue: str, events: list[str]) -> str:
+    return f'{{"type":"deliver","queue":"{queue}","events":[{",".join(events)}]}}'

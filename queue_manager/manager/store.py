@@ -1,0 +1,209 @@
+"""The manager's database work: every statement comes from ``sql/manager.sql``.
+
+Each function runs one statement on an autocommit psycopg connection, so each is its own
+transaction: a fire commits before anything is pushed, and an ack is confirmed only after
+its commit. Every state change carries the manager's term and is fenced by ``qm.fence``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from queue_manager.db.sqlfiles import query
+from queue_manager.domain.names import check_queue_name
+
+AsyncConn = psycopg.AsyncConnection[Any]
+
+#: SQLSTATE raised by qm.fence when the manager's term is no longer current
+FENCED_SQLSTATE = "QMF01"
+SWEEP_PAGE = 1000
+
+
+@dataclass(slots=True)
+class QueueSettings:
+    """One row of qm.queues, as the manager uses it."""
+
+    id: int
+    name: str
+    partitions: int
+    partitions_physical: int
+    window_seconds: float
+    cache_size: int
+    ack_timeout: float
+    backoff_min: float
+    backoff_max: float
+    max_attempts: int
+    max_qps: float | None
+    max_concurrency: int | None
+    paused: bool
+
+
+def _static(name: str) -> sql.SQL:
+    return sql.SQL(query(name, "manager.sql"))
+
+
+@cache
+def queue_sql(name: str, queue: str) -> sql.Composed:
+    """A manager statement for one queue table (the name is allow-listed first)."""
+    return sql.SQL(query(name, "manager.sql")).format(queue=sql.Identifier(check_queue_name(queue)))
+
+
+def is_fenced(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.Error) and exc.sqlstate == FENCED_SQLSTATE
+
+
+async def connect(dsn: str, application_name: str) -> AsyncConn:
+    """An autocommit connection with guards: no statement or idle transaction may hang for long."""
+    return await psycopg.AsyncConnection.connect(
+        dsn,
+        autocommit=True,
+        application_name=application_name[:63],
+        options="-c statement_timeout=30000 -c idle_in_transaction_session_timeout=5000 -c lock_timeout=10000",
+        connect_timeout=5,
+    )
+
+
+async def shard_name(conn: AsyncConn) -> str | None:
+    row = await (await conn.execute(_static("mgr_shard"))).fetchone()
+    return None if row is None else str(row[0])
+
+
+async def load_queues(conn: AsyncConn) -> list[QueueSettings]:
+    cur = await conn.execute(_static("mgr_queues"))
+    return [QueueSettings(*row) for row in await cur.fetchall()]
+
+
+async def acquire(conn: AsyncConn, holder: str, ttl: float) -> int | None:
+    row = await (await conn.execute(_static("mgr_acquire"), {"holder": holder, "ttl": ttl})).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+async def renew(conn: AsyncConn, holder: str, term: int, ttl: float) -> bool:
+    row = await (await conn.execute(_static("mgr_renew"), {"holder": holder, "term": term, "ttl": ttl})).fetchone()
+    return bool(row and row[0])
+
+
+async def resign(conn: AsyncConn, holder: str, term: int) -> bool:
+    row = await (await conn.execute(_static("mgr_resign"), {"holder": holder, "term": term})).fetchone()
+    return bool(row and row[0])
+
+
+async def arm(conn: AsyncConn, queue_ids: Sequence[int]) -> set[int]:
+    """Take the wake locks that are free right now (never waits); returns the ids taken."""
+    row = await (await conn.execute(_static("mgr_arm"), {"ids": list(queue_ids)})).fetchone()
+    return set(row[0] or []) if row else set()
+
+
+async def disarm(conn: AsyncConn, queue_id: int) -> None:
+    await conn.execute("SELECT pg_advisory_unlock(29037, %s)", (queue_id,))
+
+
+async def db_now(conn: AsyncConn) -> float:
+    row = await (await conn.execute(_static("mgr_db_now"))).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+async def scan(conn: AsyncConn, q: QueueSettings) -> tuple[list[tuple[int, str, int, float]], int, float | None]:
+    """The queue's window: (id, tenant, partition, fire_at) rows, the per-partition quota, the DB clock."""
+    quota = max(1, math.ceil(q.cache_size / max(1, q.partitions_physical)))
+    cur = await conn.execute(
+        queue_sql("mgr_scan", q.name),
+        {"partitions": q.partitions_physical, "window": q.window_seconds, "quota": quota},
+    )
+    rows = await cur.fetchall()
+    clock = float(rows[0][4]) if rows else None
+    return [(r[0], r[1], r[2], r[3]) for r in rows], quota, clock
+
+
+async def fire(
+    conn: AsyncConn, q: QueueSettings, term: int, ids: list[int]
+) -> list[tuple[int, str, int, int, float, str]]:
+    """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON) of those fired."""
+    cur = await conn.execute(
+        queue_sql("mgr_fire", q.name), {"term": term, "ids": ids, "ack_timeout": q.ack_timeout}, prepare=True
+    )
+    return await cur.fetchall()
+
+
+async def ack(conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int]]) -> set[int]:
+    cur = await conn.execute(
+        queue_sql("mgr_ack", q.name),
+        {"term": term, "ids": [i for i, _ in items], "attempts": [a for _, a in items], "queue_id": q.id},
+        prepare=True,
+    )
+    row = await cur.fetchone()
+    return set(row[0]) if row else set()
+
+
+async def release(
+    conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int, float | None, str | None]]
+) -> tuple[set[int], set[int]]:
+    """Back to to_be_fired (or failed at max attempts); returns (moved ids, of which dead-lettered)."""
+    cur = await conn.execute(
+        queue_sql("mgr_release", q.name),
+        {
+            "term": term,
+            "ids": [i[0] for i in items],
+            "attempts": [i[1] for i in items],
+            "delays": [i[2] for i in items],
+            "errors": [i[3] for i in items],
+            "max_attempts": q.max_attempts,
+            "backoff_min": q.backoff_min,
+            "backoff_max": q.backoff_max,
+            "queue_id": q.id,
+        },
+    )
+    row = await cur.fetchone()
+    return (set(row[0]), set(row[1])) if row else (set(), set())
+
+
+async def extend(
+    conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int, float]]
+) -> dict[int, float]:
+    cur = await conn.execute(
+        queue_sql("mgr_extend", q.name),
+        {
+            "term": term,
+            "ids": [i[0] for i in items],
+            "attempts": [i[1] for i in items],
+            "seconds": [i[2] for i in items],
+        },
+    )
+    return {int(r[0]): float(r[1]) for r in await cur.fetchall()}
+
+
+async def sweep(conn: AsyncConn, q: QueueSettings, term: int, page: int = SWEEP_PAGE) -> tuple[set[int], set[int], int]:
+    """Re-fire events past their ack deadline, page by page; returns (moved, dead-lettered, pages)."""
+    moved: set[int] = set()
+    failed: set[int] = set()
+    pages = 0
+    while True:
+        cur = await conn.execute(
+            queue_sql("mgr_sweep", q.name),
+            {
+                "term": term,
+                "limit": page,
+                "max_attempts": q.max_attempts,
+                "backoff_min": q.backoff_min,
+                "backoff_max": q.backoff_max,
+                "queue_id": q.id,
+            },
+        )
+        row = await cur.fetchone()
+        pages += 1
+        if row is None:
+            break
+        moved.update(row[0])
+        failed.update(row[1])
+        # a full page of candidates means more may wait; rows it could not lock were skipped
+        if int(row[3]) < page or not row[0]:
+            break
+    return moved, failed, pages

@@ -1,0 +1,207 @@
+"""A minimal receiver for protocol ``qm.v1`` (docs/protocol.md): connect, subscribe, handle, ack.
+
+    async def handle(event: Event) -> None:
+        ...                      # raise to nack (the event is re-fired after the back-off)
+
+    receiver = Receiver(["ws://127.0.0.1:8765/"], token="...", queue="orders", handler=handle)
+    await receiver.run()         # until receiver.stop()
+
+It connects to the first manager URL that accepts (standbys answer 503), reconnects with a short
+pause when the connection drops or the manager loses leadership, keeps at most ``credit`` events
+unacked, runs the handler on up to ``concurrency`` events at once, and batches acks and nacks.
+Events in hand when a connection drops are forgotten: the manager re-fires them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+
+logger = logging.getLogger("receivers")
+
+PROTOCOL = "qm.v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One delivered event."""
+
+    queue: str
+    id: int
+    attempt: int
+    tenant: str
+    partition: int
+    fire_at: float  # epoch seconds, database clock
+    payload: Any
+
+
+@dataclass
+class ReceiverStats:
+    delivered: int = 0
+    acked: int = 0
+    nacked: int = 0
+    connects: int = 0
+    refused: dict[int, int] = field(default_factory=dict)  # HTTP status -> count
+    errors: list[dict[str, Any]] = field(default_factory=list)  # error frames and per-item errors
+
+
+class Receiver:
+    """Receive events of one queue from a shard's manager(s)."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        token: str,
+        queue: str,
+        handler: Callable[[Event], Awaitable[None]],
+        *,
+        credit: int = 100,
+        concurrency: int | None = None,
+        tenants: Sequence[str] | None = None,
+        reconnect_delay: float = 0.2,
+        max_size: int = 16 << 20,
+    ) -> None:
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise ValueError("give at least one manager URL")
+        if credit < 1:
+            raise ValueError("credit must be at least 1")
+        self.token = token
+        self.queue = queue
+        self.handler = handler
+        self.credit = credit
+        self.concurrency = concurrency or credit
+        self.tenants = list(tenants) if tenants is not None else None
+        self.reconnect_delay = reconnect_delay
+        self.max_size = max_size
+        self.stats = ReceiverStats()
+        self.connected = asyncio.Event()
+        self.welcome: dict[str, Any] | None = None
+        self._stop = asyncio.Event()
+        self._refs = itertools.count(1)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Receive until :meth:`stop`, moving to another manager URL whenever one fails."""
+        for url in itertools.cycle(self.urls):
+            if self._stop.is_set():
+                return
+            try:
+                async with connect(
+                    url,
+                    additional_headers={"Authorization": f"Bearer {self.token}"},
+                    subprotocols=[PROTOCOL],  # type: ignore[list-item]
+                    max_size=self.max_size,
+                    compression=None,
+                    open_timeout=5,
+                ) as ws:
+                    self.stats.connects += 1
+                    await self._session(ws)
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                self.stats.refused[status] = self.stats.refused.get(status, 0) + 1
+                if status in (401, 403):
+                    raise PermissionError(f"{url}: the manager refused the token (HTTP {status})") from exc
+            except (TimeoutError, OSError, ConnectionClosed, InvalidURI) as exc:
+                logger.info("connection to %s ended: %r", url, exc)
+            finally:
+                self.connected.clear()
+            if self._stop.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.reconnect_delay)
+
+    async def _session(self, ws: ClientConnection) -> None:
+        work: asyncio.Queue[Event] = asyncio.Queue()
+        acks: list[list[int]] = []
+        nacks: list[dict[str, Any]] = []
+        flush = asyncio.Event()
+
+        async def worker() -> None:
+            while True:
+                event = await work.get()
+                try:
+                    await self.handler(event)
+                except Exception as exc:
+                    nacks.append(
+                        {"id": event.id, "attempt": event.attempt, "error": f"{type(exc).__name__}: {exc}"[:4000]}
+                    )
+                else:
+                    acks.append([event.id, event.attempt])
+                flush.set()
+
+        async def flusher() -> None:
+            while True:
+                await flush.wait()
+                flush.clear()
+                await asyncio.sleep(0)  # let the other handlers of this batch finish first
+                if acks:
+                    batch = acks[:10_000]
+                    del acks[: len(batch)]
+                    await ws.send(json.dumps({"type": "ack", "ref": next(self._refs), "events": batch}))
+                if nacks:
+                    batch_n = nacks[:10_000]
+                    del nacks[: len(batch_n)]
+                    await ws.send(json.dumps({"type": "nack", "ref": next(self._refs), "events": batch_n}))
+                if acks or nacks:
+                    flush.set()
+
+        async def watch_stop() -> None:
+            await self._stop.wait()
+            await ws.close()
+
+        sub = {"type": "subscribe", "queue": self.queue, "credit": self.credit, "ref": "subscribe"}
+        if self.tenants is not None:
+            sub["tenants"] = self.tenants
+        tasks = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
+        tasks += [asyncio.create_task(flusher()), asyncio.create_task(watch_stop())]
+        try:
+            await ws.send(json.dumps(sub))
+            async for message in ws:
+                frame = json.loads(message)
+                kind = frame.get("type")
+                if kind == "deliver":
+                    queue = frame["queue"]
+                    for e in frame["events"]:
+                        self.stats.delivered += 1
+                        work.put_nowait(
+                            Event(queue, e["id"], e["attempt"], e["tenant"], e["partition"], e["fire_at"], e["payload"])
+                        )
+                elif kind == "ack_result":
+                    self.stats.acked += len(frame["acked"])
+                    self._record_errors(frame, acks)
+                elif kind == "nack_result":
+                    self.stats.nacked += len(frame["requeued"]) + len(frame["failed"])
+                    self._record_errors(frame, None)
+                elif kind == "welcome":
+                    self.welcome = frame
+                elif kind == "subscribed":
+                    self.connected.set()
+                elif kind == "error":
+                    self.stats.errors.append(frame)
+                    if frame.get("ref") == "subscribe":
+                        raise PermissionError(f"subscribe refused: {frame.get('code')}: {frame.get('message')}")
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    def _record_errors(self, frame: dict[str, Any], retry_into: list[list[int]] | None) -> None:
+        for err in frame.get("errors", []):
+            self.stats.errors.append(err)
+            # an ack the manager could not record (database briefly unreachable) is worth a retry
+            if retry_into is not None and err.get("code") == "unavailable":
+                retry_into.append([err["id"], err["attempt"]])

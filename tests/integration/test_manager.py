@@ -1,0 +1,397 @@
+"""The manager against real PostgreSQL and real websocket connections: guarantees 1-7 of product.md."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import psycopg
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from queue_manager import admin
+from queue_manager.domain.topology import Shard, Topology
+from tests.conftest import tenants_of
+from tests.managerkit import (
+    SECRET_ORDERS,
+    SECRET_OTHER,
+    SECRET_TENANT,
+    insert,
+    raw_client,
+    recv_type,
+    running_manager,
+    running_receiver,
+    states,
+    tokens,
+    url,
+    wait_for,
+    wait_leader,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def queue(make_queue, shard: Shard) -> str:  # type: ignore[no-untyped-def]
+    return str(
+        make_queue(
+            "orders",
+            partitions=4,
+            shuffle=2,
+            ack_timeout_seconds=1,
+            backoff_min_seconds=0.1,
+            backoff_max_seconds=0.3,
+            max_attempts=3,
+        )
+    )
+
+
+async def test_commit_fires_rollback_never(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 5)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m)) as (receiver, rec):
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+                await conn.execute(
+                    "INSERT INTO orders (tenant, payload) VALUES (%s, '{\"rolled\": true}')", (tenants[0],)
+                )
+                await conn.rollback()
+            committed = await insert(shard.dsn, [(t, {"n": i}) for i, t in enumerate(tenants)])
+            await wait_for(lambda: set(committed) <= set(rec.ids()), what="committed events")
+            await wait_for(lambda: receiver.stats.acked >= len(committed), what="acks")
+            await asyncio.sleep(0.5)
+            assert sorted(rec.ids()) == sorted(committed)
+            assert all(e.payload != {"rolled": True} for e in rec.events)
+            assert {e.payload["n"] for e in rec.events} == set(range(5))
+            assert all(e.attempt == 1 for e in rec.events)
+    final = await states(shard.dsn)
+    assert {s for s, _ in final.values()} == {"acked"}
+    assert len(final) == 5
+
+
+async def test_future_events_never_fire_early(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 20)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m)) as (_, rec):
+            ids = []
+            for i, t in enumerate(tenants):
+                ids += await insert(shard.dsn, [(t, {"i": i})], fire_in=0.3 + 0.05 * i)
+            await wait_for(lambda: len(rec.events) >= len(ids), what="scheduled events")
+    async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+        cur = await conn.execute("SELECT count(*) FROM orders WHERE fired_at < fire_at")
+        early = await cur.fetchone()
+        cur = await conn.execute("SELECT count(*) FROM orders WHERE state = 'acked'")
+        acked = await cur.fetchone()
+    assert early == (0,)
+    assert acked == (len(ids),)
+    # the receiver's own clock agrees (to the clock skew between processes on one machine)
+    assert all(at >= e.fire_at - 0.005 for e, at in zip(rec.events, rec.received_at, strict=True))
+
+
+async def test_round_robin_and_bounded_cache(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue("orders", partitions=4, shuffle=1, cache_size=40)
+    tenants = tenants_of(shard, 40)
+    async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+        # one noisy tenant's 600 events first, then 10 events from each of a few quiet tenants
+        await conn.execute(
+            "INSERT INTO orders (tenant, payload, fire_at) "
+            "SELECT %s, '{}', now() - interval '1 minute' FROM generate_series(1, 600)",
+            (tenants[0],),
+        )
+        cur = await conn.execute("SELECT DISTINCT partition FROM orders")
+        noisy_partition = (await cur.fetchone())[0]  # type: ignore[index]
+        quiet = [t for t in tenants[1:] if t != tenants[0]]
+        for t in quiet[:12]:
+            await conn.execute("INSERT INTO orders (tenant, payload) SELECT %s, '{}' FROM generate_series(1, 10)", (t,))
+        await conn.commit()
+    cache_sizes: list[int] = []
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), credit=8, concurrency=8) as (_, rec):
+
+            async def sample() -> None:
+                while True:
+                    q = m.queues.get("orders")
+                    if q is not None:
+                        cache_sizes.append(len(q.cache))
+                    await asyncio.sleep(0.005)
+
+            sampler = asyncio.create_task(sample())
+            await wait_for(lambda: len(rec.events) >= 720, timeout=60, what="all events")
+            sampler.cancel()
+    assert max(cache_sizes) <= 40
+    # the quiet tenants' events were not stuck behind the noisy partition's backlog
+    first_200 = rec.events[:200]
+    others = [e for e in first_200 if e.partition != noisy_partition]
+    assert len(others) >= 60, f"only {len(others)} of the first 200 deliveries came from the other partitions"
+
+
+async def test_receiver_killed_before_ack_gets_events_refired(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 10)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), mode="hold") as (holder, held):
+            ids = await insert(shard.dsn, [(t, {}) for t in tenants])
+            await wait_for(lambda: len(held.events) == len(ids), what="deliveries to the first receiver")
+            holder.stop()  # the connection drops with every event unacked
+        async with running_receiver(url(m)) as (_, rec):
+            await wait_for(lambda: set(ids) <= set(rec.ids()), timeout=5, what="re-fired events")
+            assert all(e.attempt == 2 for e in rec.events)
+        assert m.m_refired.get(queue="orders", reason="disconnect") == len(ids)
+    assert {s for s, _ in (await states(shard.dsn)).values()} == {"acked"}
+
+
+async def test_ack_timeout_refires_and_stale_ack_changes_nothing(shard: Shard, queue: str) -> None:
+    tenant = tenants_of(shard, 1)[0]
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(ws, "subscribed")
+            [ident] = await insert(shard.dsn, [(tenant, {"x": 1})])
+            first = (await recv_type(ws, "deliver"))["events"][0]
+            assert (first["id"], first["attempt"]) == (ident, 1)
+            # no ack within the 1 s ack timeout: the collector re-fires it, here as attempt 2
+            second = (await recv_type(ws, "deliver", timeout=5))["events"][0]
+            assert (second["id"], second["attempt"]) == (ident, 2)
+            await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[ident, 1]]}))
+            result = await recv_type(ws, "ack_result")
+            assert result["acked"] == []
+            assert result["errors"][0]["code"] == "stale"
+            assert (await states(shard.dsn))[ident] == ("fired", 2)
+            await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[ident, 2]]}))
+            result = await recv_type(ws, "ack_result")
+            assert result["acked"] == [ident]
+            # a duplicate of a confirmed ack is refused and changes nothing
+            await ws.send(json.dumps({"type": "ack", "ref": 3, "events": [[ident, 2]]}))
+            result = await recv_type(ws, "ack_result")
+            assert result["acked"] == [] and result["errors"][0]["code"] == "unknown_id"
+    assert (await states(shard.dsn))[ident] == ("acked", 2)
+    assert m.m_refired.get(queue="orders", reason="ack_timeout") == 1
+
+
+async def test_forged_and_foreign_acks_are_refused(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 2)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as a, raw_client(m) as b:
+            await a.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(a, "subscribed")
+            [ident] = await insert(shard.dsn, [(tenants[0], {})])
+            delivered = (await recv_type(a, "deliver"))["events"][0]
+            await b.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
+            await recv_type(b, "subscribed")
+            # b acks a's event (foreign) and an id that was never delivered (forged)
+            await b.send(json.dumps({"type": "ack", "events": [[ident, 1], [ident + 1000, 1]]}))
+            result = await recv_type(b, "ack_result")
+            assert result["acked"] == []
+            assert [e["code"] for e in result["errors"]] == ["unknown_id", "unknown_id"]
+            assert (await states(shard.dsn))[ident] == ("fired", 1)
+            # a's own ack, with a wrong attempt, then the right one
+            await a.send(json.dumps({"type": "ack", "events": [[ident, 7]]}))
+            assert (await recv_type(a, "ack_result"))["errors"][0]["code"] == "stale"
+            await a.send(json.dumps({"type": "ack", "events": [[delivered["id"], delivered["attempt"]]]}))
+            assert (await recv_type(a, "ack_result"))["acked"] == [ident]
+    assert (await states(shard.dsn))[ident] == ("acked", 1)
+
+
+async def test_unauthenticated_or_wrongly_scoped_clients_get_nothing(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue("orders", partitions=4, shuffle=2)
+    make_queue("other", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 6)
+    async with running_manager(shard.dsn, store=tokens(tenant=tenants[0])) as m:
+        await wait_leader(m)
+        for headers in ({}, {"Authorization": "Bearer wrong-secret-wrong-secret"}, {"Authorization": "Basic abc"}):
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(url(m), additional_headers=headers):
+                    pass
+            assert info.value.response.status_code == 401
+        async with raw_client(m, SECRET_OTHER) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "ref": "s"}))
+            err = await recv_type(ws, "error")
+            assert (err["code"], err["ref"]) == ("forbidden", "s")
+            await ws.send(json.dumps({"type": "ack", "events": [[1, 1]]}))
+            assert (await recv_type(ws, "error"))["code"] == "not_subscribed"
+        async with raw_client(m, SECRET_TENANT) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "tenants": [tenants[1]]}))
+            assert (await recv_type(ws, "error"))["code"] == "forbidden"
+        # the tenant-scoped token receives its tenant's events only, though all are due
+        async with running_receiver(url(m), secret=SECRET_TENANT) as (_, scoped):
+            ids = await insert(shard.dsn, [(t, {}) for t in tenants])
+            await wait_for(lambda: len(scoped.events) >= 1, what="the scoped tenant's event")
+            await asyncio.sleep(0.5)
+            assert [e.tenant for e in scoped.events] == [tenants[0]]
+            async with running_receiver(url(m), secret=SECRET_ORDERS) as (_, rest):
+                await wait_for(lambda: len(rest.events) == len(ids) - 1, what="the other tenants' events")
+                assert tenants[0] not in {e.tenant for e in rest.events}
+
+
+async def test_malformed_frames_get_errors_and_others_keep_being_served(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 30)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m)) as (_, rec):
+            async with raw_client(m) as bad:
+                bad_frames = [
+                    ("{not json", "bad_json"),
+                    ("[1, 2]", "bad_frame"),
+                    (json.dumps({"type": "launch"}), "unknown_type"),
+                    (json.dumps({"no": "type"}), "bad_frame"),
+                    (json.dumps({"type": "subscribe", "queue": "no_such_queue"}), "unknown_queue"),
+                    (json.dumps({"type": "subscribe", "queue": "orders", "credit": -1}), "bad_frame"),
+                    (json.dumps({"type": "subscribe", "queue": "orders", "tenants": []}), "bad_frame"),
+                    (json.dumps({"type": "credit", "credit": 5}), "not_subscribed"),
+                ]
+                for text, code in bad_frames:
+                    await bad.send(text)
+                    err = await recv_type(bad, "error")
+                    assert err["code"] == code, (text, err)
+                await bad.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 0}))
+                await recv_type(bad, "subscribed")
+                for text in (
+                    json.dumps({"type": "ack", "events": []}),
+                    json.dumps({"type": "ack", "events": [["x", 1]]}),
+                    json.dumps({"type": "ack", "events": [[1, 0]]}),
+                    json.dumps({"type": "nack", "events": [{"id": 1, "attempt": 1, "delay": -5}]}),
+                    json.dumps({"type": "extend", "events": [{"id": 1, "attempt": 1, "seconds": "long"}]}),
+                    json.dumps({"type": "ack", "events": [[1, 1]] * 10_001}),
+                ):
+                    await bad.send(text)
+                    assert (await recv_type(bad, "error"))["code"] == "bad_frame"
+                ids = await insert(shard.dsn, [(t, {}) for t in tenants])
+                await wait_for(lambda: set(ids) <= set(rec.ids()), what="events for the well-behaved receiver")
+            # a frame over the size limit closes only the offender's connection (1009)
+            async with raw_client(m) as huge:
+                await huge.send("x" * (2 << 20))
+                await huge.wait_closed()
+                assert huge.close_code == 1009
+            more = await insert(shard.dsn, [(t, {"again": True}) for t in tenants[:5]])
+            await wait_for(lambda: set(more) <= set(rec.ids()), what="events after the abuse")
+        assert m.m_frame_errors.total() >= 14
+
+
+async def test_nack_backoff_dead_letter_and_retry(shards: Topology, shard: Shard, queue: str) -> None:
+    tenant = tenants_of(shard, 1)[0]
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), mode="fail") as (receiver, rec):
+            [ident] = await insert(shard.dsn, [(tenant, {"poison": True})])
+            await wait_for(lambda: receiver.stats.nacked >= 3, what="3 nacks")
+            await wait_for(lambda: m.m_dead.get(queue="orders") == 1, what="dead letter")
+            assert [e.attempt for e in rec.events] == [1, 2, 3]
+        async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+            cur = await conn.execute("SELECT state::text, attempts, last_error FROM orders WHERE id = %s", (ident,))
+            state, attempts, last_error = await cur.fetchone()  # type: ignore[misc]
+        assert (state, attempts) == ("failed", 3)
+        assert "RuntimeError: handler failed" in last_error
+        # qm events retry puts it back, with a fresh attempt budget, and the manager fires it at once
+        moved = await asyncio.to_thread(admin.retry_failed, shards, "orders")
+        assert moved == 1
+        async with running_receiver(url(m)) as (_, ok):
+            await wait_for(lambda: ok.ids() == [ident], what="the retried event")
+            assert ok.events[0].attempt == 1
+            await wait_for(lambda: m.m_acked.get(queue="orders") == 1, what="its ack")
+    assert (await states(shard.dsn))[ident] == ("acked", 1)
+
+
+async def test_nack_with_delay_and_extend(shard: Shard, queue: str) -> None:
+    tenant = tenants_of(shard, 1)[0]
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 10}))
+            await recv_type(ws, "subscribed")
+            [ident] = await insert(shard.dsn, [(tenant, {})])
+            ev = (await recv_type(ws, "deliver"))["events"][0]
+            # extend the 1 s ack deadline; the event must not be re-fired meanwhile
+            await ws.send(json.dumps({"type": "extend", "events": [{"id": ident, "attempt": 1, "seconds": 3}]}))
+            ext = await recv_type(ws, "extend_result")
+            assert [x["id"] for x in ext["extended"]] == [ident]
+            await asyncio.sleep(1.5)
+            assert (await states(shard.dsn))[ident] == ("fired", 1)
+            await ws.send(
+                json.dumps({"type": "nack", "events": [{"id": ev["id"], "attempt": 1, "delay": 0.5, "error": "later"}]})
+            )
+            res = await recv_type(ws, "nack_result")
+            assert res["requeued"] == [ident]
+            again = (await recv_type(ws, "deliver", timeout=5))["events"][0]
+            assert (again["id"], again["attempt"]) == (ident, 2)
+            await ws.send(json.dumps({"type": "ack", "events": [[ident, 2]]}))
+            assert (await recv_type(ws, "ack_result"))["acked"] == [ident]
+        async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+            cur = await conn.execute(
+                "SELECT fired_at - fire_at >= interval '0', last_error FROM orders WHERE id = %s", (ident,)
+            )
+            assert await cur.fetchone() == (True, "later")
+
+
+async def test_metrics_and_health_endpoints(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 3)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m)) as (receiver, _):
+            await insert(shard.dsn, [(t, {}) for t in tenants])
+            await wait_for(lambda: receiver.stats.acked == 3, what="acks")
+            base = f"http://127.0.0.1:{m.port}"
+            text = await asyncio.to_thread(lambda: urllib.request.urlopen(base + "/metrics", timeout=5).read().decode())
+            health = json.loads(
+                await asyncio.to_thread(lambda: urllib.request.urlopen(base + "/health", timeout=5).read())
+            )
+    assert 'qm_events_fired_total{queue="orders"} 3' in text
+    assert 'qm_events_acked_total{queue="orders"} 3' in text
+    assert "qm_pickup_delay_seconds_bucket" in text and "qm_ack_latency_seconds_count" in text
+    assert "qm_leader 1" in text and "qm_receivers_connected 1" in text
+    assert health["role"] == "leader" and health["shard"] == "s0"
+
+
+async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 4)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        old_term = m.term
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 10}))
+            await recv_type(ws, "subscribed")
+            [ident] = await insert(shard.dsn, [(tenants[0], {})])
+            await recv_type(ws, "deliver")
+            # another manager takes over behind this one's back (its lease forcibly expired)
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                await conn.execute("UPDATE qm.leader SET expires_at = clock_timestamp()")
+                cur = await conn.execute("SELECT qm.acquire_leadership('intruder', 60)")
+                new_term = (await cur.fetchone())[0]  # type: ignore[index]
+                assert new_term == old_term + 1  # type: ignore[operator]
+                with pytest.raises(psycopg.DatabaseError) as info:
+                    await conn.execute("SELECT qm.fence(%s)", (old_term,))
+                assert info.value.sqlstate == "QMF01"
+            # the deposed manager's ack is refused by the database, and it stops serving
+            await ws.send(json.dumps({"type": "ack", "events": [[ident, 1]]}))
+            result = await recv_type(ws, "ack_result")
+            assert result["acked"] == [] and result["errors"][0]["code"] == "unavailable"
+            await wait_for(lambda: m.role == "standby", timeout=10, what="step down")
+        later = await insert(shard.dsn, [(t, {}) for t in tenants[1:]])
+        await asyncio.sleep(1.0)
+        assert all(states_ == ("to_be_fired", 0) for i, states_ in (await states(shard.dsn)).items() if i in later)
+    assert (await states(shard.dsn))[ident] == ("fired", 1)
+
+
+async def test_sigterm_drain_hands_over_at_once(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 20)
+    async with running_manager(shard.dsn, lease_ttl=30.0) as active:
+        await wait_leader(active)
+        async with running_manager(shard.dsn, lease_ttl=30.0) as standby:
+            await asyncio.sleep(0.3)
+            assert standby.role == "standby"
+            async with running_receiver([url(active), url(standby)]) as (receiver, rec):
+                first = await insert(shard.dsn, [(t, {}) for t in tenants[:10]])
+                await wait_for(lambda: receiver.stats.acked >= 10, what="acks before the drain")
+                active.request_stop()
+                # the standby leads long before the 30 s lease would have run out
+                await wait_for(lambda: standby.role == "leader", timeout=5, what="handover")
+                assert active.role == "stopped"
+                second = await insert(shard.dsn, [(t, {}) for t in tenants[10:]])
+                await wait_for(lambda: set(first + second) <= set(rec.ids()), timeout=10, what="events after handover")
+                await wait_for(lambda: receiver.stats.acked >= 20, what="acks after handover")
+    assert {s for s, _ in (await states(shard.dsn)).values()} == {"acked"}
