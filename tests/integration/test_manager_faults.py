@@ -1,0 +1,182 @@
+"""Manager faults: kill -9 of the active manager under load, a shard that becomes unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from queue_manager.domain.topology import Shard, Topology
+from tests.conftest import tenants_of
+from tests.faultkit import TcpProxy
+from tests.managerkit import SECRET_ALL, running_manager, running_receiver, url, wait_for, wait_leader
+
+pytestmark = pytest.mark.timeout(180)
+
+LEASE_TTL = 2.0
+
+
+def _write_config(tmp_path: Path, topology: Topology) -> tuple[Path, Path]:
+    topo = tmp_path / "topology.toml"
+    topo.write_text(topology.to_toml())
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[[token]]\nname = "all"\nsecret = "{SECRET_ALL}"\nqueues = ["*"]\n')
+    return topo, tokens
+
+
+class ManagerProcess:
+    """``qm manager`` in a child process; its first stdout line names its port."""
+
+    def __init__(self, topo: Path, tokens: Path, shard: str) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "queue_manager.cli.main",
+                "manager",
+                "--topology",
+                str(topo),
+                "--shard",
+                shard,
+                "--tokens",
+                str(tokens),
+                "--port",
+                "0",
+                "--lease-ttl",
+                str(LEASE_TTL),
+                "--drain-timeout",
+                "2",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        match = re.search(r"ws://127\.0\.0\.1:(\d+)/", line)
+        assert match, f"unexpected first line from qm manager: {line!r}"
+        self.port = int(match.group(1))
+        self.url = f"ws://127.0.0.1:{self.port}/"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def manager_procs(tmp_path: Path, shards: Topology) -> Iterator[list[ManagerProcess]]:
+    topo, tokens = _write_config(tmp_path, shards)
+    procs = [ManagerProcess(topo, tokens, "s0"), ManagerProcess(topo, tokens, "s0")]
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+async def _leader_pid(dsn: str) -> int | None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT holder FROM qm.leader WHERE expires_at > clock_timestamp()")
+        row = await cur.fetchone()
+    return None if row is None else int(str(row[0]).split(":")[1])
+
+
+async def test_kill_9_of_the_active_manager_under_load_loses_nothing(
+    shard: Shard,
+    make_queue,
+    manager_procs: list[ManagerProcess],  # type: ignore[no-untyped-def]
+) -> None:
+    make_queue(
+        "orders", partitions=8, shuffle=2, ack_timeout_seconds=2, backoff_min_seconds=0.1, backoff_max_seconds=0.5
+    )
+    tenants = tenants_of(shard, 50)
+    deadline = asyncio.get_running_loop().time() + 15
+    leader = None
+    while leader is None and asyncio.get_running_loop().time() < deadline:
+        leader = await _leader_pid(shard.dsn)
+        await asyncio.sleep(0.05)
+    active = next(p for p in manager_procs if p.proc.pid == leader)
+    committed: list[int] = []
+
+    async def produce(n: int) -> None:
+        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+            for i in range(n):
+                cur = await conn.execute(
+                    "INSERT INTO orders (tenant, payload) VALUES (%s, %s) RETURNING id",
+                    (tenants[i % 50], f'{{"i": {i}}}'),
+                )
+                committed.append(int((await cur.fetchone())[0]))  # type: ignore[index]
+                await asyncio.sleep(0.004)
+
+    async with running_receiver([p.url for p in manager_procs], credit=50) as (_, rec):
+        producer = asyncio.create_task(produce(800))
+        await wait_for(lambda: len(rec.events) >= 200, timeout=30, what="deliveries before the kill")
+        async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+            killed_at = (await (await conn.execute("SELECT clock_timestamp()")).fetchone())[0]  # type: ignore[index]
+        os.kill(active.proc.pid, signal.SIGKILL)
+        active.proc.wait()
+        await producer
+        await wait_for(lambda: set(committed) <= set(rec.ids()), timeout=60, what="every committed event delivered")
+        async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+
+            async def all_acked() -> bool:
+                cur = await conn.execute("SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FROM orders")
+                acked, total = await cur.fetchone()  # type: ignore[misc]
+                await conn.commit()
+                return bool(acked == total == len(committed))
+
+            for _ in range(600):
+                if await all_acked():
+                    break
+                await asyncio.sleep(0.05)
+            assert await all_acked(), "some committed events were never acked"
+            cur = await conn.execute("SELECT term, holder, acquired_at FROM qm.leader")
+            term, holder, acquired_at = await cur.fetchone()  # type: ignore[misc]
+    survivor = next(p for p in manager_procs if p is not active)
+    assert int(holder.split(":")[1]) == survivor.proc.pid
+    assert term >= 2
+    takeover = (acquired_at - killed_at).total_seconds()
+    assert takeover <= LEASE_TTL + 1.0, f"the standby took over {takeover:.2f}s after the kill"
+    duplicates = len(rec.events) - len(set(rec.ids()))
+    print(f"\nkill -9 failover: {len(committed)} events, {duplicates} duplicate deliveries, takeover {takeover:.2f}s")
+
+
+async def test_unreachable_shard_stops_dispatch_and_recovery_resumes_it(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue("orders", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 20)
+    proxy = TcpProxy.for_dsn(shard.dsn)
+    await proxy.start()
+    try:
+        async with running_manager(proxy.proxied(shard.dsn)) as m:
+            await wait_leader(m)
+            async with running_receiver(url(m)) as (receiver, rec):
+                async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                    for t in tenants[:10]:
+                        await conn.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (t,))
+                    await wait_for(lambda: receiver.stats.acked == 10, what="acks before the cut")
+                    proxy.cut()
+                    await wait_for(lambda: m.role != "leader", timeout=10, what="dispatch to stop")
+                    for t in tenants[10:]:
+                        await conn.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (t,))
+                    await asyncio.sleep(LEASE_TTL + 1.0)
+                    assert len(rec.events) == 10, "events were delivered while the shard was unreachable"
+                    proxy.restore()
+                    await wait_for(lambda: m.role == "leader", timeout=15, what="leadership after recovery")
+                    await wait_for(lambda: len(set(rec.ids())) == 20, timeout=15, what="dispatch after recovery")
+                    await wait_for(lambda: receiver.stats.acked >= 20, timeout=15, what="acks after recovery")
+                    cur = await conn.execute("SELECT count(*) FROM orders WHERE state = 'acked'")
+                    assert await cur.fetchone() == (20,)
+    finally:
+        await proxy.close()
