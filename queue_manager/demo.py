@@ -9,13 +9,17 @@ What it shows, step by step, with visible progress:
    the Router (each tenant lands on its own shard, in its own shuffle-shard partitions);
 5. a misrouted insert, an oversized payload and an explicit NULL fire_at are refused;
 6. a batch load with COPY;
-7. ``qm status``: length per shard, per partition and state.
-
-The manager, receivers and delivery join this demo as their issues land.
+7. ``qm status``: length per shard, per partition and state;
+8. two managers per shard (one active, one standby) and a receiver per shard: every event is
+   fired, delivered over a websocket and acked, with progress each second; a scheduled event
+   fires on time; the active manager of the first shard drains and hands over to its standby;
+9. ``qm status`` again: everything acked.
 """
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 import time
 from pathlib import Path
 
@@ -129,5 +133,119 @@ def run_demo(directory: Path, *, shards: int = 2, tenants: int = 200, events: in
 
     _say("== 7. qm status")
     _say(render_status(admin.status(topology)))
+
+    _say("== 8. managers (active + standby per shard) fire everything to websocket receivers")
+    ok = asyncio.run(_deliver(topology))
+    _say("== 9. qm status")
+    _say(render_status(admin.status(topology)))
     _say(f"\nthe shards keep running; stop them with: qm local stop --dir {directory}")
-    return 0
+    return 0 if ok else 1
+
+
+async def _pending(topology: Topology) -> dict[str, int]:
+    out = {}
+    for s in topology.shards:
+        async with await psycopg.AsyncConnection.connect(s.dsn) as conn:
+            cur = await conn.execute(f"SELECT count(*) FROM {QUEUE} WHERE state IN ('to_be_fired', 'fired')")
+            row = await cur.fetchone()
+            out[s.name] = int(row[0]) if row else 0
+    return out
+
+
+async def _deliver(topology: Topology) -> bool:
+    from queue_manager.manager import Manager, ManagerConfig
+    from queue_manager.manager.auth import TokenStore
+    from receivers.client import Event as Delivered
+    from receivers.client import Receiver
+
+    secret = secrets.token_urlsafe(24)
+    tokens = TokenStore.from_entries([{"name": "demo", "secret": secret, "queues": [QUEUE]}])
+    managers: dict[str, list[Manager]] = {}
+    tasks: list[asyncio.Task[None]] = []
+    for s in topology.shards:
+        pair = [Manager(ManagerConfig(dsn=s.dsn, tokens=tokens, shard=s.name, lease_ttl=3.0)) for _ in range(2)]
+        managers[s.name] = pair
+        for m in pair:
+            tasks.append(asyncio.create_task(m.run()))
+            await m.ready.wait()
+    got: dict[str, int] = {s.name: 0 for s in topology.shards}
+    scheduled: list[float] = []
+
+    def handler_for(shard: str):  # type: ignore[no-untyped-def]
+        async def handle(event: Delivered) -> None:
+            got[shard] += 1
+            if isinstance(event.payload, dict) and event.payload.get("scheduled"):
+                scheduled.append(time.time() - event.fire_at)
+
+        return handle
+
+    receivers = []
+    for s in topology.shards:
+        urls = [f"ws://127.0.0.1:{m.port}/" for m in managers[s.name]]
+        r = Receiver(urls, secret, QUEUE, handler_for(s.name), credit=1000, concurrency=50)
+        receivers.append(r)
+        tasks.append(asyncio.create_task(r.run()))
+
+    def leaders() -> str:
+        parts = []
+        for name, pair in managers.items():
+            active = [m for m in pair if m.role == "leader"]
+            parts.append(f"{name}: {'term ' + str(active[0].term) if active else 'electing'}")
+        return ", ".join(parts)
+
+    try:
+        start = time.perf_counter()
+        pending = await _pending(topology)
+        _say(f"   {sum(pending.values())} events waiting; receivers connect to both managers of their shard")
+        while sum(pending.values()) > 0 and time.perf_counter() - start < 300:
+            await asyncio.sleep(1.0)
+            pending = await _pending(topology)
+            total = sum(got.values())
+            _say(
+                f"   t={time.perf_counter() - start:4.0f}s  delivered {total:>7} "
+                f"({', '.join(f'{k}: {v}' for k, v in got.items())})  still pending {sum(pending.values()):>7}  "
+                f"[{leaders()}]"
+            )
+        if sum(pending.values()) > 0:
+            _say("   delivery did not finish within 300 s")
+            return False
+        _say(f"   all delivered and acked in {time.perf_counter() - start:.1f}s")
+
+        first = topology.shards[0]
+        tenant = next(f"demo-late-{i}" for i in range(10_000) if first.key_range.contains(f"demo-late-{i}"))
+        async with await psycopg.AsyncConnection.connect(first.dsn) as conn:
+            await conn.execute(
+                f"INSERT INTO {QUEUE} (tenant, payload, fire_at) VALUES (%s, %s, now() + interval '2 seconds')",
+                (tenant, '{"scheduled": true}'),
+            )
+        _say("   scheduled one event 2 s ahead ...")
+        while not scheduled:
+            await asyncio.sleep(0.05)
+        _say(f"   ... it fired {scheduled[0] * 1000:.1f} ms after its fire_at")
+
+        active = next(m for m in managers[first.name] if m.role == "leader")
+        standby = next(m for m in managers[first.name] if m is not active)
+        _say(f"   SIGTERM-style drain of shard {first.name}'s active manager (term {active.term}) ...")
+        handover = time.perf_counter()
+        active.request_stop()
+        while standby.role != "leader":
+            await asyncio.sleep(0.02)
+        _say(f"   ... its standby leads (term {standby.term}) after {time.perf_counter() - handover:.2f}s")
+        before = got[first.name]
+        async with await psycopg.AsyncConnection.connect(first.dsn) as conn:
+            await conn.execute(
+                f"INSERT INTO {QUEUE} (tenant, payload) SELECT %s, jsonb_build_object('after_handover', g) "
+                "FROM generate_series(1, 100) g",
+                (tenant,),
+            )
+        while got[first.name] < before + 100:
+            await asyncio.sleep(0.05)
+        _say("   100 events enqueued after the handover were delivered by the new active manager")
+        return True
+    finally:
+        for r in receivers:
+            r.stop()
+        for pair in managers.values():
+            for m in pair:
+                m.request_stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
