@@ -88,6 +88,11 @@ class ManagerConfig:
         return self.lease_ttl / 3
 
 
+def _err(ident: int, attempt: int, code: str, message: str) -> dict[str, Any]:
+    """A per-item error of an ack/nack/extend result."""
+    return {"id": ident, "attempt": attempt, "code": code, "message": message}
+
+
 class Unavailable(Exception):
     """The manager cannot reach its database (or is not leading) right now; the client may retry."""
 
@@ -1003,33 +1008,23 @@ class Manager:
         d = c.in_flight.get(ident)
         if d is None:
             errors.append(
-                {
-                    "id": ident,
-                    "attempt": attempt,
-                    "code": proto.UNKNOWN_ID,
-                    "message": "not in flight on this connection (never delivered here, already settled, or re-fired)",
-                }
+                _err(
+                    ident,
+                    attempt,
+                    proto.UNKNOWN_ID,
+                    "not in flight on this connection (never delivered here, already settled, or re-fired)",
+                )
             )
             return False
         if d.attempt != attempt:
             errors.append(
-                {
-                    "id": ident,
-                    "attempt": attempt,
-                    "code": proto.STALE,
-                    "message": f"attempt {attempt} is not the current delivery (attempt {d.attempt})",
-                }
+                _err(
+                    ident, attempt, proto.STALE, f"attempt {attempt} is not the current delivery (attempt {d.attempt})"
+                )
             )
             return False
         if ident in c.settling:
-            errors.append(
-                {
-                    "id": ident,
-                    "attempt": attempt,
-                    "code": proto.DUPLICATE,
-                    "message": "an ack or nack for this event is already in progress",
-                }
-            )
+            errors.append(_err(ident, attempt, proto.DUPLICATE, "an ack or nack for this event is already in progress"))
             return False
         c.settling.add(ident)
         return True
@@ -1054,9 +1049,7 @@ class Manager:
             except Unavailable as exc:
                 for i, a in valid:
                     c.settling.discard(i)
-                    errors.append(
-                        {"id": i, "attempt": a, "code": proto.UNAVAILABLE, "message": f"not recorded, retry: {exc}"}
-                    )
+                    errors.append(_err(i, a, proto.UNAVAILABLE, f"not recorded, retry: {exc}"))
             else:
                 now = asyncio.get_running_loop().time()
                 for i, a in valid:
@@ -1067,12 +1060,12 @@ class Manager:
                             self.m_ack_latency.observe(now - d.pushed_at, queue=q.name)
                     else:
                         errors.append(
-                            {
-                                "id": i,
-                                "attempt": a,
-                                "code": proto.STALE,
-                                "message": "the event is no longer fired at this attempt (re-fired after its deadline?)",  # noqa: E501
-                            }
+                            _err(
+                                i,
+                                a,
+                                proto.STALE,
+                                "the event is no longer fired at this attempt (re-fired after its deadline?)",
+                            )
                         )
                 if acked:
                     self.m_acked.inc(len(acked), queue=q.name)
@@ -1093,14 +1086,7 @@ class Manager:
             except Unavailable as exc:
                 for it in valid:
                     c.settling.discard(it.id)
-                    errors.append(
-                        {
-                            "id": it.id,
-                            "attempt": it.attempt,
-                            "code": proto.UNAVAILABLE,
-                            "message": f"not recorded, retry: {exc}",
-                        }
-                    )
+                    errors.append(_err(it.id, it.attempt, proto.UNAVAILABLE, f"not recorded, retry: {exc}"))
             else:
                 for it in valid:
                     self._settled(c, q, it.id)
@@ -1110,12 +1096,7 @@ class Manager:
                         requeued.append(it.id)
                     else:
                         errors.append(
-                            {
-                                "id": it.id,
-                                "attempt": it.attempt,
-                                "code": proto.STALE,
-                                "message": "the event is no longer fired at this attempt",
-                            }
+                            _err(it.id, it.attempt, proto.STALE, "the event is no longer fired at this attempt")
                         )
                 self.m_nacked.inc(len(requeued) + len(failed), queue=q.name)
                 if requeued:
@@ -1134,23 +1115,9 @@ class Manager:
         for it in frame.items:
             d = c.in_flight.get(it.id)
             if d is None:
-                errors.append(
-                    {
-                        "id": it.id,
-                        "attempt": it.attempt,
-                        "code": proto.UNKNOWN_ID,
-                        "message": "not in flight on this connection",
-                    }
-                )
+                errors.append(_err(it.id, it.attempt, proto.UNKNOWN_ID, "not in flight on this connection"))
             elif d.attempt != it.attempt:
-                errors.append(
-                    {
-                        "id": it.id,
-                        "attempt": it.attempt,
-                        "code": proto.STALE,
-                        "message": f"attempt {it.attempt} is not the current delivery",
-                    }
-                )
+                errors.append(_err(it.id, it.attempt, proto.STALE, f"attempt {it.attempt} is not the current delivery"))
             else:
                 valid.append((it.id, it.attempt, it.seconds))
         extended: list[dict[str, Any]] = []
@@ -1158,21 +1125,11 @@ class Manager:
             try:
                 deadlines = await self._submit("extend", q, valid)
             except Unavailable as exc:
-                errors.extend(
-                    {"id": i, "attempt": a, "code": proto.UNAVAILABLE, "message": f"not recorded, retry: {exc}"}
-                    for i, a, _ in valid
-                )
+                errors.extend(_err(i, a, proto.UNAVAILABLE, f"not recorded, retry: {exc}") for i, a, _ in valid)
             else:
                 for i, a, _ in valid:
                     if i in deadlines:
                         extended.append({"id": i, "ack_deadline": deadlines[i]})
                     else:
-                        errors.append(
-                            {
-                                "id": i,
-                                "attempt": a,
-                                "code": proto.STALE,
-                                "message": "the event is no longer fired at this attempt",
-                            }
-                        )
+                        errors.append(_err(i, a, proto.STALE, "the event is no longer fired at this attempt"))
         self._reply(c, "extend_result", frame.ref, extended=extended, errors=errors)
