@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_manager.domain.names import check_queue_name
-from queue_manager.errors import ConfigurationError
+from queue_manager.errors import ConfigurationError, InvalidNameError
 
 MIN_SECRET_LENGTH = 16
 
@@ -72,6 +72,8 @@ class TokenStore:
         names: set[str] = set()
         for i, entry in enumerate(entries):
             where = f"token #{i + 1}"
+            if not isinstance(entry, Mapping):
+                raise ConfigurationError(f"{where}: must be a table ([[token]]), got {type(entry).__name__}")
             name = entry.get("name")
             if not isinstance(name, str) or not name:
                 raise ConfigurationError(f"{where}: 'name' must be a non-empty string")
@@ -98,7 +100,10 @@ class TokenStore:
                 queue_set = None
             else:
                 for q in queues:
-                    check_queue_name(q)
+                    try:
+                        check_queue_name(q)
+                    except InvalidNameError as exc:
+                        raise ConfigurationError(f"{where}: {exc}") from None
                 queue_set = frozenset(queues)
             tenants = entry.get("tenants")
             if tenants is not None and (

@@ -26,6 +26,8 @@ def _escape(value: str) -> str:
 
 
 def _fmt_value(value: float) -> str:
+    if math.isnan(value):  # int(nan) would raise and fail the whole /metrics page
+        return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     if value == int(value) and abs(value) < 1e15:

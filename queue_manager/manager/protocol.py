@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +110,13 @@ Frame = Subscribe | Credit | Ack | Nack | Extend | Ping
 
 _INT64_MAX = (1 << 63) - 1
 _INT32_MAX = (1 << 31) - 1
+#: a JSON escape like "\ud800" decodes to a lone surrogate, which UTF-8 cannot encode: such a string
+#: would break the frame echoing it (ref, tenants) or the database statement storing it (nack error)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode(value: str) -> bool:
+    return _LONE_SURROGATE.search(value) is None
 
 
 def _int(value: Any, what: str, lo: int, hi: int, ref: Any) -> int:
@@ -167,6 +175,8 @@ def parse(text: str | bytes) -> Frame:
         isinstance(ref, str | int) and not isinstance(ref, bool) and len(str(ref)) <= MAX_REF_LENGTH
     ):
         raise FrameError(BAD_FRAME, f"'ref' must be a string or integer of at most {MAX_REF_LENGTH} characters")
+    if isinstance(ref, str) and not _unicode(ref):
+        raise FrameError(BAD_FRAME, "'ref' holds a lone surrogate escape; it must be valid Unicode text")
     kind = obj.get("type")
     if kind == "ack":
         return Ack(tuple(_id_attempt(it, i, ref) for i, it in enumerate(_items(obj, "events", ref))), ref)
@@ -182,8 +192,11 @@ def parse(text: str | bytes) -> Frame:
             error = it.get("error")
             if error is not None and not isinstance(error, str):
                 raise FrameError(BAD_FRAME, f"event #{i}: error must be a string", ref)
-            if error is not None and len(error) > MAX_ERROR_TEXT:
-                error = error[:MAX_ERROR_TEXT]
+            if error is not None:
+                if not _unicode(error):
+                    raise FrameError(BAD_FRAME, f"event #{i}: error holds a lone surrogate escape", ref)
+                # PostgreSQL text cannot hold NUL: keep the rest of the message readable
+                error = error[:MAX_ERROR_TEXT].replace("\x00", "\ufffd")
             nacks.append(NackItem(ident, attempt, delay, error))
         return Nack(tuple(nacks), ref)
     if kind == "extend":
@@ -214,6 +227,8 @@ def parse(text: str | bytes) -> Frame:
                     f"'tenants' must be a list of 1 to {MAX_TENANTS_PER_SUBSCRIPTION} non-empty strings, or null",
                     ref,
                 )
+            if not all(_unicode(t) for t in tenants):
+                raise FrameError(BAD_FRAME, "'tenants' holds a lone surrogate escape; tenants are valid Unicode", ref)
             tenants = tuple(tenants)
         credit = obj.get("credit")
         if credit is not None:

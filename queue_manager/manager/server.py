@@ -54,6 +54,10 @@ logger = logging.getLogger("queue_manager.manager")
 
 #: how close to the lease's end the manager stops trusting it (seconds)
 LEASE_MARGIN = 0.5
+#: frames queued for one connection before it counts as not reading (and is closed)
+MAX_OUTBOX = 4096
+#: close code for subscribers of a queue that was dropped
+CLOSE_QUEUE_DROPPED = 4004
 
 
 @dataclass
@@ -142,14 +146,21 @@ class ReceiverConn:
         self.settling: set[int] = set()  # ids with an ack/nack on its way to the database
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.closed = False
+        self.subscribing = False
 
     @property
     def free(self) -> int:
         return self.credit - len(self.in_flight)
 
     def send(self, text: str) -> None:
-        if not self.closed:
-            self.outbox.put_nowait(text)
+        if self.closed:
+            return
+        if self.outbox.qsize() >= MAX_OUTBOX:
+            # the client sends frames but does not read our replies: cut it off (its events re-fire)
+            self.closed = True
+            self.ws.transport.abort()
+            return
+        self.outbox.put_nowait(text)
 
 
 @dataclass
@@ -509,6 +520,7 @@ class Manager:
                 q = self.queues.pop(name)
                 for c in list(q.subscribers):
                     c.send(proto.error_frame(proto.UNKNOWN_QUEUE, f"queue {name!r} was dropped"))
+                    asyncio.get_running_loop().create_task(c.ws.close(CLOSE_QUEUE_DROPPED, f"queue {name} was dropped"))
 
     # ------------------------------------------------------------------ dispatcher
 
@@ -633,8 +645,16 @@ class Manager:
             self.m_fired.inc(len(rows) - len(orphans), queue=q.name)
         per_frame = self.config.max_events_per_frame
         for c, events in out.items():
-            for i in range(0, len(events), per_frame):
-                c.send(proto.deliver_frame(q.name, events[i : i + per_frame]))
+            chunk: list[str] = []
+            size = 0
+            for ev in events:
+                if chunk and (len(chunk) >= per_frame or size + len(ev) > proto.MAX_FRAME_BYTES):
+                    c.send(proto.deliver_frame(q.name, chunk))
+                    chunk, size = [], 0
+                chunk.append(ev)
+                size += len(ev) + 1
+            if chunk:
+                c.send(proto.deliver_frame(q.name, chunk))
         # not fired: already taken elsewhere, or a hair too early for the database clock
         put_back = [e for e, _ in by_id.values() if not e.retried and e.fire_at > now_db - 1.0]
         for e in put_back:
@@ -708,7 +728,7 @@ class Manager:
             for (kind, _), group in groups.items():
                 try:
                     await self._run_group(conn, s.term, kind, group)
-                except psycopg.Error as exc:
+                except Exception as exc:
                     unavailable = Unavailable(f"database error: {str(exc).strip()[:200]}")
                     for op in group:
                         if not op.future.done():
@@ -857,6 +877,10 @@ class Manager:
                             "max_items_per_frame": proto.MAX_ITEMS_PER_FRAME,
                             "max_credit": proto.MAX_CREDIT,
                             "max_events_per_deliver": self.config.max_events_per_frame,
+                            "max_tenants_per_subscription": proto.MAX_TENANTS_PER_SUBSCRIPTION,
+                            "max_error_text": proto.MAX_ERROR_TEXT,
+                            "max_ref_length": proto.MAX_REF_LENGTH,
+                            "max_extend_seconds": proto.MAX_EXTEND_SECONDS,
                         },
                     }
                 )
@@ -899,6 +923,12 @@ class Manager:
                 await c.ws.send(text)
             except ConnectionClosed:
                 return
+            except Exception:  # never leave a connection open that can no longer send
+                logger.exception("sending to a receiver failed")
+                c.closed = True
+                with contextlib.suppress(Exception):
+                    await c.ws.close(1011, "internal error while sending")
+                return
 
     def _on_disconnect(self, c: ReceiverConn) -> None:
         q = c.queue
@@ -934,9 +964,19 @@ class Manager:
             c.send(proto.dumps(body))
             return None
         if isinstance(frame, proto.Subscribe):
+            if c.queue is not None or c.subscribing:
+                name = c.queue.name if c.queue is not None else "a queue"
+                raise proto.FrameError(
+                    proto.ALREADY_SUBSCRIBED,
+                    f"this connection is subscribed to {name}; open another connection for another queue",
+                    frame.ref,
+                )
+            if self.role == "draining":
+                raise proto.FrameError(proto.DRAINING, "this manager is draining; connect to another one", frame.ref)
+            c.subscribing = True
             return lambda: self._on_subscribe(c, frame)
         if isinstance(frame, proto.Credit):
-            if c.queue is None:
+            if c.queue is None and not c.subscribing:
                 raise proto.FrameError(proto.NOT_SUBSCRIBED, "subscribe to a queue before granting credit", frame.ref)
             c.credit = frame.credit
             self._reply(c, "credit_set", frame.ref, credit=c.credit)
@@ -960,12 +1000,12 @@ class Manager:
         c.send(proto.dumps(msg))
 
     async def _on_subscribe(self, c: ReceiverConn, frame: proto.Subscribe) -> None:
-        if c.queue is not None:
-            raise proto.FrameError(
-                proto.ALREADY_SUBSCRIBED,
-                f"this connection is subscribed to {c.queue.name!r}; open another connection for another queue",
-                frame.ref,
-            )
+        try:
+            await self._subscribe(c, frame)
+        finally:
+            c.subscribing = False
+
+    async def _subscribe(self, c: ReceiverConn, frame: proto.Subscribe) -> None:
         if not c.grant.allows_queue(frame.queue):
             raise proto.FrameError(
                 proto.FORBIDDEN, f"token {c.grant.name!r} may not read queue {frame.queue!r}", frame.ref

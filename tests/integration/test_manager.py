@@ -395,3 +395,24 @@ async def test_sigterm_drain_hands_over_at_once(shard: Shard, queue: str) -> Non
                 await wait_for(lambda: set(first + second) <= set(rec.ids()), timeout=10, what="events after handover")
                 await wait_for(lambda: receiver.stats.acked >= 20, what="acks after handover")
     assert {s for s, _ in (await states(shard.dsn)).values()} == {"acked"}
+
+
+async def test_credit_right_after_subscribe_and_a_second_subscribe(shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 3)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            # no wait for "subscribed": credit and a second subscribe arrive while the first is pending
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "ref": "a"}))
+            await ws.send(json.dumps({"type": "credit", "credit": 5, "ref": "c"}))
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "ref": "b"}))
+            frames = [json.loads(await asyncio.wait_for(ws.recv(), 5)) for _ in range(3)]
+            by_type = {f["type"]: f for f in frames}
+            assert set(by_type) == {"credit_set", "error", "subscribed"}, frames
+            assert by_type["credit_set"]["credit"] == 5
+            assert (by_type["error"]["code"], by_type["error"]["ref"]) == ("already_subscribed", "b")
+            ids = await insert(shard.dsn, [(t, {}) for t in tenants])
+            got: list[int] = []
+            while len(got) < len(ids):
+                got += [e["id"] for e in (await recv_type(ws, "deliver"))["events"]]
+            assert sorted(got) == sorted(ids)
