@@ -180,3 +180,62 @@ async def test_unreachable_shard_stops_dispatch_and_recovery_resumes_it(shard: S
                     assert await cur.fetchone() == (20,)
     finally:
         await proxy.close()
+
+
+async def test_read_only_shard_stops_dispatch_and_writable_again_resumes(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue("orders", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 10)
+    dbname = psycopg.conninfo.conninfo_to_dict(shard.dsn)["dbname"]
+
+    async def set_read_only(on: bool) -> None:
+        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+            await conn.execute("SET default_transaction_read_only = off")
+            verb = "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+            await conn.execute(f'ALTER DATABASE "{dbname}" {verb}')
+            # existing sessions keep their setting: drop the manager's, as a failover would
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name LIKE 'qm-manager%%'"
+            )
+
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m)) as (receiver, rec):
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                for t in tenants[:5]:
+                    await conn.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (t,))
+                await wait_for(lambda: receiver.stats.acked == 5, what="acks while writable")
+                await set_read_only(True)
+                await wait_for(lambda: m.role != "leader", timeout=10, what="dispatch to stop")
+                for t in tenants[5:]:
+                    await conn.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (t,))
+                await asyncio.sleep(1.0)
+                assert m.role != "leader"
+                assert len(rec.events) == 5, "events were fired while the shard was read-only"
+                await set_read_only(False)
+                await wait_for(lambda: len(set(rec.ids())) == 10, timeout=20, what="dispatch once writable")
+                await wait_for(lambda: receiver.stats.acked >= 10, timeout=10, what="acks once writable")
+
+
+async def test_collector_pages_past_rows_it_cannot_lock(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue(
+        "orders", partitions=4, shuffle=2, ack_timeout_seconds=0.5, backoff_min_seconds=0.05, backoff_max_seconds=0.1
+    )
+    tenants = tenants_of(shard, 6)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), mode="hold") as (holder, held):
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                for t in tenants:
+                    await conn.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (t,))
+            await wait_for(lambda: len(held.events) == 6, what="first deliveries")
+            locked_id = held.events[0].id
+            # an application transaction holds one fired row: the collector must skip it, not stall
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
+                await app.execute("SELECT 1 FROM orders WHERE id = %s FOR UPDATE", (locked_id,))
+                await wait_for(lambda: len(held.events) >= 11, timeout=10, what="re-fires of the unlocked rows")
+                refired = {e.id for e in held.events[6:]}
+                assert locked_id not in refired and len(refired) == 5
+                await app.rollback()
+            await wait_for(lambda: locked_id in {e.id for e in held.events[6:]}, timeout=10, what="the released row")
+            holder.stop()
