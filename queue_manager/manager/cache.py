@@ -76,6 +76,10 @@ class WindowCache:
         heads = [d[0].fire_at for d in self._parts.values() if d]
         return min(heads) if heads else None
 
+    def has_due(self, now: float) -> bool:
+        """True when some cached event is due (cheap: looks at partition heads only)."""
+        return any(d and d[0].fire_at <= now for d in self._parts.values())
+
     def due_count(self, now: float) -> int:
         return sum(1 for d in self._parts.values() for e in d if e.fire_at <= now)
 

@@ -543,24 +543,28 @@ class Manager:
             for q in active:
                 if q.dirty or now >= q.next_scan or q.cache.needs_refill():
                     await self._scan(conn, q)
-                fired = await self._fire(conn, s.term, q)
-                if fired:
+                if await self._fire(conn, s.term, q):
                     progressed = True
-                    if q.armed and (
-                        (len(q.cache) > 0 and q.cache.due_count(self.db_now()) > 0) or q.cache.needs_refill()
-                    ):
-                        # busy: stop asking producers to NOTIFY until we are idle again
-                        await store.disarm(conn, q.id)
-                        q.armed = False
             if progressed:
                 await asyncio.sleep(0)
                 continue
-            # idle: arm the wake locks of active queues, then rescan those just armed (no lost wake-up)
-            unarmed = [q for q in active if not q.armed]
+            # Nothing fired. A queue with due events is waiting for credit: busy, and producers'
+            # NOTIFYs would only cost them; its next scan comes with the next refill or rescan.
+            # A queue with nothing due is idle: arm its wake lock (try, never wait), then rescan
+            # it, so that nothing committed before the lock was taken is missed.
+            db_now = self.db_now()
             retry_arm = False
-            if unarmed:
-                got = await store.arm(conn, [q.id for q in unarmed])
-                for q in unarmed:
+            to_arm = []
+            for q in active:
+                busy = q.cache.has_due(db_now)
+                if busy and q.armed:
+                    await store.disarm(conn, q.id)
+                    q.armed = False
+                elif not busy and not q.armed:
+                    to_arm.append(q)
+            if to_arm:
+                got = await store.arm(conn, [q.id for q in to_arm])
+                for q in to_arm:
                     if q.id in got:
                         q.armed = True
                         q.dirty = True
@@ -569,7 +573,6 @@ class Manager:
                 if got:
                     continue
             timeout = 0.002 if retry_arm else cfg.rescan_interval
-            db_now = self.db_now()
             for q in active:
                 timeout = min(timeout, max(0.0, q.next_scan - now))
                 nxt = q.cache.next_fire_at()

@@ -59,11 +59,13 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 
 -- mgr_ack --
 -- fired -> acked for (id, attempt) pairs still fired at that attempt; bumps the done counters.
+-- q.id = ANY(ids) lets the planner probe the primary key (a join on unnest alone may plan a
+-- sequential scan of the whole table).
 WITH f AS (SELECT qm.fence(%(term)s) AS term),
      done AS (
         UPDATE {queue} q SET state = 'acked', acked_at = now(), ack_deadline = NULL
           FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
-         WHERE q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+         WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
         RETURNING q.id, q.partition)
 SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), qm.add_done(%(queue_id)s, coalesce(array_agg(partition), ARRAY[]::smallint[]))::text FROM done
 
@@ -79,7 +81,7 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
                ack_deadline = NULL, last_error = a.error
           FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::double precision[], %(errors)s::text[])
                AS a(id, attempt, delay, error)
-         WHERE q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+         WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
         RETURNING q.id, q.partition, q.state)
 SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER (WHERE state = 'failed'), ARRAY[]::bigint[]),
        qm.add_done(%(queue_id)s, coalesce(array_agg(partition) FILTER (WHERE state = 'failed'), ARRAY[]::smallint[]))::text
@@ -90,7 +92,7 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
 WITH f AS (SELECT qm.fence(%(term)s) AS term)
 UPDATE {queue} q SET ack_deadline = now() + make_interval(secs => a.seconds)
   FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(seconds)s::double precision[]) AS a(id, attempt, seconds)
- WHERE q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
 RETURNING q.id, extract(epoch FROM q.ack_deadline)::double precision
 
 -- mgr_sweep --
