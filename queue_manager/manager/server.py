@@ -119,6 +119,16 @@ class QueueRuntime:
         self.dirty = True
         self.armed = False
         self.next_scan = 0.0
+        #: the last direct fire was full: more events are due now
+        self.backlog = False
+        #: the last scan left due events to mgr_fire_due (future_only)
+        self.scanned_future_only = False
+        #: round-robin position of mgr_fire_due, kept across batches
+        self.cursor = 0
+
+    def direct(self) -> bool:
+        """Due events go by mgr_fire_due when every subscriber takes every tenant."""
+        return all(c.tenants is None for c in self.subscribers)
 
     @property
     def name(self) -> str:
@@ -541,8 +551,11 @@ class Manager:
             progressed = False
             active = [q for q in self.queues.values() if q.subscribers and not q.settings.paused]
             for q in active:
-                if q.dirty or now >= q.next_scan or q.cache.needs_refill():
-                    await self._scan(conn, q)
+                direct = q.direct()
+                if direct and (q.dirty or q.backlog) and await self._fire_direct(conn, s.term, q):
+                    progressed = True
+                if q.dirty or now >= q.next_scan or q.cache.needs_refill() or direct != q.scanned_future_only:
+                    await self._scan(conn, q, future_only=direct)
                 if await self._fire(conn, s.term, q):
                     progressed = True
             if progressed:
@@ -556,7 +569,7 @@ class Manager:
             retry_arm = False
             to_arm = []
             for q in active:
-                busy = q.cache.has_due(db_now)
+                busy = q.backlog or q.cache.has_due(db_now)
                 if busy and q.armed:
                     await store.disarm(conn, q.id)
                     q.armed = False
@@ -586,9 +599,10 @@ class Manager:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
-    async def _scan(self, conn: AsyncConn, q: QueueRuntime) -> None:
+    async def _scan(self, conn: AsyncConn, q: QueueRuntime, future_only: bool) -> None:
         t0 = time.time()
-        rows, quota, clock = await store.scan(conn, q.settings)
+        rows, quota, clock = await store.scan(conn, q.settings, future_only)
+        q.scanned_future_only = future_only
         if clock is not None:
             self._measure_skew(clock, t0, time.time())
         counts: dict[int, int] = {}
@@ -602,40 +616,88 @@ class Manager:
             self.config.rescan_interval, q.settings.window_seconds / 2
         )
 
-    async def _fire(self, conn: AsyncConn, term: int, q: QueueRuntime) -> int:
+    def _capacity(self, q: QueueRuntime) -> tuple[list[ReceiverConn], int]:
+        """Subscribers with free credit, and how many events may be fired to them now."""
         subs = [c for c in q.subscribers if c.free > 0 and not c.closed]
-        if not subs or not len(q.cache):
-            return 0
+        if not subs:
+            return subs, 0
         limit = min(sum(c.free for c in subs), self.config.fire_batch)
         if q.settings.max_concurrency is not None:
             limit = min(limit, q.settings.max_concurrency - q.in_flight)
-        if limit <= 0:
-            return 0
+        return subs, limit
+
+    @staticmethod
+    def _chooser(subs: list[ReceiverConn]) -> Callable[[str], ReceiverConn | None]:
+        """Pick the least busy receiver (most free credit) that takes a tenant, and reserve a slot."""
         reserved = {c: c.free for c in subs}
 
-        def choose(e: Entry) -> ReceiverConn | None:
+        def choose(tenant: str) -> ReceiverConn | None:
             best = None
             best_free = 0
             for c in subs:
                 f = reserved[c]
-                if f > best_free and (c.tenants is None or e.tenant in c.tenants):
+                if f > best_free and (c.tenants is None or tenant in c.tenants):
                     best, best_free = c, f
             if best is not None:
                 reserved[best] -= 1
             return best
 
+        return choose
+
+    async def _fire_direct(self, conn: AsyncConn, term: int, q: QueueRuntime) -> int:
+        """Fire events due now straight from the table (no scan round trip first)."""
+        subs, limit = self._capacity(q)
+        if limit <= 0:
+            return 0
+        rows, quota = await store.fire_due(conn, q.settings, term, q.cursor, limit)
+        # more are due if the batch was full or some partition gave its whole quota
+        per_part: dict[int, int] = {}
+        for r in rows:
+            per_part[r[2]] = per_part.get(r[2], 0) + 1
+        q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
+        if rows:
+            q.cursor = (rows[-1][2] + 1) % max(1, q.settings.partitions_physical)
+            choose = self._chooser(subs)
+            assign = {r[0]: choose(r[1]) or subs[0] for r in rows}
+            self._push(q, rows, assign)
+        return len(rows)
+
+    async def _fire(self, conn: AsyncConn, term: int, q: QueueRuntime) -> int:
+        """Fire due events of the window cache (scheduled events reach here at their fire_at)."""
+        if not len(q.cache):
+            return 0
+        subs, limit = self._capacity(q)
+        if limit <= 0:
+            return 0
+        choose = self._chooser(subs)
         now_db = self.db_now()
-        taken = q.cache.take(now_db, limit, choose)
+        taken = q.cache.take(now_db, limit, lambda e: choose(e.tenant))
         if not taken:
             return 0
         rows = await store.fire(conn, q.settings, term, [e.id for e, _ in taken])
+        by_id = {e.id: (e, c) for e, c in taken}
+        self._push(q, rows, {i: c for i, (_, c) in by_id.items()})
+        for r in rows:
+            by_id.pop(r[0], None)
+        # not fired: already taken elsewhere, or a hair too early for the database clock
+        put_back = [e for e, _ in by_id.values() if not e.retried and e.fire_at > now_db - 1.0]
+        for e in put_back:
+            e.retried = True
+        if put_back:
+            q.cache.put_back(put_back)
+            self._skew -= 0.0005  # we were ahead of the database: lean later
+        return len(rows)
+
+    def _push(
+        self, q: QueueRuntime, rows: list[tuple[int, str, int, int, float, str]], assign: dict[int, ReceiverConn]
+    ) -> None:
+        """Record fired rows as in flight and send them, one or more deliver frames per receiver."""
         pushed_db = self.db_now()
         mono = asyncio.get_running_loop().time()
-        by_id = {e.id: (e, c) for e, c in taken}
         out: dict[ReceiverConn, list[str]] = {}
         orphans: list[tuple[int, int, float | None, str | None]] = []
         for ident, tenant, part, attempt, fire_at, payload in rows:
-            _, c = by_id.pop(ident)
+            c = assign[ident]
             if c.closed:
                 orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
                 continue
@@ -658,16 +720,8 @@ class Manager:
                 size += len(ev) + 1
             if chunk:
                 c.send(proto.deliver_frame(q.name, chunk))
-        # not fired: already taken elsewhere, or a hair too early for the database clock
-        put_back = [e for e, _ in by_id.values() if not e.retried and e.fire_at > now_db - 1.0]
-        for e in put_back:
-            e.retried = True
-        if put_back:
-            q.cache.put_back(put_back)
-            self._skew -= 0.0005  # we were ahead of the database: lean later
         if orphans:
             asyncio.get_running_loop().create_task(self._release_quietly(q, orphans, "disconnect"))
-        return len(rows)
 
     async def _release_quietly(
         self, q: QueueRuntime, items: list[tuple[int, int, float | None, str | None]], reason: str

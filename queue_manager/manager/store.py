@@ -111,12 +111,15 @@ async def db_now(conn: AsyncConn) -> float:
     return float(row[0])
 
 
-async def scan(conn: AsyncConn, q: QueueSettings) -> tuple[list[tuple[int, str, int, float]], int, float | None]:
+async def scan(
+    conn: AsyncConn, q: QueueSettings, future_only: bool = False
+) -> tuple[list[tuple[int, str, int, float]], int, float | None]:
     """The queue's window: (id, tenant, partition, fire_at) rows, the per-partition quota, the DB clock."""
     quota = max(1, math.ceil(q.cache_size / max(1, q.partitions_physical)))
     cur = await conn.execute(
         queue_sql("mgr_scan", q.name),
-        {"partitions": q.partitions_physical, "window": q.window_seconds, "quota": quota},
+        {"partitions": q.partitions_physical, "window": q.window_seconds, "quota": quota, "future_only": future_only},
+        prepare=True,
     )
     rows = await cur.fetchall()
     clock = float(rows[0][4]) if rows else None
@@ -131,6 +134,30 @@ async def fire(
         queue_sql("mgr_fire", q.name), {"term": term, "ids": ids, "ack_timeout": q.ack_timeout}, prepare=True
     )
     return await cur.fetchall()
+
+
+async def fire_due(
+    conn: AsyncConn, q: QueueSettings, term: int, start: int, limit: int
+) -> tuple[list[tuple[int, str, int, int, float, str]], int]:
+    """Fire up to ``limit`` events due now, round-robin over partitions from ``start``.
+
+    Returns the rows (as fire()) and the per-partition quota used.
+    """
+    partitions = max(1, q.partitions_physical)
+    quota = max(1, math.ceil(limit / partitions))
+    cur = await conn.execute(
+        queue_sql("mgr_fire_due", q.name),
+        {
+            "term": term,
+            "start": start % partitions,
+            "partitions": partitions,
+            "quota": quota,
+            "limit": limit,
+            "ack_timeout": q.ack_timeout,
+        },
+        prepare=True,
+    )
+    return await cur.fetchall(), quota
 
 
 async def ack(conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int]]) -> set[int]:

@@ -30,7 +30,8 @@ SELECT pg_advisory_unlock_all()
 
 -- mgr_scan --
 -- The window of one queue: per partition, the earliest to_be_fired events due before now + window,
--- at most %(quota)s each (an index range scan of {queue}_due per partition). Also returns the
+-- at most %(quota)s each (an index range scan of {queue}_due per partition); with future_only, only
+-- events not yet due (those due now go by mgr_fire_due). Also returns the
 -- database clock, so the manager can fire by the database's time.
 SELECT e.id, e.tenant, e.partition, extract(epoch FROM e.fire_at)::double precision AS fire_at,
        extract(epoch FROM clock_timestamp())::double precision AS db_now
@@ -40,6 +41,7 @@ SELECT e.id, e.tenant, e.partition, extract(epoch FROM e.fire_at)::double precis
           FROM {queue} q
          WHERE q.partition = p.part AND q.state = 'to_be_fired'
            AND q.fire_at <= now() + make_interval(secs => %(window)s)
+           AND q.fire_at > CASE WHEN %(future_only)s THEN now() ELSE '-infinity'::timestamptz END
          ORDER BY q.fire_at
          LIMIT %(quota)s) e
  ORDER BY e.partition, e.fire_at
@@ -55,6 +57,29 @@ UPDATE {queue} q
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM (SELECT qm.fence(%(term)s) AS term) f
  WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state = 'to_be_fired' AND q.fire_at <= now()
+RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
+
+-- mgr_fire_due --
+-- Fire what is due now without a prior scan (the backlog and wake-up path, for queues whose
+-- receivers all take every tenant): per partition, starting at %(start)s and wrapping around, the
+-- earliest due events, at most %(quota)s each and %(limit)s in all. Locked rows are skipped.
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     pick AS MATERIALIZED (
+        SELECT e.id
+          FROM generate_series(0, %(partitions)s - 1) AS g(i)
+         CROSS JOIN LATERAL (
+                SELECT q.id FROM {queue} q
+                 WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.state = 'to_be_fired'
+                   AND q.fire_at <= now()
+                 ORDER BY q.fire_at
+                 LIMIT %(quota)s
+                   FOR UPDATE SKIP LOCKED) e
+         LIMIT %(limit)s)
+UPDATE {queue} q
+   SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
+       ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
+  FROM f, pick
+ WHERE q.id = pick.id AND q.state = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
 
 -- mgr_ack --
