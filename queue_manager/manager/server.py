@@ -552,9 +552,12 @@ class Manager:
             active = [q for q in self.queues.values() if q.subscribers and not q.settings.paused]
             for q in active:
                 direct = q.direct()
-                if direct and (q.dirty or q.backlog) and await self._fire_direct(conn, s.term, q):
+                periodic = now >= q.next_scan
+                # take the flag before any await: a wake-up that arrives meanwhile sets it again
+                dirty, q.dirty = q.dirty, False
+                if direct and (dirty or q.backlog or periodic) and await self._fire_direct(conn, s.term, q):
                     progressed = True
-                if q.dirty or now >= q.next_scan or q.cache.needs_refill() or direct != q.scanned_future_only:
+                if dirty or periodic or q.cache.needs_refill() or direct != q.scanned_future_only:
                     await self._scan(conn, q, future_only=direct)
                 if await self._fire(conn, s.term, q):
                     progressed = True
@@ -611,7 +614,6 @@ class Manager:
             counts[part] = counts.get(part, 0) + 1
             entries.append(Entry(ident, tenant, part, fire_at))
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota])
-        q.dirty = False
         q.next_scan = asyncio.get_running_loop().time() + min(
             self.config.rescan_interval, q.settings.window_seconds / 2
         )

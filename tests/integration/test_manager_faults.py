@@ -239,3 +239,37 @@ async def test_collector_pages_past_rows_it_cannot_lock(shard: Shard, make_queue
                 await app.rollback()
             await wait_for(lambda: locked_id in {e.id for e in held.events[6:]}, timeout=10, what="the released row")
             holder.stop()
+
+
+async def test_a_statement_waiting_on_an_application_lock_does_not_cost_the_lease(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue("orders", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 3)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        term = m.term
+        async with running_receiver(url(m), mode="hold") as (holder, held):
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                for t in tenants:
+                    await conn.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (t,))
+            await wait_for(lambda: len(held.events) == 3, what="deliveries")
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
+                await app.execute("SELECT 1 FROM orders WHERE id = %s FOR UPDATE", (held.events[0].id,))
+                holder.stop()  # the manager's release of the held events now waits on the app's row lock
+                await asyncio.sleep(LEASE_TTL * 2)
+                assert (m.role, m.term) == ("leader", term), "the manager lost its lease behind a row lock"
+                # and it still trusts its lease: new events keep firing while the lock is held
+                async with running_receiver(url(m), mode="hold") as (_, fresh):
+                    async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                        await conn.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (tenants[0],))
+                    await wait_for(lambda: len(fresh.events) >= 1, timeout=3, what="a fire behind the row lock")
+                await app.rollback()
+        async with running_receiver(url(m)) as (_, rec):
+            try:
+                await wait_for(lambda: len(set(rec.ids())) == 4, timeout=10, what="re-fired events")
+            except AssertionError:
+                async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+                    cur = await conn.execute(
+                        "SELECT id, state, attempts, fire_at - now(), ack_deadline - now() FROM orders"
+                    )
+                    raise AssertionError(f"{await cur.fetchall()} {rec.ids()} {m.health()}") from None
+        assert m.term == term

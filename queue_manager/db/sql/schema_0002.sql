@@ -9,8 +9,8 @@
 --                             otherwise, so a deposed manager's writes are refused by the database
 --
 -- All lease times are the database clock's (clock_timestamp()), never a manager's clock. A takeover
--- UPDATEs the leader row, which waits for every in-flight statement holding the share lock taken by
--- qm.fence; once it commits, every later qm.fence of the old term raises. A manager that stops
+-- locks the leader row FOR UPDATE, which waits for every in-flight statement holding the KEY SHARE
+-- lock taken by qm.fence; once it commits, every later qm.fence of the old term raises. A manager that stops
 -- mid-transaction cannot block a takeover for long: its sessions run with
 -- idle_in_transaction_session_timeout and statement_timeout.
 
@@ -33,6 +33,8 @@ BEGIN
     IF holder IS NULL OR holder = '' OR ttl_seconds IS NULL OR ttl_seconds <= 0 THEN
         RAISE EXCEPTION 'acquire_leadership needs a holder name and a positive ttl' USING ERRCODE = '22023';
     END IF;
+    -- FOR UPDATE waits for every fenced statement in flight (they hold FOR KEY SHARE)
+    PERFORM 1 FROM qm.leader FOR UPDATE;
     UPDATE qm.leader l
        SET term = l.term + 1, holder = acquire_leadership.holder, holder_pid = pg_backend_pid(),
            acquired_at = clock_timestamp(), renewed_at = clock_timestamp(),
@@ -65,15 +67,17 @@ BEGIN
 END
 $$;
 
--- Fencing: raise unless `term` is the current, unexpired lease; otherwise hold a share lock on
--- the leader row until the calling transaction ends (a takeover waits for it).
+-- Fencing: raise unless `term` is the current, unexpired lease; otherwise hold a KEY SHARE lock on
+-- the leader row until the calling transaction ends. A takeover (SELECT ... FOR UPDATE in
+-- qm.acquire_leadership) waits for it; a renewal (a non-key UPDATE) does not, so a fenced
+-- statement that waits on an application's row lock cannot make its own manager's lease lapse.
 CREATE FUNCTION qm.fence(term bigint) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     current_term bigint;
     current_expiry timestamptz;
 BEGIN
-    SELECT l.term, l.expires_at INTO current_term, current_expiry FROM qm.leader l FOR SHARE;
+    SELECT l.term, l.expires_at INTO current_term, current_expiry FROM qm.leader l FOR KEY SHARE;
     IF current_term IS DISTINCT FROM fence.term OR current_expiry <= clock_timestamp() THEN
         RAISE EXCEPTION 'manager term % is no longer current (current term %, lease %)', fence.term, current_term,
             CASE WHEN current_expiry <= clock_timestamp() THEN 'expired' ELSE 'held' END
