@@ -29,7 +29,7 @@ class Entry:
     tenant: str
     partition: int
     fire_at: float  # database epoch seconds
-    retried: bool = False
+    refusals: int = 0  # fires the database refused (a hair early by its clock)
 
 
 class WindowCache:
@@ -132,6 +132,19 @@ class WindowCache:
                     del self._parts[p]
             order = still
         return out
+
+    def discard_heads(self, ids: set[int]) -> int:
+        """Drop cached events fired by another path; they sit at the heads of their partitions."""
+        dropped = 0
+        for p in list(self._parts):
+            d = self._parts[p]
+            while d and d[0].id in ids:
+                d.popleft()
+                dropped += 1
+            if not d:
+                del self._parts[p]
+        self._size -= dropped
+        return dropped
 
     def put_back(self, entries: Iterable[Entry]) -> None:
         """Return entries the database did not fire yet (for example one clock tick early)."""

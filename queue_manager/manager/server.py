@@ -54,6 +54,8 @@ logger = logging.getLogger("queue_manager.manager")
 
 #: how close to the lease's end the manager stops trusting it (seconds)
 LEASE_MARGIN = 0.5
+#: times a cached event is put back after the database found it not yet due
+MAX_REFUSALS = 20
 #: frames queued for one connection before it counts as not reading (and is closed)
 MAX_OUTBOX = 4096
 #: close code for subscribers of a queue that was dropped
@@ -659,6 +661,8 @@ class Manager:
         q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
         if rows:
             q.cursor = (rows[-1][2] + 1) % max(1, q.settings.partitions_physical)
+            if len(q.cache):
+                q.cache.discard_heads({r[0] for r in rows})
             choose = self._chooser(subs)
             assign = {r[0]: choose(r[1]) or subs[0] for r in rows}
             self._push(q, rows, assign)
@@ -682,9 +686,9 @@ class Manager:
         for r in rows:
             by_id.pop(r[0], None)
         # not fired: already taken elsewhere, or a hair too early for the database clock
-        put_back = [e for e, _ in by_id.values() if not e.retried and e.fire_at > now_db - 1.0]
+        put_back = [e for e, _ in by_id.values() if e.refusals < MAX_REFUSALS and e.fire_at > now_db - 0.5]
         for e in put_back:
-            e.retried = True
+            e.refusals += 1
         if put_back:
             q.cache.put_back(put_back)
             self._skew -= 0.0005  # we were ahead of the database: lean later

@@ -851,3 +851,15 @@ def test_registry_renders_in_registration_order_with_trailing_newline() -> None:
     assert text.endswith("\n") and not text.endswith("\n\n")
     assert text.index("qm_b") < text.index("qm_a_total")
     assert "# TYPE qm_a_total counter\n" in text  # declared even with no series yet
+
+
+def test_discard_heads_drops_events_fired_elsewhere() -> None:
+    from queue_manager.manager.cache import Entry, WindowCache
+
+    cache = WindowCache()
+    cache.replace([Entry(1, "a", 0, 1.0), Entry(2, "a", 0, 2.0), Entry(3, "b", 1, 1.5), Entry(4, "b", 1, 3.0)], [])
+    assert cache.discard_heads({1, 4}) == 1  # 4 is behind 3, not at a head: it stays
+    assert len(cache) == 3
+    assert cache.discard_heads({3, 4}) == 2  # consecutive heads go together
+    assert [e.id for e, _ in cache.take(10.0, 10, lambda e: "r")] == [2]
+    assert len(cache) == 0
