@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench-enqueue clean-local
+.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e clean-local
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,9 @@ lint: $(STAMP) ## ruff and mypy --strict
 
 bench-enqueue: $(STAMP) ## enqueue throughput vs a plain table (JSON on stdout)
 	$(BIN)/python benchmarks/enqueue.py
+
+bench-e2e: $(STAMP) ## one shard end to end: drain, latency, fire accuracy, vs PgQueuer/Procrastinate (JSON on stdout)
+	$(BIN)/python benchmarks/e2e.py
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local
