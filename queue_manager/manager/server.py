@@ -561,6 +561,10 @@ class Manager:
                     progressed = True
                 if dirty or periodic or q.cache.needs_refill() or direct != q.scanned_future_only:
                     await self._scan(conn, q, future_only=direct)
+                    # events that fell due between the fire above and this scan are in neither:
+                    # fire them now rather than at the next rescan
+                    if direct and await self._fire_direct(conn, s.term, q):
+                        progressed = True
                 if await self._fire(conn, s.term, q):
                     progressed = True
             if progressed:
