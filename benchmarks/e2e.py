@@ -24,6 +24,13 @@ Prints one JSON object on stdout (logs go to stderr). One shard (one database), 
   peer's best drain (target >= 1.5), our latency p50 and p99 at 200/s / the faster peer's
   (target <= 1.0) and our fire lateness p99 (target < 5 ms).
 
+Also reported: events lost or stuck (``met.nothing_lost``), the manager's database calls during
+each run (count, ms per call, items per call: ``manager_db_calls``), CPU per process group in % of
+one core including ``rest_of_machine`` (other work on a shared machine; for the peers too),
+``manager_stop_hangs`` (managers whose ``run()`` did not return within 5 s of ``request_stop()``:
+their process is ended so the run goes on), and with ``--profile`` one extra drain under cProfile
+(top functions on stderr and in ``profile``).
+
 Processes: the manager runs in its own process, each receiver in its own process, the producer in
 its own process (``multiprocessing`` spawn; entry points in ``benchmarks/_e2e_procs.py``). Unless
 ``--dsn`` is given, the run starts its own embedded PostgreSQL server with the default durability
@@ -47,6 +54,7 @@ import os
 import platform
 import pstats
 import random
+import resource
 import secrets
 import shutil
 import signal
@@ -145,9 +153,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
 _CLK = os.sysconf("SC_CLK_TCK")
 
 
-def _proc_ticks() -> dict[int, tuple[str, int, int]]:
-    """pid -> (command, parent pid, CPU ticks used: utime + stime)."""
-    out: dict[int, tuple[str, int, int]] = {}
+def _proc_ticks() -> dict[int, tuple[str, int, int, int]]:
+    """pid -> (command, parent pid, CPU ticks used (utime + stime), ticks of its reaped children)."""
+    out: dict[int, tuple[str, int, int, int]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -158,29 +166,37 @@ def _proc_ticks() -> dict[int, tuple[str, int, int]]:
             continue
         comm = s[s.index("(") + 1 : s.rindex(")")]
         rest = s[s.rindex(")") + 2 :].split()
-        out[int(d)] = (comm, int(rest[1]), int(rest[11]) + int(rest[12]))
+        out[int(d)] = (comm, int(rest[1]), int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14]))
     return out
 
 
 @dataclass
 class CpuSnap:
     busy: int
-    ticks: dict[int, tuple[str, int, int]]
+    ticks: dict[int, tuple[str, int, int, int]]
     at: float
+    children: float  # CPU seconds of this process's reaped children (subprocesses such as the peers)
 
 
 def cpu_snapshot() -> CpuSnap:
     with open("/proc/stat") as f:
         parts = [int(x) for x in f.readline().split()[1:]]
     idle = parts[3] + parts[4]
-    return CpuSnap(sum(parts[:8]) - idle, _proc_ticks(), time.monotonic())
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return CpuSnap(sum(parts[:8]) - idle, _proc_ticks(), time.monotonic(), ru.ru_utime + ru.ru_stime)
 
 
-def cpu_delta(a: CpuSnap, b: CpuSnap, groups: Mapping[str, Sequence[int]]) -> dict[str, float]:
+def cpu_delta(
+    a: CpuSnap, b: CpuSnap, groups: Mapping[str, Sequence[int]], reaped_group: str | None = None
+) -> dict[str, float]:
     """CPU use between two snapshots in % of ONE core (200 = both cores of a 2-core machine busy).
 
-    ``postgres`` counts the benchmark server's processes only (when its postmaster is known);
-    ``rest_of_machine`` is everything else that ran, e.g. other work on a shared machine."""
+    ``postgres`` counts the benchmark server's processes only when its postmaster is known (live
+    backends, plus the backends that exited, through the postmaster's reaped-children time);
+    ``groups`` are our processes by pid; ``reaped_group`` names the CPU of subprocesses this process
+    started and reaped in the window (a peer benchmark and its workers); ``rest_of_machine`` is
+    everything else that ran, e.g. other work on a shared machine.
+    """
     wall = b.at - a.at
     if wall <= 0:
         return {}
@@ -190,16 +206,23 @@ def cpu_delta(a: CpuSnap, b: CpuSnap, groups: Mapping[str, Sequence[int]]) -> di
 
     out = {"machine_busy": pct(b.busy - a.busy)}
     ours = 0.0
-    pg = 0
-    for pid, (comm, ppid, t) in b.ticks.items():
+    pg = 0.0
+    for pid, (comm, ppid, t, reaped) in b.ticks.items():
         if comm == "postgres" and (POSTMASTER is None or pid == POSTMASTER or ppid == POSTMASTER):
-            pg += t - (a.ticks[pid][2] if pid in a.ticks else 0)
+            before = a.ticks.get(pid)
+            pg += t - (before[2] if before else 0)
+            if pid == POSTMASTER:
+                pg += reaped - (before[3] if before else 0)
     out["postgres"] = pct(pg)
     ours += pg
     for name, pids in groups.items():
         ticks = sum(b.ticks[p][2] - (a.ticks[p][2] if p in a.ticks else 0) for p in pids if p in b.ticks)
         out[name] = pct(ticks)
         ours += ticks
+    if reaped_group is not None:
+        reaped_ticks = (b.children - a.children) * _CLK
+        out[reaped_group] = pct(reaped_ticks)
+        ours += reaped_ticks
     out["rest_of_machine"] = round(out["machine_busy"] - pct(ours), 1)
     return out
 
@@ -791,13 +814,16 @@ def run_fire(dsn: str, n: int, spread: float, seed: int) -> dict[str, Any]:
     late = []
     attempts_gt1 = 0
     seen: set[int] = set()
+    worst: list[tuple[float, int, float]] = []
     for r in results:
         for ident, f_at, t, attempt in r["records"]:
             if ident in seen:
                 continue
             seen.add(ident)
             late.append(t - f_at)
+            worst.append((t - f_at, ident, f_at))
             attempts_gt1 += attempt > 1
+    worst.sort(reverse=True)
     early = [x for x in late if x < 0]
     db_after = state_counts(dsn)  # after the manager stopped
     lost_rows = event_rows(dsn, "NOT (id = ANY(%s))", sorted(seen)) if len(seen) < n else []
@@ -811,6 +837,10 @@ def run_fire(dsn: str, n: int, spread: float, seed: int) -> dict[str, Any]:
         "early": len(early),
         "earliest_ms": round(min(early) * 1000, 3) if early else None,
         "redelivered": attempts_gt1,
+        # the latest receipts: fire_at as seconds after the first scheduled fire_at
+        "latest": [
+            {"id": i, "fire_at_offset_s": round(f - base, 4), "late_ms": round(1000 * lt, 3)} for lt, i, f in worst[:5]
+        ],
         "db_states_at_end": db_after["states"],
         "not_received": lost_rows[:10],
         "lateness": summary_ms(late),
@@ -866,10 +896,13 @@ def run_peer(py: Path, admin_dsn: str, script: str, args: list[str], timeout: fl
     cmd = [str(py), script, *args]
     env = {**os.environ, "PEERS_DSN": admin_dsn, "PYTHONDONTWRITEBYTECODE": "1"}
     t = time.monotonic()
+    snap0 = cpu_snapshot()
     try:
         proc = subprocess.run(cmd, cwd=PEERS_DIR, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s", "cmd": " ".join(cmd[1:])}
+    # the whole subprocess (setup, preload and test): what else ran on the machine meanwhile
+    cpu_whole_run = cpu_delta(snap0, cpu_snapshot(), {}, reaped_group="peer_processes")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = proc.stderr.strip().splitlines()[-5:]
@@ -877,6 +910,7 @@ def run_peer(py: Path, admin_dsn: str, script: str, args: list[str], timeout: fl
     out: dict[str, Any] = json.loads(lines[-1])
     out["wall_s"] = round(time.monotonic() - t, 1)
     out["cmd"] = " ".join(cmd[1:])
+    out["cpu_whole_run_pct_of_one_core"] = cpu_whole_run
     return out
 
 
@@ -888,6 +922,7 @@ def _peer_drain_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "samples": [s.get("jobs_per_s") for s in ok],
         "errors": [s for s in samples if "error" in s],
         "cpu": ok[len(ok) // 2].get("cpu") if ok else None,
+        "rest_of_machine_pct": [s.get("cpu_whole_run_pct_of_one_core", {}).get("rest_of_machine") for s in ok],
         "jobs": ok[0].get("jobs") if ok else None,
     }
 
@@ -901,6 +936,7 @@ def _peer_latency_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "max_ms": median_of(lat, "max_ms"),
         "samples": [{k: s[k] for k in ("p50_ms", "p99_ms", "max_ms")} for s in lat],
         "missing": sum(s.get("missing", 0) for s in ok),
+        "rest_of_machine_pct": [s.get("cpu_whole_run_pct_of_one_core", {}).get("rest_of_machine") for s in ok],
         "errors": [s for s in samples if "error" in s],
     }
 

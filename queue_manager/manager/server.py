@@ -328,8 +328,8 @@ class Manager:
                             await self._submit("release", c.queue, items)
                             self.m_refired.inc(len(items), queue=c.queue.name, reason="drain")
         lead.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await lead
+        # bounded: a cancellation swallowed inside the task must not hang the shutdown
+        await asyncio.wait({lead}, timeout=5)
         await self._end_session()
         if self.term is not None and self._ctl is not None:
             with contextlib.suppress(Exception):
@@ -408,16 +408,19 @@ class Manager:
                 await self._sleep(0.25)
 
     async def _sleep(self, seconds: float) -> None:
-        """Sleep, waking early when the current session fails or a stop is requested."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._session_failed_or_stop(), seconds)
+        """Sleep, waking early when the current session fails.
 
-    async def _session_failed_or_stop(self) -> None:
-        while not self._stop.is_set():
+        A plain polling loop, not ``wait_for``: on Python 3.11 ``wait_for`` can swallow a
+        cancellation that races with its inner coroutine finishing, and the loop keeps renewing
+        while a drain goes on (the shutdown cancels it afterwards).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (remaining := deadline - loop.time()) > 0:
             s = self._session
             if s is not None and s.failed is not None:
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(min(0.05, remaining))
 
     async def _step_down(self, why: str) -> None:
         logger.warning("stepping down", extra={"term": self.term, "reason": why})
@@ -484,9 +487,8 @@ class Manager:
                 s.scheduler.shutdown(wait=False)
         for t in s.tasks:
             t.cancel()
-        for t in s.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if s.tasks:
+            await asyncio.wait(s.tasks, timeout=5)
         await self._close_session_conns(s)
         self._fail_ops(Unavailable("the manager lost its database session"))
         for q in self.queues.values():

@@ -65,7 +65,10 @@ async def connect(dsn: str, application_name: str) -> AsyncConn:
         dsn,
         autocommit=True,
         application_name=application_name[:63],
-        options="-c statement_timeout=30000 -c idle_in_transaction_session_timeout=5000 -c lock_timeout=10000",
+        # force_custom_plan: a generic plan of the ack/release statements joins unnest(ids) by
+        # walking the whole fired index (measured: ~40 ms instead of ~3 ms for 500 acks)
+        options="-c statement_timeout=30000 -c idle_in_transaction_session_timeout=5000 -c lock_timeout=10000"
+        " -c plan_cache_mode=force_custom_plan",
         connect_timeout=5,
     )
 
