@@ -55,7 +55,6 @@ import platform
 import pstats
 import random
 import resource
-import secrets
 import shutil
 import signal
 import statistics
@@ -70,17 +69,15 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # spawned children import the entry points from here
     sys.path.insert(0, str(HERE))
 
 import _e2e_procs as procs  # noqa: E402
+from _bench_common import bench_server, cpu_model, one_shard_queue, server_info  # noqa: E402
 
-from queue_manager.db.migrate import set_identity, upgrade  # noqa: E402
-from queue_manager.domain.topology import KeyRange, Shard, Topology  # noqa: E402
 from queue_manager.producer import Event, enqueue_batch  # noqa: E402
 
 logger = logging.getLogger("bench.e2e")
@@ -244,14 +241,6 @@ def find_postmaster(dsn: str) -> int | None:
 # --------------------------------------------------------------------------- database
 
 
-def prepare_database(dsn: str) -> None:
-    upgrade(dsn)
-    shard = Shard("s0", dsn, KeyRange.parse("-"))
-    set_identity(dsn, shard, Topology((shard,)))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT qm.create_queue(%s, %s::jsonb)", (QUEUE, json.dumps(QUEUE_SETTINGS)))
-
-
 def reset(dsn: str) -> None:
     """Empty the queue, re-anchor its load counters and flush dirty pages (no manager may run)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -302,46 +291,6 @@ def event_rows(dsn: str, where: str, param: Any) -> list[dict[str, Any]]:
         ).fetchall()
     keys = ("id", "state", "attempts", "partition", "payload", "fire_at", "created_at", "fired_at", "db_now")
     return [dict(zip(keys, r, strict=True)) for r in rows]
-
-
-def server_info(dsn: str) -> dict[str, Any]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        version = conn.execute("SHOW server_version").fetchone()
-        settings = {}
-        for name in ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "shared_buffers"):
-            row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
-            settings[name] = row[0] if row else None
-    return {"postgres": version[0] if version else None, "settings": settings}
-
-
-@contextlib.contextmanager
-def bench_server(admin_dsn: str | None) -> Iterator[tuple[str, str]]:
-    """(admin DSN, DSN of a fresh benchmark database) on the given server or on an embedded one."""
-    tmpdir: str | None = None
-    server: Any = None
-    try:
-        if admin_dsn is None:
-            from queue_manager.local.embedded import LocalServer
-
-            tmpdir = tempfile.mkdtemp(prefix="qm-bench-e2e-")
-            server = LocalServer(Path(tmpdir) / "pgdata")  # default durability: fsync and synchronous_commit on
-            admin_dsn = server.start()
-            log("started an embedded PostgreSQL server: %s", admin_dsn)
-        name = f"qm_bench_{secrets.token_hex(4)}"
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        dsn = make_conninfo(admin_dsn, dbname=name)
-        try:
-            yield admin_dsn, dsn
-        finally:
-            with psycopg.connect(admin_dsn, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-    finally:
-        if server is not None:
-            server.stop()
-            log("stopped the embedded PostgreSQL server")
-        if tmpdir is not None:
-            shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- processes
@@ -1031,16 +980,6 @@ def bench_peers(admin_dsn: str, args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- orchestration
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def _ints(text: str, what: str, parser: argparse.ArgumentParser) -> list[int]:
     try:
         vals = [int(x) for x in str(text).split(",") if x.strip()]
@@ -1142,9 +1081,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     code_at_start = code_version()
     configs = [DrainConfig(r, c, args.concurrency) for r in args.receivers for c in args.credit]
-    with bench_server(args.dsn) as (admin_dsn, dsn):
+    with bench_server(args.dsn, "e2e") as (admin_dsn, dsn):
         log("benchmark database: %s", conninfo_to_dict(dsn).get("dbname"))
-        prepare_database(dsn)
+        one_shard_queue(dsn, QUEUE, QUEUE_SETTINGS)
         info = server_info(dsn)
         global POSTMASTER
         POSTMASTER = find_postmaster(dsn)
@@ -1212,7 +1151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "platform": platform.platform(),
             "python": platform.python_version(),
         },

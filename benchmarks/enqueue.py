@@ -36,26 +36,20 @@ import multiprocessing as mp
 import os
 import platform
 import random
-import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from _bench_common import bench_server, cpu_model, one_shard_queue, server_info
+from psycopg.conninfo import conninfo_to_dict
 
 from queue_manager import producer
-from queue_manager.db.migrate import set_identity, upgrade
-from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.producer import Event, enqueue_batch
 
 logger = logging.getLogger("bench.enqueue")
@@ -242,55 +236,6 @@ def reset(dsn: str) -> None:
             logger.warning("CHECKPOINT refused (needs superuser or pg_checkpoint); measuring without it")
 
 
-def prepare_database(dsn: str) -> None:
-    upgrade(dsn)
-    shard = Shard("s0", dsn, KeyRange.parse("-"))
-    set_identity(dsn, shard, Topology((shard,)))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT qm.create_queue(%s, %s::jsonb)", (QUEUE, json.dumps(QUEUE_SETTINGS)))
-        conn.execute(PLAIN_DDL)
-
-
-def server_info(dsn: str) -> dict[str, Any]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        version = conn.execute("SHOW server_version").fetchone()
-        settings = {}
-        for name in ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "shared_buffers"):
-            row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
-            settings[name] = row[0] if row else None
-    return {"postgres": version[0] if version else None, "settings": settings}
-
-
-@contextmanager
-def bench_database(admin_dsn: str | None) -> Iterator[str]:
-    """A fresh database on the given server, or on a dedicated embedded server; its DSN."""
-    tmpdir: str | None = None
-    server: Any = None
-    try:
-        if admin_dsn is None:
-            from queue_manager.local.embedded import LocalServer
-
-            tmpdir = tempfile.mkdtemp(prefix="qm-bench-enqueue-")
-            server = LocalServer(Path(tmpdir) / "pgdata")  # default durability: fsync and synchronous_commit on
-            admin_dsn = server.start()
-            logger.info("started an embedded PostgreSQL server: %s", admin_dsn)
-        name = f"qm_bench_{secrets.token_hex(4)}"
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        dsn = make_conninfo(admin_dsn, dbname=name)
-        try:
-            yield dsn
-        finally:
-            with psycopg.connect(admin_dsn, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-    finally:
-        if server is not None:
-            server.stop()
-            logger.info("stopped the embedded PostgreSQL server")
-        if tmpdir is not None:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-
-
 # --------------------------------------------------------------------------- orchestration
 
 
@@ -362,16 +307,6 @@ def bench_batch(dsn: str, rows: int, reps: int) -> dict[str, Any]:
     }
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of one single-row measurement")
@@ -397,9 +332,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
-    with bench_database(args.dsn) as dsn:
+    with bench_server(args.dsn, "enqueue") as (_, dsn):
         logger.info("benchmark database: %s", conninfo_to_dict(dsn).get("dbname"))
-        prepare_database(dsn)
+        one_shard_queue(dsn, QUEUE, QUEUE_SETTINGS)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(PLAIN_DDL)
         info = server_info(dsn)
         single = bench_single_row(dsn, args.clients, args.seconds, args.reps)
         batch = bench_batch(dsn, args.batch_rows, args.reps)
@@ -410,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "platform": platform.platform(),
             "python": platform.python_version(),
         },

@@ -1,0 +1,84 @@
+"""What the benchmarks share: a throw-away database on a given or embedded server, a one-shard
+queue in it, and the server facts every JSON report carries."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import platform
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from queue_manager.db.migrate import set_identity, upgrade
+from queue_manager.domain.topology import KeyRange, Shard, Topology
+
+logger = logging.getLogger("bench")
+
+
+@contextlib.contextmanager
+def bench_server(admin_dsn: str | None, prefix: str) -> Iterator[tuple[str, str]]:
+    """(admin DSN, DSN of a fresh database) on the given server, or on a dedicated embedded one
+    with the default durability (fsync and synchronous_commit on); all removed at the end."""
+    tmpdir: str | None = None
+    server: Any = None
+    try:
+        if admin_dsn is None:
+            from queue_manager.local.embedded import LocalServer
+
+            tmpdir = tempfile.mkdtemp(prefix=f"qm-bench-{prefix}-")
+            server = LocalServer(Path(tmpdir) / "pgdata")
+            admin_dsn = server.start()
+            logger.info("started an embedded PostgreSQL server: %s", admin_dsn)
+        name = f"qm_bench_{secrets.token_hex(4)}"
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            yield admin_dsn, make_conninfo(admin_dsn, dbname=name)
+        finally:
+            with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    finally:
+        if server is not None:
+            server.stop()
+            logger.info("stopped the embedded PostgreSQL server")
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def one_shard_queue(dsn: str, queue: str, settings: Mapping[str, Any]) -> None:
+    """Migrate ``dsn``, make it the only shard (the whole keyspace), and create ``queue``."""
+    upgrade(dsn)
+    shard = Shard("s0", dsn, KeyRange.parse("-"))
+    set_identity(dsn, shard, Topology((shard,)))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT qm.create_queue(%s, %s::jsonb)", (queue, json.dumps(dict(settings))))
+
+
+def server_info(dsn: str) -> dict[str, Any]:
+    """Server version and the durability settings that shape every figure."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        settings = {}
+        for name in ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "shared_buffers"):
+            row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
+            settings[name] = row[0] if row else None
+    return {"postgres": version[0] if version else None, "settings": settings}
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
