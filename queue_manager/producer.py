@@ -7,8 +7,9 @@ own writes. It accepts a psycopg ``Connection``, a SQLAlchemy ``Connection`` or 
 
 ``enqueue_batch`` loads many events with COPY. It places each event itself (least-loaded
 partition of the tenant's shuffle set, with the loads read once per batch and kept up to
-date as it assigns), and the database's CHECK constraints verify every row, so a batch is
-all-or-nothing and a bad row is refused with the same rules as a plain INSERT.
+date as it assigns), and the database checks every row the COPY wrote (the queue's
+``qm_verify`` statement trigger), so a batch is all-or-nothing and a bad row is refused with
+the same rules as a plain INSERT.
 
 ``Router`` holds one connection pool per shard of a topology and sends each tenant to its
 shard.
@@ -158,46 +159,67 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
 
     All events must belong to this connection's shard (``Router.enqueue_batch`` splits a
     mixed batch by shard). Events whose ``dedup_key`` already exists are skipped. Placement
-    caches each tenant's shuffle set; events without ``fire_at`` get the transaction's
-    ``now()`` (what the column default would give them), so one COPY carries the whole batch.
+    caches each tenant's shuffle set. The COPY carries only the columns the batch uses:
+    ``fire_at`` only when some event sets it (the others then get the transaction's
+    ``now()``, what the column default gives them), ``dedup_key`` only when some event has one.
     """
     check_queue_name(queue)
     events = events if isinstance(events, list | tuple) else list(events)
     place = _placement(conn, queue)
     load = place.loads
     counts = [0] * len(load)
-    now = place.now
     sets: dict[str, tuple[int, ...]] = {}
+    with_fire_at = any(ev.fire_at is not None for ev in events)
+    staged = any(ev.dedup_key is not None for ev in events)
+
+    columns = ["tenant", "partition", "payload"]
+    if with_fire_at:
+        columns.append("fire_at")
+    if staged:
+        columns.append("dedup_key")
+    simple = len(columns) == 3
+    now = place.now
     dumps = json.dumps
 
-    def rows() -> Iterator[tuple[str, int, str, datetime, str | None]]:
+    def candidates_of(i: int, tenant: str) -> tuple[int, ...]:
+        if not tenant:
+            raise InvalidEventError(f"event #{i}: tenant must be a non-empty string")
+        h = routing.tenant_hash(tenant)
+        if not place.key_range.contains_hex(h[: routing.KEYSPACE_HEX_DIGITS]):
+            raise MisroutedTenantError(
+                f"event #{i}: tenant {tenant!r} does not belong to shard {place.shard!r} ({place.key_range})"
+            )
+        candidates = sets[tenant] = routing.shuffle_set_from_hash(h, place.partitions, place.shuffle)
+        return candidates
+
+    def rows() -> Iterator[tuple[Any, ...]]:
         for i, ev in enumerate(events):
             tenant = ev.tenant
-            candidates = sets.get(tenant)
-            if candidates is None:
-                if not tenant:
-                    raise InvalidEventError(f"event #{i}: tenant must be a non-empty string")
-                h = routing.tenant_hash(tenant)
-                if not place.key_range.contains_hex(h[: routing.KEYSPACE_HEX_DIGITS]):
-                    raise MisroutedTenantError(
-                        f"event #{i}: tenant {tenant!r} does not belong to shard {place.shard!r} ({place.key_range})"
-                    )
-                candidates = sets[tenant] = routing.shuffle_set_from_hash(h, place.partitions, place.shuffle)
+            candidates = sets.get(tenant) or candidates_of(i, tenant)
+            # the least-loaded partition of the set, ties to the lowest (candidates ascend)
             best = candidates[0]
+            best_load = load[best]
             for p in candidates:
-                if load[p] < load[best]:
+                if load[p] < best_load:
                     best = p
-            load[best] += 1
+                    best_load = load[p]
+            load[best] = best_load + 1
             counts[best] += 1
-            fire_at = ev.fire_at
-            if fire_at is None:
-                fire_at = now
-            elif fire_at.tzinfo is None:
-                raise InvalidEventError(f"event #{i}: fire_at must be timezone-aware")
-            yield tenant, best, dumps(ev.payload), fire_at, ev.dedup_key
+            if simple:  # the common case: fire_at comes from the column default
+                yield tenant, best, dumps(ev.payload)
+                continue
+            row: tuple[Any, ...] = (tenant, best, dumps(ev.payload))
+            if with_fire_at:
+                fire_at = ev.fire_at
+                if fire_at is None:
+                    fire_at = now
+                elif fire_at.tzinfo is None:
+                    raise InvalidEventError(f"event #{i}: fire_at must be timezone-aware")
+                row += (fire_at,)
+            yield (*row, ev.dedup_key) if staged else row
 
     try:
-        inserted = _copy_rows(conn, queue, rows(), staged=any(ev.dedup_key is not None for ev in events))
+        inserted = _copy_rows(conn, queue, rows(), columns, staged=staged)
     except psycopg.Error as exc:
         raise translate(exc, queue=queue) from exc
     if inserted:
@@ -206,21 +228,24 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
     return inserted
 
 
-def _copy_rows(conn: psycopg.Connection[Any], queue: str, rows: Iterator[tuple[Any, ...]], *, staged: bool) -> int:
+def _copy_rows(
+    conn: psycopg.Connection[Any], queue: str, rows: Iterator[tuple[Any, ...]], columns: list[str], *, staged: bool
+) -> int:
     """Stream rows into COPY as they are placed, so placement (client) and COPY (server) overlap.
 
     With dedup keys (``staged``) the rows go to a temp table first, then one INSERT ... SELECT
     ... ON CONFLICT DO NOTHING, since COPY has no ON CONFLICT.
     """
-    columns = "(tenant, partition, payload, fire_at, dedup_key)"
     target = sql.SQL("qm_staging") if staged else sql.Identifier(queue)
     if staged:
         conn.execute(query("create_staging"))
         conn.execute(query("truncate_staging"))
     written = 0
-    with conn.cursor().copy(sql.SQL("COPY {} " + columns + " FROM STDIN").format(target)) as cp:
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(target, sql.SQL(", ").join(map(sql.Identifier, columns)))
+    with conn.cursor().copy(statement) as cp:
+        write_row = cp.write_row
         for row in rows:
-            cp.write_row(row)
+            write_row(row)
             written += 1
     if not staged:
         return written

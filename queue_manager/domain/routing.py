@@ -19,8 +19,9 @@ Shuffle set (tenant -> k of N partitions)
     distinct partitions, every partition gets an equal share of uniform tenants, and the
     membership of one partition ``p`` is a closed formula: ``p`` lies in group
     ``j = ((p+1)*k - 1) div N`` and is in the set iff it equals that group's pick. The
-    database checks that formula in a CHECK constraint, row by row in C, which keeps bulk
-    loads (COPY, JDBC) fast while still refusing a row written to a foreign partition.
+    database checks that formula for every inserted row in one set-based pass (the queue's
+    ``qm_verify`` statement trigger), which keeps bulk loads (COPY, JDBC) fast while still
+    refusing a row written to a foreign partition.
 
     Compared with a uniformly random k-subset, two tenants share *all* k partitions with
     probability ``prod(1/size_j)`` (about ``(k/N)**k``; 1/256 for 4 of 16) instead of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -12,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from queue_manager.db.errors import translate
 from queue_manager.domain import routing
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import InvalidEventError, MisroutedTenantError, UnknownQueueError
@@ -151,7 +153,7 @@ def test_bad_input_is_refused_clearly_and_costs_nothing_else(shards: Topology, m
             psycopg.errors.CheckViolation,
             "new events must start as to_be_fired",
         ),
-        # the bulk path (partition preset, trigger skipped) is guarded by CHECK constraints
+        # the bulk path (partition preset, routing trigger skipped) is guarded by the qm_verify statement trigger
         (
             "INSERT INTO orders (tenant, partition, payload) VALUES (%s, %s, '{}')",
             (foreign, routing.shuffle_set(foreign, 16, 4)[0]),
@@ -343,3 +345,204 @@ def test_router_sends_each_tenant_to_its_shard(shards: Topology, make_queue: Any
             got = Counter(r[0] for r in c.execute("SELECT tenant FROM orders"))
             assert set(got) == {t for t in tenants if s.key_range.contains(t)}
             assert set(got.values()) == {2}
+
+
+def _copy(c: psycopg.Connection[Any], rows: list[tuple[Any, ...]], columns: str = "tenant, partition, payload") -> None:
+    with c.cursor().copy(f"COPY orders ({columns}) FROM STDIN") as cp:
+        for row in rows:
+            cp.write_row(row)
+
+
+def _multi_row_insert(c: psycopg.Connection[Any], rows: list[tuple[Any, ...]], columns: str) -> None:
+    marks = ", ".join("(" + ", ".join(["%s"] * len(rows[0])) + ")" for _ in rows)
+    c.execute(f"INSERT INTO orders ({columns}) VALUES {marks}", [v for row in rows for v in row])
+
+
+def _insert_select(c: psycopg.Connection[Any], rows: list[tuple[Any, ...]], columns: str) -> None:
+    c.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS src (tenant text, partition smallint, payload jsonb, fire_at timestamptz, "
+        "attempts integer)"
+    )
+    c.execute("TRUNCATE src")
+    with c.cursor().copy(f"COPY src ({columns}) FROM STDIN") as cp:
+        for row in rows:
+            cp.write_row(row)
+    c.execute(f"INSERT INTO orders ({columns}) SELECT {columns} FROM src")
+
+
+@pytest.mark.parametrize(
+    "write", [_copy, _multi_row_insert, _insert_select], ids=["copy", "multi-row", "insert-select"]
+)
+def test_rows_with_a_preset_partition_are_checked_whatever_the_client(
+    shards: Topology, make_queue: Any, write: Any
+) -> None:
+    """Bulk paths (partition set by the client): one bad row among good ones refuses the statement."""
+    make_queue("orders", payload_limit_bytes=1024, max_delay_seconds=3600)
+    s0, s1 = shards.shards
+    mine = tenants_of(s0, 3)
+    foreign = tenants_of(s1, 1)[0]
+    good = [(t, routing.shuffle_set(t, 16, 4)[i % 4], json.dumps({"i": i}), None, 0) for i, t in enumerate(mine * 3)]
+    columns = "tenant, partition, payload, fire_at, attempts"
+    outside = next(p for p in range(16) if p not in routing.shuffle_set(mine[0], 16, 4))
+    later = datetime.now(UTC) + timedelta(hours=2)
+    cases: list[tuple[tuple[Any, ...], str]] = [
+        ((foreign, routing.shuffle_set(foreign, 16, 4)[0], "{}", None, 0), "orders_tenant_on_this_shard"),
+        ((mine[0], outside, "{}", None, 0), "orders_partition_in_shuffle_set"),
+        ((mine[0], 16, "{}", None, 0), "orders_partition_in_shuffle_set"),
+        ((mine[0], -1, "{}", None, 0), "orders_partition_in_shuffle_set"),
+        # incompressible, so that its size is the same in every path (pg_column_size of the value as inserted)
+        (
+            (mine[0], routing.shuffle_set(mine[0], 16, 4)[0], json.dumps({"x": secrets.token_urlsafe(2000)}), None, 0),
+            "orders_payload_within_limit",
+        ),
+        ((mine[0], routing.shuffle_set(mine[0], 16, 4)[0], "{}", later, 0), "orders_fire_at_in_range"),
+        (
+            (mine[0], routing.shuffle_set(mine[0], 16, 4)[0], "{}", datetime(1999, 12, 31, tzinfo=UTC), 0),
+            "orders_fire_at_in_range",
+        ),
+        (("", routing.shuffle_set("", 16, 4)[0], "{}", None, 0), "orders_tenant_not_empty"),
+        ((mine[0], routing.shuffle_set(mine[0], 16, 4)[0], "{}", None, 2), "orders_fresh_event"),
+    ]
+    with psycopg.connect(s0.dsn) as c:
+        for bad, rule in cases:
+            rows = [(t, p, pl, fa or datetime.now(UTC), a) for t, p, pl, fa, a in [*good[:4], bad, *good[4:]]]
+            with pytest.raises(psycopg.errors.CheckViolation) as info:
+                with c.transaction():
+                    write(c, rows, columns)
+            assert info.value.diag.constraint_name == rule, bad
+            assert rule in str(info.value)
+            if rule == "orders_tenant_on_this_shard":  # the right shard is named, for bulk rows too
+                assert 'belongs to shard "s1"' in str(info.value)
+                assert isinstance(translate(info.value, queue="orders"), MisroutedTenantError)
+                assert translate(info.value, queue="orders").right_shard == "s1"  # type: ignore[union-attr]
+            assert count(c) == 0
+        with c.transaction():
+            write(c, [(t, p, pl, datetime.now(UTC), a) for t, p, pl, _, a in good], columns)
+        assert count(c) == len(good)
+
+
+def test_preset_state_is_checked_even_with_a_valid_partition(shard: Shard, make_queue: Any) -> None:
+    make_queue("orders")
+    (t,) = tenants_of(shard, 1)
+    p = routing.shuffle_set(t, 16, 4)[0]
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        for column, value in [
+            ("state", "fired"),
+            ("fired_at", "now()"),
+            ("acked_at", "now()"),
+            ("ack_deadline", "now()"),
+        ]:
+            literal = f"'{value}'" if column == "state" else value
+            with pytest.raises(psycopg.errors.CheckViolation, match="new events must start as to_be_fired"):
+                c.execute(f"INSERT INTO orders (tenant, partition, {column}) VALUES (%s, %s, {literal})", (t, p))
+        assert count(c) == 0
+
+
+def test_database_choice_matches_least_loaded_of_the_python_spec(shard: Shard, make_queue: Any) -> None:
+    """The routing trigger's pick equals routing.least_loaded over qm.partition_loads, ties included."""
+    make_queue("orders", partitions=12, shuffle=3)
+    tenants = tenants_of(shard, 30)
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        # uneven done counters, some making a load negative
+        c.execute(
+            "UPDATE qm.queue_load SET done = ARRAY[5, 0, 2, 0, 0, 9, 1, 0, 3, 0, 0, 7] "
+            "WHERE queue_id = (SELECT id FROM qm.queues WHERE name = 'orders')"
+        )
+        for i in range(120):
+            t = tenants[(i * 7) % len(tenants)]
+            row = c.execute("SELECT qm.partition_loads('orders')").fetchone()
+            assert row is not None
+            loads = dict(enumerate(row[0]))
+            expected = routing.least_loaded(routing.shuffle_set(t, 12, 3), loads)
+            got = c.execute("INSERT INTO orders (tenant) VALUES (%s) RETURNING partition", (t,)).fetchone()
+            assert got == (expected,), (t, loads)
+
+
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (3, 1), (1024, 16), (1000, 7), (64, 2)])
+def test_routing_and_checks_for_extreme_shapes(shard: Shard, make_queue: Any, n: int, k: int) -> None:
+    make_queue("orders", partitions=n, shuffle=k)
+    tenants = tenants_of(shard, 8)
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        for t in tenants:
+            allowed = routing.shuffle_set(t, n, k)
+            row = c.execute("INSERT INTO orders (tenant) VALUES (%s) RETURNING partition", (t,)).fetchone()
+            assert row is not None and row[0] in allowed
+            c.execute("INSERT INTO orders (tenant, partition) VALUES (%s, %s)", (t, allowed[-1]))
+            outside = next((p for p in range(n) if p not in allowed), n)
+            with pytest.raises(psycopg.errors.CheckViolation):
+                c.execute("INSERT INTO orders (tenant, partition) VALUES (%s, %s)", (t, outside))
+        loads = c.execute("SELECT qm.partition_loads('orders')").fetchone()
+        assert loads is not None and sum(loads[0]) == len(tenants)
+
+
+def test_changed_settings_take_effect_on_both_paths(shard: Shard, make_queue: Any) -> None:
+    make_queue("orders", payload_limit_bytes=4096)
+    (t,) = tenants_of(shard, 1)
+    p = routing.shuffle_set(t, 16, 4)[0]
+    big = json.dumps({"x": "y" * 2000})
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        c.execute("INSERT INTO orders (tenant, payload) VALUES (%s, %s)", (t, big))
+        c.execute("INSERT INTO orders (tenant, partition, payload) VALUES (%s, %s, %s)", (t, p, big))
+        c.execute("SELECT qm.alter_queue('orders', '{\"payload_limit_bytes\": 1024}')")
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+            c.execute("INSERT INTO orders (tenant, payload) VALUES (%s, %s)", (t, big))
+        with pytest.raises(psycopg.errors.CheckViolation, match="orders_payload_within_limit"):
+            c.execute("INSERT INTO orders (tenant, partition, payload) VALUES (%s, %s, %s)", (t, p, big))
+        c.execute("SELECT qm.alter_queue('orders', '{\"partitions\": 32}')")
+        grown = routing.shuffle_set(t, 32, 4)
+        c.execute("INSERT INTO orders (tenant, partition) VALUES (%s, %s)", (t, grown[-1]))
+        if p not in grown:
+            with pytest.raises(psycopg.errors.CheckViolation, match="orders_partition_in_shuffle_set"):
+                c.execute("INSERT INTO orders (tenant, partition) VALUES (%s, %s)", (t, p))
+        row = c.execute("INSERT INTO orders (tenant) VALUES (%s) RETURNING partition", (t,)).fetchone()
+        assert row is not None and row[0] in grown
+
+
+def test_a_database_without_shard_identity_refuses_both_paths(new_database: Any) -> None:
+    dsn = new_database()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT qm.create_queue('orders')")
+        for stmt in (
+            "INSERT INTO orders (tenant) VALUES ('t')",
+            "INSERT INTO orders (tenant, partition) VALUES ('t', 0)",
+        ):
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="no shard identity"):
+                c.execute(stmt)
+
+
+def test_batch_sends_only_the_columns_it_uses(shard: Shard, make_queue: Any) -> None:
+    """Without fire_at or dedup keys the COPY leaves fire_at to the column default (the transaction's now())."""
+    make_queue("orders", partitions=8, shuffle=2)
+    tenants = tenants_of(shard, 5)
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    with psycopg.connect(shard.dsn) as c:
+        assert enqueue_batch(c, "orders", [Event(t, {"plain": i}) for i, t in enumerate(tenants * 4)]) == 20
+        assert (
+            enqueue_batch(c, "orders", [Event(t, {"keyed": i}, dedup_key=f"k{i}") for i, t in enumerate(tenants)]) == 5
+        )
+        mixed = [Event(t, {"mixed": i}, fire_at=later if i % 2 else None) for i, t in enumerate(tenants)]
+        assert enqueue_batch(c, "orders", mixed) == 5
+        c.commit()
+        assert count(c, "fire_at = created_at") == 20 + 5 + 3
+        assert count(c, "fire_at > created_at + interval '4 minutes'") == 2
+        rows = c.execute("SELECT tenant, partition FROM orders").fetchall()
+        assert all(p in routing.shuffle_set(t, 8, 2) for t, p in rows)
+        loads = c.execute("SELECT qm.partition_loads('orders')").fetchone()
+        assert loads is not None and sum(loads[0]) == 30
+
+
+def test_an_event_made_fresh_again_must_sit_in_a_live_partition(shard: Shard, make_queue: Any) -> None:
+    """After a shrink, putting a dead letter of a dropped partition back (attempts 0) is refused."""
+    make_queue("orders", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 20)
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        for t in tenants:
+            c.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
+        c.execute("UPDATE orders SET state = 'failed', attempts = 3")
+        c.execute("SELECT qm.alter_queue('orders', '{\"partitions\": 2, \"shuffle\": 1}')")
+        assert c.execute("SELECT partitions_physical FROM qm.queues WHERE name = 'orders'").fetchone() == (2,)
+        retry = "UPDATE orders SET state = 'to_be_fired', attempts = 0 WHERE state = 'failed' AND partition {} 2"
+        with pytest.raises(psycopg.errors.CheckViolation) as info:
+            c.execute(retry.format(">="))
+        assert info.value.diag.constraint_name == "orders_partition_in_shuffle_set"
+        assert c.execute(retry.format("<")).rowcount == count(c, "partition < 2")
