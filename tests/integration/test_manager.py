@@ -13,11 +13,13 @@ from websockets.exceptions import InvalidStatus
 
 from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
+from receivers.client import Event
 from tests.conftest import tenants_of
 from tests.managerkit import (
     SECRET_ORDERS,
     SECRET_OTHER,
     SECRET_TENANT,
+    Recorder,
     insert,
     raw_client,
     recv_type,
@@ -416,3 +418,49 @@ async def test_credit_right_after_subscribe_and_a_second_subscribe(shard: Shard,
             while len(got) < len(ids):
                 got += [e["id"] for e in (await recv_type(ws, "deliver"))["events"]]
             assert sorted(got) == sorted(ids)
+
+
+async def test_paused_queue_fires_nothing_until_resumed(shards: Topology, shard: Shard, queue: str) -> None:
+    tenants = tenants_of(shard, 4)
+    admin.alter_queue(shards, "orders", {"paused": True})
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m)) as (_, rec):
+            ids = await insert(shard.dsn, [(t, {"i": i}) for i, t in enumerate(tenants)])
+            ids += await insert(shard.dsn, [(tenants[0], {"scheduled": True})], fire_in=0.2)
+            await asyncio.sleep(1.5)  # three rescans (FAST rescan_interval 0.5 s) and the fire_at
+            assert rec.events == []
+            assert {s for s, _ in (await states(shard.dsn)).values()} == {"to_be_fired"}
+            admin.alter_queue(shards, "orders", {"paused": False})
+            await wait_for(lambda: sorted(rec.ids()) == sorted(ids), what="events after resume")
+
+
+async def test_max_concurrency_caps_events_in_flight(shards: Topology, shard: Shard, queue: str) -> None:
+    admin.alter_queue(shards, "orders", {"max_concurrency": 3})
+    tenants = tenants_of(shard, 4)
+    gate = asyncio.Event()
+    holding: list[int] = []
+    peak = 0
+
+    class Gated(Recorder):
+        async def __call__(self, event: Event) -> None:
+            nonlocal peak
+            self.events.append(event)
+            holding.append(event.id)
+            peak = max(peak, len(holding))
+            await gate.wait()
+            holding.remove(event.id)
+
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), recorder=Gated(), credit=20, concurrency=20) as (receiver, rec):
+            ids = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(12)])
+            await wait_for(lambda: len(holding) == 3, what="three events in hand")
+            await asyncio.sleep(1.0)  # rescans and sweeps come and go; still three
+            assert len(rec.events) == 3
+            assert m.queues["orders"].in_flight == 3
+            gate.set()
+            await wait_for(lambda: receiver.stats.acked >= len(ids), what="all acks")
+    assert sorted(rec.ids()) == sorted(ids)
+    assert peak <= 3
+    assert {s for s, _ in (await states(shard.dsn)).values()} == {"acked"}
