@@ -118,7 +118,11 @@ class QueueRuntime:
         self.cache = WindowCache()
         self.subscribers: list[ReceiverConn] = []
         self.in_flight = 0
+        #: something may have changed beyond what the cache knows: fire due events and rescan
         self.dirty = True
+        #: a producer committed events that were all due at once (NOTIFY '<queue> due'): a direct
+        #: fire finds them, no rescan is needed
+        self.due_hint = False
         self.armed = False
         self.next_scan = 0.0
         #: the last direct fire was full: more events are due now
@@ -436,7 +440,7 @@ class Manager:
         s = _Session(term)
         self._session = s
         try:
-            s.work = await store.connect(cfg.dsn, f"qm-manager-work {cfg.holder}")
+            s.work = await store.connect(cfg.dsn, f"qm-manager-work {cfg.holder}", durable=False)
             s.write = await store.connect(cfg.dsn, f"qm-manager-write {cfg.holder}")
             s.listen = await store.connect(cfg.dsn, f"qm-manager-listen {cfg.holder}")
             await s.listen.execute("LISTEN qm_wake")
@@ -559,7 +563,10 @@ class Manager:
                 periodic = now >= q.next_scan
                 # take the flag before any await: a wake-up that arrives meanwhile sets it again
                 dirty, q.dirty = q.dirty, False
-                if direct and (dirty or q.backlog or periodic) and await self._fire_direct(conn, s.term, q):
+                hint, q.due_hint = q.due_hint, False
+                if hint and not direct:
+                    dirty = True  # tenant-filtered subscribers: due events go through the cache
+                if direct and (dirty or hint or q.backlog or periodic) and await self._fire_direct(conn, s.term, q):
                     progressed = True
                 if dirty or periodic or q.cache.needs_refill() or direct != q.scanned_future_only:
                     await self._scan(conn, q, future_only=direct)
@@ -572,15 +579,18 @@ class Manager:
             if progressed:
                 await asyncio.sleep(0)
                 continue
-            # Nothing fired. A queue with due events is waiting for credit: busy, and producers'
-            # NOTIFYs would only cost them; its next scan comes with the next refill or rescan.
-            # A queue with nothing due is idle: arm its wake lock (try, never wait), then rescan
-            # it, so that nothing committed before the lock was taken is missed.
+            # Nothing fired. A queue with due events it cannot fire for want of credit is busy:
+            # producers' NOTIFYs would only cost them, and its next scan comes with the next
+            # refill or rescan. Any other queue is idle, or waits for a cached fire_at: its wake
+            # lock stays armed, or is armed now (try, never wait) and the queue rescanned, so
+            # that nothing committed before the lock was taken is missed. (A queue that kept
+            # firing cached events would otherwise disarm and re-arm, and so rescan its whole
+            # window, between every two scheduled events.)
             db_now = self.db_now()
             retry_arm = False
             to_arm = []
             for q in active:
-                busy = q.backlog or q.cache.has_due(db_now)
+                busy = q.backlog or (q.cache.has_due(db_now) and not any(c.free > 0 for c in q.subscribers))
                 if busy and q.armed:
                     await store.disarm(conn, q.id)
                     q.armed = False
@@ -757,9 +767,13 @@ class Manager:
             got_any = False
             async for n in conn.notifies(timeout=5.0):
                 got_any = True
-                q = self.queues.get(n.payload)
+                name, _, kind = n.payload.partition(" ")
+                q = self.queues.get(name)
                 if q is not None:
-                    q.dirty = True
+                    if kind == "due":
+                        q.due_hint = True
+                    else:
+                        q.dirty = True
                 else:
                     s.next_reload = 0.0  # a queue we do not know yet: reload settings
                 self._wake.set()

@@ -26,7 +26,8 @@ SELECT qm.release_leadership(%(holder)s, %(term)s)
 SELECT array_agg(q) FILTER (WHERE pg_try_advisory_lock(29037, q)) FROM unnest(%(ids)s::integer[]) AS q
 
 -- mgr_disarm --
-SELECT pg_advisory_unlock_all()
+-- Give one queue's wake lock back: producers stop sending NOTIFY while the queue is busy.
+SELECT pg_advisory_unlock(29037, %(id)s)
 
 -- mgr_scan --
 -- The window of one queue: per partition, the earliest to_be_fired events due before now + window,

@@ -362,12 +362,14 @@ END$f$,
         PERFORM qm.refuse_event(%3$s, bad.tenant, bad.partition, bad.fire_at, bad.fresh, bad.payload_bytes, false);
     END IF;
     IF NOT pg_try_advisory_xact_lock_shared(29037, %3$s) THEN
-        PERFORM pg_notify('qm_wake', %4$L);
+        -- '<queue> due' when every row is due now: the manager fires them without a rescan
+        PERFORM pg_notify('qm_wake', CASE WHEN EXISTS (SELECT FROM qm_new r WHERE r.fire_at > now())
+                                          THEN %4$L ELSE %5$L END);
     END IF;
     RETURN NULL;
 END$f$,
             format(valid, 'r', 'md5(r.tenant)') || ' AND ' || format(member, 'r', 'md5(r.tenant)'),
-            format(fresh, 'r'), q.id, q.name);
+            format(fresh, 'r'), q.id, q.name, q.name || ' due');
     END IF;
 
     EXECUTE format($f$CREATE OR REPLACE FUNCTION qm.%1$I() RETURNS trigger
