@@ -1001,7 +1001,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--latency-events", type=int, default=500, help="events at 200/s (default 500)")
     parser.add_argument("--fast-latency-events", type=int, default=5000, help="events at 2000/s (default 5000)")
-    parser.add_argument("--fast-producers", type=int, default=4, help="producer connections at 2000/s (default 4)")
+    parser.add_argument("--fast-producers", type=int, default=8, help="producer connections at 2000/s (default 8)")
     parser.add_argument("--fire-events", type=int, default=2000, help="scheduled events (default 2000)")
     parser.add_argument("--fire-spread", type=float, default=4.0, help="seconds the fire_at values span (default 4)")
     peers = parser.add_mutually_exclusive_group()

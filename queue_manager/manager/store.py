@@ -124,13 +124,19 @@ async def db_now(conn: AsyncConn) -> float:
 
 
 async def scan(
-    conn: AsyncConn, q: QueueSettings, future_only: bool = False
+    conn: AsyncConn, q: QueueSettings, future_only: bool = False, parts: Sequence[int] | None = None
 ) -> tuple[list[tuple[int, str, int, float]], int, float | None]:
-    """The queue's window: (id, tenant, partition, fire_at) rows, the per-partition quota, the DB clock."""
+    """The queue's window (all partitions, or ``parts``): (id, tenant, partition, fire_at) rows,
+    the per-partition quota and the database clock."""
     quota = max(1, math.ceil(q.cache_size / max(1, q.partitions_physical)))
     cur = await conn.execute(
         queue_sql("mgr_scan", q.name),
-        {"partitions": q.partitions_physical, "window": q.window_seconds, "quota": quota, "future_only": future_only},
+        {
+            "parts": list(range(q.partitions_physical)) if parts is None else list(parts),
+            "window": q.window_seconds,
+            "quota": quota,
+            "future_only": future_only,
+        },
         prepare=True,
     )
     rows = await cur.fetchall()

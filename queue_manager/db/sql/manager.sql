@@ -30,13 +30,13 @@ SELECT array_agg(q) FILTER (WHERE pg_try_advisory_lock(29037, q)) FROM unnest(%(
 SELECT pg_advisory_unlock(29037, %(id)s)
 
 -- mgr_scan --
--- The window of one queue: per partition, the earliest to_be_fired events due before now + window,
+-- The window of one queue (the partitions in %(parts)s): per partition, the earliest to_be_fired events due before now + window,
 -- at most %(quota)s each (an index range scan of {queue}_due per partition); with future_only, only
 -- events not yet due (those due now go by mgr_fire_due). Also returns the
 -- database clock, so the manager can fire by the database's time.
 SELECT e.id, e.tenant, e.partition, extract(epoch FROM e.fire_at)::double precision AS fire_at,
        extract(epoch FROM clock_timestamp())::double precision AS db_now
-  FROM generate_series(0, %(partitions)s - 1) AS p(part)
+  FROM unnest(%(parts)s::smallint[]) AS p(part)
  CROSS JOIN LATERAL (
         SELECT q.id, q.tenant, q.partition, q.fire_at
           FROM {queue} q
