@@ -576,15 +576,14 @@ class Manager:
                 hint, q.due_hint = q.due_hint, False
                 if hint and not direct:
                     dirty = True  # tenant-filtered subscribers: due events go through the cache
-                if direct and (dirty or hint or q.backlog or periodic) and await self._fire_direct(conn, s.term, q):
-                    progressed = True
                 full = dirty or q.cache.needs_refill() or direct != q.scanned_future_only
                 if full or periodic:
                     await self._scan(conn, q, future_only=direct, parts=None if full else q.next_slice())
-                    # events that fell due between the fire above and this scan are in neither:
-                    # fire them now rather than at the next rescan
-                    if direct and await self._fire_direct(conn, s.term, q):
-                        progressed = True
+                # Scan first, then fire directly: an event that falls due between the two is in
+                # the scan (still future) and then fired here (and dropped from the cache), so
+                # nothing waits for the next rescan, in two round trips.
+                if direct and (dirty or hint or q.backlog or periodic) and await self._fire_direct(conn, s.term, q):
+                    progressed = True
                 if await self._fire(conn, s.term, q):
                     progressed = True
             if progressed:

@@ -863,3 +863,40 @@ def test_discard_heads_drops_events_fired_elsewhere() -> None:
     assert cache.discard_heads({3, 4}) == 2  # consecutive heads go together
     assert [e.id for e, _ in cache.take(10.0, 10, lambda e: "r")] == [2]
     assert len(cache) == 0
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 4, 16, 17])
+def test_periodic_rescan_slices_cover_every_partition_once_per_round(partitions: int) -> None:
+    from queue_manager.manager.server import RESCAN_SLICES, QueueRuntime
+    from queue_manager.manager.store import QueueSettings
+
+    q = QueueRuntime(
+        QueueSettings(
+            id=1,
+            name="orders",
+            partitions=partitions,
+            partitions_physical=partitions,
+            window_seconds=30.0,
+            cache_size=1000,
+            ack_timeout=30.0,
+            backoff_min=1.0,
+            backoff_max=60.0,
+            max_attempts=5,
+            max_qps=None,
+            max_concurrency=None,
+            paused=False,
+        )
+    )
+    for _ in range(2):  # two full rounds: the turns wrap around
+        seen = [p for _ in range(RESCAN_SLICES) for p in q.next_slice()]
+        assert sorted(seen) == list(range(partitions))
+
+
+def test_partial_replace_keeps_the_other_partitions() -> None:
+    cache = WindowCache()
+    cache.replace([Entry(1, "a", 0, 10.0), Entry(2, "b", 1, 11.0), Entry(3, "c", 2, 12.0)], truncated=[1])
+    # a rescan of partitions 1 and 3 only: partition 1 is now empty, 3 gains an event, 0 and 2 stay
+    cache.replace([Entry(4, "d", 3, 13.0)], truncated=[3], partitions=[1, 3])
+    assert len(cache) == 3
+    assert cache.truncated == {3}
+    assert [e.id for e, _ in cache.take(100.0, 10, lambda e: "r")] == [1, 3, 4]
