@@ -32,6 +32,7 @@ import os
 import secrets
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,16 @@ LEASE_MARGIN = 0.5
 MAX_REFUSALS = 20
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
 RESCAN_SLICES = 4
+#: Poll mode. A NOTIFY makes the producer's commit take a database-wide lock held through its
+#: WAL flush, so while the manager waits on a queue that gets many single-row transactions, those
+#: producers commit one at a time (measured: 8 connections could not reach 2 000 inserts/s). When
+#: POLL_ENTER_WAKES wake-ups of a queue come within POLL_ENTER_SPAN seconds (>= 500/s), the
+#: dispatcher releases the queue's wake lock (producers stop notifying) and fires due events every
+#: POLL_INTERVAL instead, until POLL_LINGER passes with nothing found; then it arms again.
+POLL_ENTER_WAKES = 8
+POLL_ENTER_SPAN = 0.016
+POLL_INTERVAL = 0.001
+POLL_LINGER = 0.05
 #: frames queued for one connection before it counts as not reading (and is closed)
 MAX_OUTBOX = 4096
 #: close code for subscribers of a queue that was dropped
@@ -135,6 +146,9 @@ class QueueRuntime:
         self.cursor = 0
         #: the slice of partitions the next periodic rescan covers (see RESCAN_SLICES)
         self.rescan_slice = 0
+        #: loop times of the latest NOTIFY wake-ups, and poll mode's end (see POLL_ENTER_WAKES)
+        self.wake_times: deque[float] = deque(maxlen=POLL_ENTER_WAKES)
+        self.poll_until = 0.0
 
     def next_slice(self) -> list[int]:
         """The partitions of the next periodic rescan; the slices take turns."""
@@ -255,6 +269,9 @@ class Manager:
         self.m_frame_errors = r.counter("qm_protocol_errors_total", "Client frames refused, by error code.")
         self.m_maintenance = r.counter("qm_maintenance_runs_total", "Maintenance job runs by job and outcome.")
         self.m_fences = r.counter("qm_fenced_writes_total", "Writes the database refused because the term was stale.")
+        self.m_poll = r.counter(
+            "qm_poll_mode_entries_total", "Times a queue's wake-ups came so fast that dispatch switched to polling."
+        )
         r.gauge(
             "qm_in_flight",
             "Events fired and not yet settled, per queue.",
@@ -576,14 +593,25 @@ class Manager:
                 hint, q.due_hint = q.due_hint, False
                 if hint and not direct:
                     dirty = True  # tenant-filtered subscribers: due events go through the cache
+                wakes = q.wake_times
+                if direct and len(wakes) == POLL_ENTER_WAKES and wakes[-1] - wakes[0] < POLL_ENTER_SPAN:
+                    q.poll_until = now + POLL_LINGER
+                    wakes.clear()
+                    self.m_poll.inc(queue=q.name)
+                polling = direct and now < q.poll_until
                 full = dirty or q.cache.needs_refill() or direct != q.scanned_future_only
                 if full or periodic:
                     await self._scan(conn, q, future_only=direct, parts=None if full else q.next_slice())
                 # Scan first, then fire directly: an event that falls due between the two is in
                 # the scan (still future) and then fired here (and dropped from the cache), so
                 # nothing waits for the next rescan, in two round trips.
-                if direct and (dirty or hint or q.backlog or periodic) and await self._fire_direct(conn, s.term, q):
-                    progressed = True
+                if direct and (dirty or hint or q.backlog or periodic or polling):
+                    fired = await self._fire_direct(conn, s.term, q)
+                    if fired and polling:
+                        q.poll_until = now + POLL_LINGER
+                    # a poll that emptied the queue waits POLL_INTERVAL before the next one
+                    if fired and (q.backlog or not polling):
+                        progressed = True
                 if await self._fire(conn, s.term, q):
                     progressed = True
             if progressed:
@@ -600,7 +628,11 @@ class Manager:
             retry_arm = False
             to_arm = []
             for q in active:
-                busy = q.backlog or (q.cache.has_due(db_now) and not any(c.free > 0 for c in q.subscribers))
+                busy = (
+                    q.backlog
+                    or now < q.poll_until
+                    or (q.cache.has_due(db_now) and not any(c.free > 0 for c in q.subscribers))
+                )
                 if busy and q.armed:
                     await store.disarm(conn, q.id)
                     q.armed = False
@@ -619,6 +651,8 @@ class Manager:
             timeout = 0.002 if retry_arm else cfg.rescan_interval
             for q in active:
                 timeout = min(timeout, max(0.0, q.next_scan - now))
+                if now < q.poll_until:
+                    timeout = min(timeout, POLL_INTERVAL)
                 nxt = q.cache.next_fire_at()
                 if nxt is not None and any(c.free > 0 for c in q.subscribers):
                     timeout = min(timeout, max(0.0, nxt - db_now))
@@ -781,6 +815,7 @@ class Manager:
     async def _listen_loop(self, s: _Session) -> None:
         assert s.listen is not None
         conn = s.listen
+        loop = asyncio.get_running_loop()
         while True:
             got_any = False
             async for n in conn.notifies(timeout=5.0):
@@ -788,6 +823,7 @@ class Manager:
                 name, _, kind = n.payload.partition(" ")
                 q = self.queues.get(name)
                 if q is not None:
+                    q.wake_times.append(loop.time())
                     if kind == "due":
                         q.due_hint = True
                     else:

@@ -464,3 +464,36 @@ async def test_max_concurrency_caps_events_in_flight(shards: Topology, shard: Sh
     assert sorted(rec.ids()) == sorted(ids)
     assert peak <= 3
     assert {s for s, _ in (await states(shard.dsn)).values()} == {"acked"}
+
+
+async def test_a_burst_of_wake_ups_switches_to_polling_and_back(shard: Shard, queue: str) -> None:
+    """Fast single-row producers: the manager stops asking for NOTIFYs and polls, then arms again."""
+    tenants = tenants_of(shard, 8)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), credit=200, concurrency=50) as (receiver, rec):
+            q = m.queues["orders"]
+            await wait_for(lambda: q.armed, what="the queue armed (idle)")
+
+            async def produce(j: int) -> list[int]:
+                ids = []
+                async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                    for i in range(60):
+                        cur = await conn.execute(
+                            "INSERT INTO orders (tenant, payload) VALUES (%s, %s) RETURNING id",
+                            (tenants[(i + j) % 8], json.dumps({"j": j, "i": i})),
+                        )
+                        ids.append((await cur.fetchone())[0])  # type: ignore[index]
+                return ids
+
+            ids = [i for part in await asyncio.gather(*(produce(j) for j in range(4))) for i in part]
+            await wait_for(lambda: set(ids) <= set(rec.ids()), what="every event of the burst")
+            assert m.m_poll.total() >= 1, "the burst did not switch the queue to polling"
+            # once the burst is over the queue arms again (producers notify again), and serves on
+            await wait_for(
+                lambda: q.armed and asyncio.get_running_loop().time() >= q.poll_until, timeout=5, what="armed"
+            )
+            (late,) = await insert(shard.dsn, [(tenants[0], {"after": True})])
+            await wait_for(lambda: late in rec.ids(), timeout=5, what="the event after the burst")
+            await wait_for(lambda: receiver.stats.acked >= len(ids) + 1, what="acks")
+    assert len(rec.ids()) == len(set(rec.ids())) == len(ids) + 1
