@@ -215,7 +215,9 @@ def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) 
         got = list(manager.notifies(timeout=2, stop_after=5))
         # folded: one per transaction, not per row; "due": every row is due now, no rescan needed
         assert [n.payload for n in got] == ["orders due"]
-        prod.execute("INSERT INTO orders (tenant, fire_at) VALUES (%s, now()), (%s, now() + interval '1 minute')", (t, t))
+        prod.execute(
+            "INSERT INTO orders (tenant, fire_at) VALUES (%s, now()), (%s, now() + interval '1 minute')", (t, t)
+        )
         assert [n.payload for n in manager.notifies(timeout=2, stop_after=1)] == ["orders"]  # one for later
         manager.execute("SELECT pg_advisory_unlock(29037, %s)", (qid,))
 
