@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import platform
 import secrets
 import shutil
@@ -72,6 +73,16 @@ def server_info(dsn: str) -> dict[str, Any]:
             row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
             settings[name] = row[0] if row else None
     return {"postgres": version[0] if version else None, "settings": settings}
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine facts every benchmark report carries."""
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def cpu_model() -> str | None:

@@ -51,7 +51,6 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import platform
 import pstats
 import random
 import resource
@@ -76,7 +75,7 @@ if str(HERE) not in sys.path:  # spawned children import the entry points from h
     sys.path.insert(0, str(HERE))
 
 import _e2e_procs as procs  # noqa: E402
-from _bench_common import bench_server, cpu_model, one_shard_queue, server_info  # noqa: E402
+from _bench_common import bench_server, machine_info, one_shard_queue, server_info  # noqa: E402
 
 from queue_manager.producer import Event, enqueue_batch  # noqa: E402
 
@@ -1168,12 +1167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {
         "benchmark": "e2e",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "cpu_model": cpu_model(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "machine": machine_info(),
         **info,
         "code": code_at_start,
         "params": {

@@ -33,8 +33,6 @@ import argparse
 import json
 import logging
 import multiprocessing as mp
-import os
-import platform
 import random
 import statistics
 import sys
@@ -46,7 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from _bench_common import bench_server, cpu_model, one_shard_queue, server_info
+from _bench_common import bench_server, machine_info, one_shard_queue, server_info
 from psycopg.conninfo import conninfo_to_dict
 
 from queue_manager import producer
@@ -345,12 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {
         "benchmark": "enqueue",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "cpu_model": cpu_model(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "machine": machine_info(),
         **info,
         "params": {"seconds": args.seconds, "reps": args.reps, "batch_rows": args.batch_rows, "tenants": len(TENANTS)},
         "single_row": single,
