@@ -357,20 +357,9 @@ INSERT = f"INSERT INTO {QUEUE} (tenant, payload) VALUES (%s, %s)"
 
 
 def producer_main(
-    dsn: str,
-    n: int,
-    warmup: int,
-    rate: float,
-    conns: int,
-    seed: int,
-    ready_ev: Any,
-    go_ev: Any,
-    out_q: Any,
-    index: int = 0,
-    procs: int = 1,
+    dsn: str, n: int, warmup: int, rate: float, conns: int, seed: int, ready_ev: Any, go_ev: Any, out_q: Any
 ) -> None:
-    """Open-loop pacing: event k is due at t0 + k/rate. Producer process ``index`` of ``procs``
-    sends the events with k mod procs = index, its ``conns`` connections taking turns.
+    """Open-loop pacing: event k is due at t0 + k/rate; ``conns`` connections take turns (k mod conns).
 
     Each event is one autocommit INSERT (one transaction); its payload carries the sequence number
     (negative for warm-up events) and the time.time() the call started. Reports
@@ -378,24 +367,14 @@ def producer_main(
     """
     _logging()
     try:
-        asyncio.run(_produce(dsn, n, warmup, rate, conns, seed, ready_ev, go_ev, out_q, index, procs))
+        asyncio.run(_produce(dsn, n, warmup, rate, conns, seed, ready_ev, go_ev, out_q))
     except BaseException as exc:
         out_q.put({"error": f"{type(exc).__name__}: {exc}"})
         raise
 
 
 async def _produce(
-    dsn: str,
-    n: int,
-    warmup: int,
-    rate: float,
-    conns: int,
-    seed: int,
-    ready_ev: Any,
-    go_ev: Any,
-    out_q: Any,
-    index: int,
-    procs: int,
+    dsn: str, n: int, warmup: int, rate: float, conns: int, seed: int, ready_ev: Any, go_ev: Any, out_q: Any
 ) -> None:
     import psycopg
 
@@ -411,7 +390,7 @@ async def _produce(
 
     async def worker(j: int, conn: Any) -> None:
         cur = conn.cursor()
-        for k in range(index + j * procs, total, conns * procs):
+        for k in range(j, total, conns):
             delay = start + k / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -90,7 +90,6 @@ LATENCY_TARGET = 1.0  # our p50 and p99 at 200/s / the faster peer's: no worse
 FIRE_P99_TARGET_MS = 5.0
 LATENCY_WARMUP = 20  # per 200 events/s; scaled with the rate
 FIRE_LEAD_S = 3.0  # the first fire_at is this far after the insert
-PRODUCER_CONNS_PER_PROC = 4  # producer connections per producer process in the latency runs
 LATENCY_CREDIT = 100  # the receiver's default credit, for latency and fire accuracy
 STALL_TIMEOUT = 30.0  # a drain whose ack count does not move for this long is reported as timed out
 _CTX = mp.get_context("spawn")
@@ -637,40 +636,25 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int) -> dict[st
         recv = start_receivers(1, m.url, "latency", LATENCY_CREDIT, LATENCY_CREDIT)
         try:
             recv.wait_ready()
-            # one producer process per PRODUCER_CONNS_PER_PROC connections: one process could not
-            # pace 2 000 autocommit inserts/s on this machine (it reached 1 300 to 1 700/s)
-            nprocs = max(1, math.ceil(conns / PRODUCER_CONNS_PER_PROC))
-            out_q = _CTX.Queue()
-            prods, readies = [], []
-            for i in range(nprocs):
-                ready = _CTX.Event()
-                mine = len(range(i, conns, nprocs))  # connections of process i
-                prod = _CTX.Process(
-                    target=procs.producer_main,
-                    args=(dsn, n, warmup, rate, mine, seed, ready, recv.go, out_q, i, nprocs),
-                    name=f"e2e-producer-{i}",
-                    daemon=True,
-                )
-                prod.start()
-                prods.append(prod)
-                readies.append(ready)
-            if not all(r.wait(60) for r in readies):
-                raise RuntimeError("the producers did not become ready")
+            ready, out_q = _CTX.Event(), _CTX.Queue()
+            prod = _CTX.Process(
+                target=procs.producer_main,
+                args=(dsn, n, warmup, rate, conns, seed, ready, recv.go, out_q),
+                name="e2e-producer",
+                daemon=True,
+            )
+            prod.start()
+            if not ready.wait(60):
+                raise RuntimeError("the producer did not become ready")
             time.sleep(1.0)  # the manager is idle and armed (waiting for a wake-up)
             m.reset_ev.set()
             recv.go.set()
             logger.debug("latency %g/s: go", rate)
-            parts = [out_q.get(timeout=n / rate + 120) for _ in prods]
-            logger.debug("latency %g/s: producers done", rate)
-            for prod in prods:
-                prod.join(timeout=10)
-            errors = [p["error"] for p in parts if "error" in p]
-            if errors:
-                raise RuntimeError(f"producer failed: {errors[0]}")
-            res = {
-                "sent": {k: v for p in parts for k, v in p["sent"].items()},
-                "elapsed": max(p["elapsed"] for p in parts),
-            }
+            res = out_q.get(timeout=n / rate + 120)
+            logger.debug("latency %g/s: producer done", rate)
+            prod.join(timeout=10)
+            if "error" in res:
+                raise RuntimeError(f"producer failed: {res['error']}")
             deadline = time.monotonic() + 30
             while recv.handled_total() < total and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -705,7 +689,6 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int) -> dict[st
         "rate_target": rate,
         "rate_achieved": round(total / res["elapsed"], 1),
         "producer_connections": conns,
-        "producer_processes": nprocs,
         "received": len(commit_lat),
         "missing": n - len(commit_lat),
         "duplicates": dup,
