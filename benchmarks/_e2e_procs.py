@@ -4,9 +4,11 @@ Three kinds of process, each with its own asyncio loop:
 
 * :func:`manager_main`: one :class:`queue_manager.manager.Manager` serving the benchmark shard,
   with timing counters around its database calls (and cProfile when asked);
-* :func:`receiver_main`: one :class:`receivers.client.Receiver` with a no-op handler that
+* :func:`receiver`: one :class:`receivers.client.Receiver` with a no-op handler that
   records what the test needs (nothing, the producer's sequence number, or the event's fire_at);
-* :func:`producer_main`: an open-loop paced producer, one transaction (autocommit INSERT) per event.
+* :func:`produce`: an open-loop paced producer, one transaction (autocommit INSERT) per event.
+
+The last two run under :func:`spawned`, which gives them an event loop and reports a failure.
 
 Timestamps that cross processes are ``time.time()``: every process (and the database server) runs
 on the same machine, so they share one clock.
@@ -205,7 +207,21 @@ async def _manager(
 # --------------------------------------------------------------------------- receivers
 
 
-def receiver_main(
+def spawned(main: Callable[..., Awaitable[None]], out_q: Any, tag: dict[str, Any], *args: Any) -> None:
+    """Entry point of a receiver or producer process: ``main(*args)`` in its own event loop.
+
+    A failure is put on ``out_q`` as ``{**tag, "error": ...}`` (the parent reads results there) and
+    re-raised.
+    """
+    _logging()
+    try:
+        asyncio.run(main(*args))
+    except BaseException as exc:
+        out_q.put({**tag, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+async def receiver(
     idx: int,
     url: str,
     mode: str,
@@ -226,45 +242,6 @@ def receiver_main(
     (payload seq, handler start)) or ``fire`` (connect first; record (id, fire_at, handler start)).
     ``handled``/``acked`` are shared counters; ``last_ack`` the time.time() the ack count last moved.
     """
-    _logging()
-    try:
-        asyncio.run(
-            _receiver(
-                idx,
-                url,
-                mode,
-                credit,
-                concurrency,
-                ready_ev,
-                go_ev,
-                stop_ev,
-                handled,
-                acked,
-                last_ack,
-                out_q,
-                profile_path,
-            )
-        )
-    except BaseException as exc:
-        out_q.put({"idx": idx, "error": f"{type(exc).__name__}: {exc}"})
-        raise
-
-
-async def _receiver(
-    idx: int,
-    url: str,
-    mode: str,
-    credit: int,
-    concurrency: int,
-    ready_ev: Any,
-    go_ev: Any,
-    stop_ev: Any,
-    handled: Any,
-    acked: Any,
-    last_ack: Any,
-    out_q: Any,
-    profile_path: str | None,
-) -> None:
     from receivers.client import Event, Receiver
 
     records: list[tuple[Any, ...]] = []
@@ -356,7 +333,7 @@ async def _receiver(
 INSERT = f"INSERT INTO {QUEUE} (tenant, payload) VALUES (%s, %s)"
 
 
-def producer_main(
+async def produce(
     dsn: str, n: int, warmup: int, rate: float, conns: int, seed: int, ready_ev: Any, go_ev: Any, out_q: Any
 ) -> None:
     """Open-loop pacing: event k is due at t0 + k/rate; ``conns`` connections take turns (k mod conns).
@@ -365,17 +342,6 @@ def producer_main(
     (negative for warm-up events) and the time.time() the call started. Reports
     seq -> (call start, commit returned) for every event.
     """
-    _logging()
-    try:
-        asyncio.run(_produce(dsn, n, warmup, rate, conns, seed, ready_ev, go_ev, out_q))
-    except BaseException as exc:
-        out_q.put({"error": f"{type(exc).__name__}: {exc}"})
-        raise
-
-
-async def _produce(
-    dsn: str, n: int, warmup: int, rate: float, conns: int, seed: int, ready_ev: Any, go_ev: Any, out_q: Any
-) -> None:
     import psycopg
 
     rng = random.Random(seed)

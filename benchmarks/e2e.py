@@ -410,8 +410,11 @@ def start_receivers(
         prof = str(Path(profile_dir) / f"receiver-{i}.prof") if profile_dir else None
         ps.append(
             _CTX.Process(
-                target=procs.receiver_main,
+                target=procs.spawned,
                 args=(
+                    procs.receiver,
+                    out_q,
+                    {"idx": i},
                     i,
                     url,
                     mode,
@@ -638,8 +641,8 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int) -> dict[st
             recv.wait_ready()
             ready, out_q = _CTX.Event(), _CTX.Queue()
             prod = _CTX.Process(
-                target=procs.producer_main,
-                args=(dsn, n, warmup, rate, conns, seed, ready, recv.go, out_q),
+                target=procs.spawned,
+                args=(procs.produce, out_q, {}, dsn, n, warmup, rate, conns, seed, ready, recv.go, out_q),
                 name="e2e-producer",
                 daemon=True,
             )
