@@ -150,6 +150,10 @@ class QueueRuntime:
         self.wake_times: deque[float] = deque(maxlen=POLL_ENTER_WAKES)
         self.poll_until = 0.0
 
+    def polling(self, now: float) -> bool:
+        """In poll mode (see POLL_ENTER_WAKES): wake lock released, due events fetched every POLL_INTERVAL."""
+        return now < self.poll_until
+
     def next_slice(self) -> list[int]:
         """The partitions of the next periodic rescan; the slices take turns."""
         i = self.rescan_slice
@@ -598,7 +602,7 @@ class Manager:
                     q.poll_until = now + POLL_LINGER
                     wakes.clear()
                     self.m_poll.inc(queue=q.name)
-                polling = direct and now < q.poll_until
+                polling = direct and q.polling(now)
                 full = dirty or q.cache.needs_refill() or direct != q.scanned_future_only
                 if full or periodic:
                     await self._scan(conn, q, future_only=direct, parts=None if full else q.next_slice())
@@ -630,7 +634,7 @@ class Manager:
             for q in active:
                 busy = (
                     q.backlog
-                    or now < q.poll_until
+                    or q.polling(now)
                     or (q.cache.has_due(db_now) and not any(c.free > 0 for c in q.subscribers))
                 )
                 if busy and q.armed:
@@ -651,7 +655,7 @@ class Manager:
             timeout = 0.002 if retry_arm else cfg.rescan_interval
             for q in active:
                 timeout = min(timeout, max(0.0, q.next_scan - now))
-                if now < q.poll_until:
+                if q.polling(now):
                     timeout = min(timeout, POLL_INTERVAL)
                 nxt = q.cache.next_fire_at()
                 if nxt is not None and any(c.free > 0 for c in q.subscribers):
