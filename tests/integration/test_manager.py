@@ -540,3 +540,29 @@ async def test_wake_ups_fire_without_waiting_for_a_rescan(
             await wait_for(lambda: set(ids) <= set(rec.ids()), timeout=5, what="the scheduled events")
     # one NOTIFY for the transaction -> one rescan (and perhaps a re-arm); not one per event
     assert full_scans - scans_before <= 4, f"{full_scans - scans_before} full rescans for 200 scheduled events"
+
+
+async def test_only_the_dispatchers_connection_commits_without_waiting_for_the_flush(shard: Shard) -> None:
+    """Fires may commit asynchronously (a lost fire is fired again); acks and leases may not."""
+    from queue_manager.manager import store
+
+    # the test server runs with synchronous_commit off: make this database's default durable
+    async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as admin_conn:
+        await admin_conn.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = on").format(
+                psycopg.sql.Identifier(admin_conn.info.dbname)
+            )
+        )
+    for durable, expected in ((False, "off"), (True, "on")):
+        conn = await store.connect(shard.dsn, "test", durable=durable)
+        try:
+            row = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+            assert row == (expected,)
+        finally:
+            await conn.close()
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        s = m._session
+        assert s is not None and s.work is not None and s.write is not None
+        assert await (await s.work.execute("SHOW synchronous_commit")).fetchone() == ("off",)
+        assert await (await s.write.execute("SHOW synchronous_commit")).fetchone() == ("on",)
