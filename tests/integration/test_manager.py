@@ -77,11 +77,13 @@ async def test_future_events_never_fire_early(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 20)
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
-        async with running_receiver(url(m)) as (_, rec):
+        async with running_receiver(url(m)) as (receiver, rec):
             ids = []
             for i, t in enumerate(tenants):
                 ids += await insert(shard.dsn, [(t, {"i": i})], fire_in=0.3 + 0.05 * i)
             await wait_for(lambda: len(rec.events) >= len(ids), what="scheduled events")
+            # leaving sooner closes the receiver before its last ack is out (that event is re-fired)
+            await wait_for(lambda: receiver.stats.acked >= len(ids), what="acks")
     async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
         cur = await conn.execute("SELECT count(*) FROM orders WHERE fired_at < fire_at")
         early = await cur.fetchone()
@@ -139,9 +141,10 @@ async def test_receiver_killed_before_ack_gets_events_refired(shard: Shard, queu
             ids = await insert(shard.dsn, [(t, {}) for t in tenants])
             await wait_for(lambda: len(held.events) == len(ids), what="deliveries to the first receiver")
             holder.stop()  # the connection drops with every event unacked
-        async with running_receiver(url(m)) as (_, rec):
+        async with running_receiver(url(m)) as (receiver, rec):
             await wait_for(lambda: set(ids) <= set(rec.ids()), timeout=5, what="re-fired events")
             assert all(e.attempt == 2 for e in rec.events)
+            await wait_for(lambda: receiver.stats.acked >= len(ids), what="acks")
         assert m.m_refired.get(queue="orders", reason="disconnect") == len(ids)
     assert {s for s, _ in (await states(shard.dsn)).values()} == {"acked"}
 
