@@ -108,15 +108,26 @@ class Histogram(_Metric):
         self.series: dict[_LabelKey, list[float]] = {}  # bucket counts..., sum, count
 
     def observe(self, value: float, **labels: str) -> None:
+        self.observe_many((value,), **labels)
+
+    def observe_many(self, values: Iterable[float], **labels: str) -> None:
+        """Observe several values of one label set (a fired or acked batch) in one call."""
         key = tuple(sorted(labels.items()))
         row = self.series.get(key)
         if row is None:
             row = self.series[key] = [0.0] * (len(self.bounds) + 2)
-        i = bisect.bisect_left(self.bounds, value)
-        if i < len(self.bounds):
-            row[i] += 1
-        row[-2] += value
-        row[-1] += 1
+        bounds = self.bounds
+        top = len(bounds)
+        total = 0.0
+        n = 0
+        for value in values:
+            i = bisect.bisect_left(bounds, value)
+            if i < top:
+                row[i] += 1
+            total += value
+            n += 1
+        row[-2] += total
+        row[-1] += n
 
     def count(self, **labels: str) -> float:
         row = self.series.get(tuple(sorted(labels.items())))

@@ -157,6 +157,20 @@ def _id_attempt(item: Any, i: int, ref: Any) -> tuple[int, int]:
     return _int(ident, f"event #{i}: id", 1, _INT64_MAX, ref), _int(attempt, f"event #{i}: attempt", 1, _INT32_MAX, ref)
 
 
+def _ack_items(items: list[Any], ref: Any) -> tuple[tuple[int, int], ...]:
+    """[id, attempt] pairs; the common well-formed case is checked in one pass, anything else by
+    :func:`_id_attempt`, which names the first bad item."""
+    out = []
+    for item in items:
+        if type(item) is list and len(item) == 2:
+            ident, attempt = item
+            if type(ident) is int and type(attempt) is int and 0 < ident <= _INT64_MAX and 0 < attempt <= _INT32_MAX:
+                out.append((ident, attempt))
+                continue
+        return tuple(_id_attempt(it, i, ref) for i, it in enumerate(items))
+    return tuple(out)
+
+
 def parse(text: str | bytes) -> Frame:
     """Parse one client frame; raise FrameError with a precise message when it is not valid."""
     if isinstance(text, bytes):
@@ -179,7 +193,7 @@ def parse(text: str | bytes) -> Frame:
         raise FrameError(BAD_FRAME, "'ref' holds a lone surrogate escape; it must be valid Unicode text")
     kind = obj.get("type")
     if kind == "ack":
-        return Ack(tuple(_id_attempt(it, i, ref) for i, it in enumerate(_items(obj, "events", ref))), ref)
+        return Ack(_ack_items(_items(obj, "events", ref), ref), ref)
     if kind == "nack":
         nacks = []
         for i, it in enumerate(_items(obj, "events", ref)):
@@ -253,10 +267,24 @@ def error_frame(code: str, message: str, ref: Any = None, **extra: Any) -> str:
     return dumps(body)
 
 
+#: tenant -> its JSON string literal; tenants repeat across deliveries (bounded: cleared when full)
+_TENANT_JSON: dict[str, str] = {}
+_TENANT_JSON_MAX = 65_536
+
+
+def _tenant_json(tenant: str) -> str:
+    text = _TENANT_JSON.get(tenant)
+    if text is None:
+        if len(_TENANT_JSON) >= _TENANT_JSON_MAX:
+            _TENANT_JSON.clear()
+        text = _TENANT_JSON[tenant] = json.dumps(tenant, ensure_ascii=False)
+    return text
+
+
 def event_json(ident: int, attempt: int, tenant: str, partition: int, fire_at: float, payload_json: str) -> str:
     """One delivered event; the payload is spliced in as the JSON text the database stored."""
     return (
-        f'{{"id":{ident},"attempt":{attempt},"tenant":{json.dumps(tenant, ensure_ascii=False)},'
+        f'{{"id":{ident},"attempt":{attempt},"tenant":{_tenant_json(tenant)},'
         f'"partition":{partition},"fire_at":{fire_at!r},"payload":{payload_json}}}'
     )
 

@@ -90,6 +90,9 @@ class ManagerConfig:
     sweep_interval: float = 1.0
     rescan_interval: float = 2.0
     fire_batch: int = 1000
+    #: writer connections: acks, nacks, extends, releases and sweeps of different batches run on
+    #: them side by side, so one statement's commit does not hold back the next batch's credit
+    writers: int = 2
     drain_timeout: float = 30.0
     max_events_per_frame: int = 500
     ping_interval: float = 10.0
@@ -101,6 +104,8 @@ class ManagerConfig:
             raise ValueError("lease_ttl must be at least 1 second")
         if not 1 <= self.fire_batch <= 10_000:
             raise ValueError("fire_batch must be between 1 and 10000")
+        if not 1 <= self.writers <= 8:
+            raise ValueError("writers must be between 1 and 8")
 
     @property
     def renew_interval(self) -> float:
@@ -149,6 +154,8 @@ class QueueRuntime:
         #: loop times of the latest NOTIFY wake-ups, and poll mode's end (see POLL_ENTER_WAKES)
         self.wake_times: deque[float] = deque(maxlen=POLL_ENTER_WAKES)
         self.poll_until = 0.0
+        #: the connection each in-flight event was pushed to (the collector's re-fires clear it)
+        self.holders: dict[int, ReceiverConn] = {}
 
     def polling(self, now: float) -> bool:
         """In poll mode (see POLL_ENTER_WAKES): wake lock released, due events fetched every POLL_INTERVAL."""
@@ -221,7 +228,7 @@ class _Session:
     def __init__(self, term: int) -> None:
         self.term = term
         self.work: AsyncConn | None = None
-        self.write: AsyncConn | None = None
+        self.writers: list[AsyncConn] = []
         self.listen: AsyncConn | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.scheduler: AsyncIOScheduler | None = None
@@ -251,7 +258,6 @@ class Manager:
         self._server: Server | None = None
         self._skew = 0.0  # database clock - local clock (seconds)
         self._skew_rtt = float("inf")
-        self._index: dict[tuple[int, int], ReceiverConn] = {}
         self._build_metrics()
 
     # ------------------------------------------------------------------ metrics
@@ -472,7 +478,8 @@ class Manager:
         self._session = s
         try:
             s.work = await store.connect(cfg.dsn, f"qm-manager-work {cfg.holder}", durable=False)
-            s.write = await store.connect(cfg.dsn, f"qm-manager-write {cfg.holder}")
+            for n in range(cfg.writers):
+                s.writers.append(await store.connect(cfg.dsn, f"qm-manager-write-{n} {cfg.holder}"))
             s.listen = await store.connect(cfg.dsn, f"qm-manager-listen {cfg.holder}")
             await s.listen.execute("LISTEN qm_wake")
             await self._reload_queues(s.work)
@@ -485,8 +492,11 @@ class Manager:
             q.armed = False
         s.tasks = [
             asyncio.create_task(self._guard(s, self._dispatch_loop(s)), name="qm-dispatch"),
-            asyncio.create_task(self._guard(s, self._writer_loop(s)), name="qm-writer"),
             asyncio.create_task(self._guard(s, self._listen_loop(s)), name="qm-listen"),
+        ]
+        s.tasks += [
+            asyncio.create_task(self._guard(s, self._writer_loop(s, conn)), name=f"qm-writer-{n}")
+            for n, conn in enumerate(s.writers)
         ]
         s.scheduler = AsyncIOScheduler()
         s.scheduler.add_job(self._sweep_all, "interval", seconds=cfg.sweep_interval, max_instances=1, coalesce=True)
@@ -532,7 +542,7 @@ class Manager:
             q.dirty = True
 
     async def _close_session_conns(self, s: _Session) -> None:
-        for conn in (s.work, s.write, s.listen):
+        for conn in (s.work, s.listen, *s.writers):
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
@@ -774,18 +784,25 @@ class Manager:
         mono = asyncio.get_running_loop().time()
         out: dict[ReceiverConn, list[str]] = {}
         orphans: list[tuple[int, int, float | None, str | None]] = []
+        holders = q.holders
+        delays = []
+        event_json = proto.event_json
         for ident, tenant, part, attempt, fire_at, payload in rows:
             c = assign[ident]
             if c.closed:
                 orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
                 continue
             c.in_flight[ident] = Delivery(attempt, mono, fire_at)
-            self._index[(q.id, ident)] = c
-            q.in_flight += 1
-            out.setdefault(c, []).append(proto.event_json(ident, attempt, tenant, part, fire_at, payload))
-            self.m_pickup.observe(max(0.0, pushed_db - fire_at), queue=q.name)
-        if rows:
-            self.m_fired.inc(len(rows) - len(orphans), queue=q.name)
+            holders[ident] = c
+            events = out.get(c)
+            if events is None:
+                events = out[c] = []
+            events.append(event_json(ident, attempt, tenant, part, fire_at, payload))
+            delays.append(pushed_db - fire_at if pushed_db > fire_at else 0.0)
+        q.in_flight += len(delays)
+        if delays:
+            self.m_pickup.observe_many(delays, queue=q.name)
+            self.m_fired.inc(len(delays), queue=q.name)
         per_frame = self.config.max_events_per_frame
         for c, events in out.items():
             chunk: list[str] = []
@@ -856,12 +873,21 @@ class Manager:
             if not op.future.done():
                 op.future.set_exception(exc)
 
-    async def _writer_loop(self, s: _Session) -> None:
-        assert s.write is not None
-        conn = s.write
+    async def _writer_loop(self, s: _Session, conn: AsyncConn) -> None:
+        """One writer connection's loop; each of the session's writers runs one.
+
+        An idle writer takes every op submitted so far, so while one writer's statement (and its
+        commit's WAL flush) is under way, the next batch already runs on another connection. The
+        store sorts each statement's ids, so statements lock the event rows they share in the same
+        order, and the per-queue load row last: concurrent writers wait on each other, never
+        deadlock. Ops of one receiver may commit out of order across writers (an extend sent
+        before an ack may find the event already acked); ack and nack of one event never overlap,
+        since the second is refused as a duplicate while the first is in progress.
+        """
         while True:
-            await self._ops_ready.wait()
-            self._ops_ready.clear()
+            while not self._ops:
+                self._ops_ready.clear()
+                await self._ops_ready.wait()
             ops, self._ops = self._ops, []
             groups: dict[tuple[str, int], list[_Op]] = {}
             for op in ops:
@@ -920,7 +946,7 @@ class Manager:
             if not moved:
                 continue
             for ident in moved:
-                c = self._index.pop((q.id, ident), None)
+                c = q.holders.pop(ident, None)
                 if c is not None and c.in_flight.pop(ident, None) is not None:
                     q.in_flight -= 1
             self.m_refired.inc(len(moved - failed), queue=q.name, reason="ack_timeout")
@@ -1081,7 +1107,7 @@ class Manager:
                 continue
             items.append((ident, d.attempt, 0.0, "receiver disconnected before acking"))
             del c.in_flight[ident]
-            self._index.pop((q.id, ident), None)
+            q.holders.pop(ident, None)
             q.in_flight -= 1
         if items:
             asyncio.get_running_loop().create_task(self._release_quietly(q, items, "disconnect"))
@@ -1215,7 +1241,7 @@ class Manager:
         d = c.in_flight.pop(ident, None)
         if d is not None:
             q.in_flight -= 1
-            self._index.pop((q.id, ident), None)
+            q.holders.pop(ident, None)
         return d
 
     async def _on_ack(self, c: ReceiverConn, frame: proto.Ack) -> None:
@@ -1233,12 +1259,13 @@ class Manager:
                     errors.append(_err(i, a, proto.UNAVAILABLE, f"not recorded, retry: {exc}"))
             else:
                 now = asyncio.get_running_loop().time()
+                latencies = []
                 for i, a in valid:
                     d = self._settled(c, q, i)
                     if i in done:
                         acked.append(i)
                         if d is not None:
-                            self.m_ack_latency.observe(now - d.pushed_at, queue=q.name)
+                            latencies.append(now - d.pushed_at)
                     else:
                         errors.append(
                             _err(
@@ -1250,6 +1277,7 @@ class Manager:
                         )
                 if acked:
                     self.m_acked.inc(len(acked), queue=q.name)
+                    self.m_ack_latency.observe_many(latencies, queue=q.name)
                 self._wake.set()
         self._reply(c, "ack_result", frame.ref, acked=acked, errors=errors)
 

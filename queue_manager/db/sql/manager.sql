@@ -64,6 +64,9 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 -- Fire what is due now without a prior scan (the backlog and wake-up path, for queues whose
 -- receivers all take every tenant): per partition, starting at %(start)s and wrapping around, the
 -- earliest due events, at most %(quota)s each and %(limit)s in all. Locked rows are skipped.
+-- The picked ids reach the UPDATE as an array, so it probes the primary key: joined to the CTE,
+-- the planner hashed it against a sequential scan of the whole table (measured: 7.9 ms instead of
+-- 3.5 ms for 500 rows of a 30 000-row backlog, and growing with the backlog).
 WITH f AS (SELECT qm.fence(%(term)s) AS term),
      pick AS MATERIALIZED (
         SELECT e.id
@@ -79,8 +82,8 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
-  FROM f, pick
- WHERE q.id = pick.id AND q.state = 'to_be_fired'
+  FROM f
+ WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
 
 -- mgr_ack --
@@ -124,7 +127,8 @@ RETURNING q.id, extract(epoch FROM q.ack_deadline)::double precision
 -- mgr_sweep --
 -- The old-event collector: events left fired past their ack deadline (a receiver that never
 -- answered, or a manager that crashed) go back to to_be_fired after the back-off, or to failed
--- at max attempts. SKIP LOCKED pages past rows an application transaction holds.
+-- at max attempts. SKIP LOCKED pages past rows an application transaction holds; the ids reach
+-- the UPDATE as an array (a primary-key probe), as in mgr_fire_due.
 WITH f AS (SELECT qm.fence(%(term)s) AS term),
      cand AS MATERIALIZED (
         SELECT q.id FROM {queue} q
@@ -139,8 +143,8 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
                               ELSE now() + make_interval(secs => qm.backoff_seconds(q.attempts, %(backoff_min)s, %(backoff_max)s)) END,
                ack_deadline = NULL,
                last_error = 'no ack before the deadline (attempt ' || q.attempts || ')'
-          FROM f, cand
-         WHERE q.id = cand.id AND q.state = 'fired' AND q.ack_deadline <= now()
+          FROM f
+         WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state = 'fired' AND q.ack_deadline <= now()
         RETURNING q.id, q.partition, q.state)
 SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER (WHERE state = 'failed'), ARRAY[]::bigint[]),
        qm.add_done(%(queue_id)s, coalesce(array_agg(partition) FILTER (WHERE state = 'failed'), ARRAY[]::smallint[]))::text,
