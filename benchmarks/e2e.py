@@ -38,7 +38,7 @@ its own process (``multiprocessing`` spawn; entry points in ``benchmarks/_e2e_pr
 (an administrative database of an existing server) it creates a throw-away database there.
 
     .venv/bin/python benchmarks/e2e.py [--quick] [--events 100000] [--reps 3] [--receivers 1,2]
-                                       [--credit 1000,2000] [--no-peers] [--profile] [--dsn URI] [--json-only]
+                                       [--credit 1000,4000] [--no-peers] [--profile] [--dsn URI] [--json-only]
 """
 
 from __future__ import annotations
@@ -998,7 +998,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each measurement; medians are reported")
     parser.add_argument("--receivers", default="1,2", help="receiver process counts to try for the drain (default 1,2)")
     parser.add_argument(
-        "--credit", default="1000,2000", help="receiver credits to try for the drain (default 1000,2000)"
+        "--credit", default="1000,4000", help="receiver credits to try for the drain (default 1000,4000)"
     )
     parser.add_argument(
         "--concurrency", type=int, default=32, help="handler tasks per receiver in the drain (default 32)"

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -20,7 +20,6 @@ from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
 
 AsyncConn = psycopg.AsyncConnection[Any]
-_T = TypeVar("_T", bound=tuple[Any, ...])
 
 #: SQLSTATE raised by qm.fence when the manager's term is no longer current
 FENCED_SQLSTATE = "QMF01"
@@ -194,13 +193,7 @@ def _ints(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-def _by_id(items: Sequence[_T]) -> list[_T]:
-    """Items in id order: concurrent writer statements then lock the rows they share in one order."""
-    return sorted(items, key=lambda it: it[0])
-
-
 async def ack(conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int]]) -> set[int]:
-    items = _by_id(items)
     cur = await conn.execute(
         queue_sql("mgr_ack", q.name),
         {"term": term, "ids": _ints(i for i, _ in items), "attempts": _ints(a for _, a in items), "queue_id": q.id},
@@ -214,7 +207,6 @@ async def release(
     conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int, float | None, str | None]]
 ) -> tuple[set[int], set[int]]:
     """Back to to_be_fired (or failed at max attempts); returns (moved ids, of which dead-lettered)."""
-    items = _by_id(items)
     cur = await conn.execute(
         queue_sql("mgr_release", q.name),
         {
@@ -236,7 +228,6 @@ async def release(
 async def extend(
     conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int, float]]
 ) -> dict[int, float]:
-    items = _by_id(items)
     cur = await conn.execute(
         queue_sql("mgr_extend", q.name),
         {
