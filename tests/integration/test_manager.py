@@ -569,3 +569,47 @@ async def test_only_the_dispatchers_connection_commits_without_waiting_for_the_f
         assert s is not None and s.work is not None and s.write is not None
         assert await (await s.work.execute("SHOW synchronous_commit")).fetchone() == ("off",)
         assert await (await s.write.execute("SHOW synchronous_commit")).fetchone() == ("on",)
+
+
+def _plan_nodes(plan: dict[str, object]) -> list[dict[str, object]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):  # type: ignore[union-attr]
+        nodes += _plan_nodes(child)  # type: ignore[arg-type]
+    return nodes
+
+
+def test_fire_and_sweep_statements_probe_the_primary_key(shard: Shard, queue: str) -> None:
+    """With a backlog, the batch UPDATEs of mgr_fire_due and mgr_sweep find their rows by primary key.
+
+    Joined to their CTE of picked ids, both were planned as a hash join against a sequential scan
+    of the whole queue table: every fire batch cost time in proportion to the backlog.
+    """
+    from queue_manager.manager import store
+    from queue_manager.producer import Event, enqueue_batch
+
+    tenants = tenants_of(shard, 50)
+    with psycopg.connect(shard.dsn) as c:
+        enqueue_batch(c, queue, [Event(tenants[i % 50], {"n": i}) for i in range(20_000)])
+        c.commit()
+        c.execute(f"ANALYZE {queue}")
+        c.execute("SET plan_cache_mode = force_custom_plan")
+        params: dict[str, dict[str, object]] = {
+            "mgr_fire_due": {"term": 1, "start": 0, "partitions": 4, "quota": 125, "limit": 500, "ack_timeout": 30.0},
+            "mgr_sweep": {
+                "term": 1,
+                "limit": 1000,
+                "max_attempts": 3,
+                "backoff_min": 0.1,
+                "backoff_max": 0.3,
+                "queue_id": 1,
+            },
+        }
+        for name, args in params.items():
+            stmt = store.queue_sql(name, queue).as_string(c)
+            plan = c.execute("EXPLAIN (FORMAT JSON) " + stmt, args).fetchone()[0][0]["Plan"]  # type: ignore[index]
+            scans = [
+                (n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan) if n.get("Relation Name") == queue
+            ]
+            assert ("Seq Scan", None) not in scans, (name, scans)
+            if name == "mgr_fire_due":
+                assert ("Index Scan", f"{queue}_pkey") in scans, scans
