@@ -22,8 +22,15 @@ SECRET_ORDERS = "secret-orders-only-01"
 SECRET_OTHER = "secret-other-queue-01"
 SECRET_TENANT = "secret-one-tenant-001"
 
-#: fast settings for tests: short lease, frequent sweeps and rescans
-FAST = {"lease_ttl": 2.0, "standby_poll": 0.1, "sweep_interval": 0.2, "rescan_interval": 0.5, "drain_timeout": 5.0}
+#: fast settings for tests: short lease, frequent sweeps, purges and rescans
+FAST = {
+    "lease_ttl": 2.0,
+    "standby_poll": 0.1,
+    "sweep_interval": 0.2,
+    "purge_interval": 0.2,
+    "rescan_interval": 0.5,
+    "drain_timeout": 5.0,
+}
 
 
 def tokens(tenant: str = "tenant-0") -> TokenStore:

@@ -88,6 +88,8 @@ class ManagerConfig:
     lease_ttl: float = 5.0
     standby_poll: float = 0.5
     sweep_interval: float = 1.0
+    #: how often the retention purge runs (deletes acked events older than the queue's retention)
+    purge_interval: float = 5.0
     rescan_interval: float = 2.0
     fire_batch: int = 1000
     drain_timeout: float = 30.0
@@ -101,6 +103,9 @@ class ManagerConfig:
             raise ValueError("lease_ttl must be at least 1 second")
         if not 1 <= self.fire_batch <= 10_000:
             raise ValueError("fire_batch must be between 1 and 10000")
+        for name in ("sweep_interval", "purge_interval", "rescan_interval"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive number of seconds")
 
     @property
     def renew_interval(self) -> float:
@@ -273,6 +278,7 @@ class Manager:
         self.m_ack_latency = r.histogram("qm_ack_latency_seconds", "Time from push to the committed ack.")
         self.m_frame_errors = r.counter("qm_protocol_errors_total", "Client frames refused, by error code.")
         self.m_maintenance = r.counter("qm_maintenance_runs_total", "Maintenance job runs by job and outcome.")
+        self.m_purged = r.counter("qm_events_purged_total", "Acked events deleted by the retention purge.")
         self.m_fences = r.counter("qm_fenced_writes_total", "Writes the database refused because the term was stale.")
         self.m_poll = r.counter(
             "qm_poll_mode_entries_total", "Times a queue's wake-ups came so fast that dispatch switched to polling."
@@ -491,6 +497,7 @@ class Manager:
         ]
         s.scheduler = AsyncIOScheduler()
         s.scheduler.add_job(self._sweep_all, "interval", seconds=cfg.sweep_interval, max_instances=1, coalesce=True)
+        s.scheduler.add_job(self._purge_all, "interval", seconds=cfg.purge_interval, max_instances=1, coalesce=True)
         s.scheduler.start()
         self.role = "leader"
         # the collector runs at once on takeover: events a crashed manager left fired
@@ -917,6 +924,11 @@ class Manager:
             for op in group:
                 if not op.future.done():
                     op.future.set_result(res)
+        elif kind == "purge":
+            deleted = await store.purge(conn, q.settings, term)
+            for op in group:
+                if not op.future.done():
+                    op.future.set_result(deleted)
         else:  # pragma: no cover - programming error
             raise AssertionError(kind)
 
@@ -944,6 +956,20 @@ class Manager:
                 self.m_dead.inc(len(failed), queue=q.name)
             q.dirty = True
             self._wake.set()
+
+    async def _purge_all(self) -> None:
+        """Retention: delete acked events older than each queue's retention, a bounded slice per run."""
+        if self.role != "leader":
+            return
+        for q in list(self.queues.values()):
+            try:
+                deleted = await self._submit("purge", q, [])
+            except Unavailable:
+                self.m_maintenance.inc(job="retention", outcome="aborted")
+                return
+            self.m_maintenance.inc(job="retention", outcome="finished")
+            if deleted:
+                self.m_purged.inc(deleted, queue=q.name)
 
     # ------------------------------------------------------------------ websocket side
 

@@ -24,6 +24,9 @@ AsyncConn = psycopg.AsyncConnection[Any]
 #: SQLSTATE raised by qm.fence when the manager's term is no longer current
 FENCED_SQLSTATE = "QMF01"
 SWEEP_PAGE = 1000
+#: acked events one retention statement deletes; one run takes at most PURGE_PAGES statements
+PURGE_PAGE = 1000
+PURGE_PAGES = 10
 
 
 @dataclass(slots=True)
@@ -43,6 +46,7 @@ class QueueSettings:
     max_qps: float | None
     max_concurrency: int | None
     paused: bool
+    retention: float
 
 
 def _static(name: str) -> sql.SQL:
@@ -267,3 +271,23 @@ async def sweep(conn: AsyncConn, q: QueueSettings, term: int, page: int = SWEEP_
         if int(row[3]) < page or not row[0]:
             break
     return moved, failed, pages
+
+
+async def purge(conn: AsyncConn, q: QueueSettings, term: int, page: int = PURGE_PAGE, pages: int = PURGE_PAGES) -> int:
+    """Retention: delete acked events older than the queue's retention, in pages; returns how many.
+
+    At most ``pages`` statements per call, so that one run never holds the writer for long; the
+    next run goes on where this one stopped (the oldest acked events always come first).
+    """
+    deleted = 0
+    for _ in range(pages):
+        cur = await conn.execute(
+            queue_sql("mgr_purge", q.name), {"term": term, "retention": q.retention, "limit": page}, prepare=True
+        )
+        row = await cur.fetchone()
+        if row is None:
+            break
+        deleted += int(row[0])
+        if int(row[1]) < page:
+            break
+    return deleted

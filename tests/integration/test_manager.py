@@ -613,3 +613,57 @@ def test_fire_and_sweep_statements_probe_the_primary_key(shard: Shard, queue: st
             assert ("Seq Scan", None) not in scans, (name, scans)
             if name == "mgr_fire_due":
                 assert ("Index Scan", f"{queue}_pkey") in scans, scans
+
+
+async def test_retention_purge_deletes_only_acked_events_past_retention(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    """Acked events older than the queue's retention are deleted, oldest first, in bounded pages;
+    young acked events, pending, fired and failed events stay."""
+    from queue_manager.manager import store
+
+    make_queue("kept", partitions=2, shuffle=1, retention_seconds=600)
+    tenants = tenants_of(shard, 8)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), queue="kept") as (receiver, rec):
+            old = await insert(shard.dsn, [(t, {"n": i}) for i, t in enumerate(tenants[:6])], queue="kept")
+            await wait_for(lambda: receiver.stats.acked >= 6, what="acks of the old events")
+            pending = await insert(shard.dsn, [(tenants[6], {"later": True})], queue="kept", fire_in=3600)
+            failed = await insert(shard.dsn, [(tenants[7], {"dead": True})], queue="kept", fire_in=3600)
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                await conn.execute(
+                    "UPDATE kept SET acked_at = now() - interval '1 hour' WHERE id = ANY(%s)", (old[:4],)
+                )
+                await conn.execute(
+                    "UPDATE kept SET state = 'failed', attempts = 1, last_error = 'x' WHERE id = %s", (failed[0],)
+                )
+            await wait_for(lambda: m.m_purged.get(queue="kept") == 4, what="the purge of the 4 old acked events")
+            await asyncio.sleep(0.5)  # more purge runs: nothing else goes
+    left = await states(shard.dsn, "kept")
+    assert sorted(left) == sorted(old[4:] + pending + failed)
+    assert left[pending[0]] == ("to_be_fired", 0) and left[failed[0]] == ("failed", 1)
+    assert m.m_purged.get(queue="kept") == 4
+    assert m.m_maintenance.get(job="retention", outcome="finished") >= 2
+    assert len(rec.events) == 6
+
+    # pages: at most `pages` statements of `page` rows per call, the next call goes on
+    async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+        await conn.execute("UPDATE kept SET acked_at = now() - interval '1 hour' WHERE state = 'acked'")
+    ctl = await store.connect(shard.dsn, "test")
+    try:
+        term = await store.acquire(ctl, "test", 30)
+        assert term is not None
+        [settings] = [q for q in await store.load_queues(ctl) if q.name == "kept"]
+        assert settings.retention == 600
+        extra = await insert(shard.dsn, [(t, {"again": i}) for i, t in enumerate(tenants[:3])], queue="kept")
+        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+            await conn.execute(
+                "UPDATE kept SET state = 'acked', attempts = 1, acked_at = now() - interval '2 hours' "
+                "WHERE id = ANY(%s)",
+                (extra,),
+            )
+        assert await store.purge(ctl, settings, term, page=2, pages=2) == 4  # the 3 extra (oldest) first
+        assert await store.purge(ctl, settings, term, page=2, pages=2) == 1
+        assert await store.purge(ctl, settings, term, page=2, pages=2) == 0
+        assert sorted(await states(shard.dsn, "kept")) == sorted(pending + failed)
+    finally:
+        await ctl.close()

@@ -885,6 +885,7 @@ def test_periodic_rescan_slices_cover_every_partition_once_per_round(partitions:
             max_qps=None,
             max_concurrency=None,
             paused=False,
+            retention=604800.0,
         )
     )
     for _ in range(2):  # two full rounds: the turns wrap around

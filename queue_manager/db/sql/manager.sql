@@ -5,7 +5,8 @@
 -- mgr_queues --
 -- The queues of this shard with the settings the manager needs.
 SELECT id, name, partitions, partitions_physical, window_seconds, cache_size, ack_timeout_seconds,
-       backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, paused
+       backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, paused,
+       retention_seconds
   FROM qm.queues ORDER BY id
 
 -- mgr_shard --
@@ -162,3 +163,20 @@ RETURNING id
 
 -- events_wake --
 SELECT pg_notify('qm_wake', %(queue)s)
+
+-- mgr_purge --
+-- Retention: delete up to %(limit)s acked events acked more than %(retention)s seconds ago, oldest
+-- first (the <queue>_acked index). Rows another transaction holds are skipped, not waited for.
+-- Returns how many were deleted, and how many were candidates (a full page means more may wait).
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     cand AS MATERIALIZED (
+        SELECT q.id FROM {queue} q
+         WHERE q.state = 'acked' AND q.acked_at < now() - make_interval(secs => %(retention)s)
+         ORDER BY q.acked_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED),
+     gone AS (
+        DELETE FROM {queue} q USING f
+         WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state = 'acked'
+        RETURNING q.id)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM cand)

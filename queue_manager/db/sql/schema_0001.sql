@@ -513,6 +513,8 @@ BEGIN
     EXECUTE format('CREATE INDEX %I ON %s (partition, fire_at) WHERE state = ''to_be_fired''', queue_name || '_due', t);
     -- fired events by ack deadline (re-fire, old-event collector)
     EXECUTE format('CREATE INDEX %I ON %s (ack_deadline) WHERE state = ''fired''', queue_name || '_fired', t);
+    -- acked events by ack time (retention purge, oldest first)
+    EXECUTE format('CREATE INDEX %I ON %s (acked_at) WHERE state = ''acked''', queue_name || '_acked', t);
     -- producer deduplication, per tenant
     EXECUTE format('CREATE UNIQUE INDEX %I ON %s (tenant, dedup_key) WHERE dedup_key IS NOT NULL', queue_name || '_dedup', t);
     PERFORM qm.apply_queue(q.id);
