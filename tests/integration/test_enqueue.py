@@ -443,11 +443,11 @@ def test_database_choice_matches_least_loaded_of_the_python_spec(shard: Shard, m
     make_queue("orders", partitions=12, shuffle=3)
     tenants = tenants_of(shard, 30)
     with psycopg.connect(shard.dsn, autocommit=True) as c:
-        # uneven done counters, some making a load negative
-        c.execute(
-            "UPDATE qm.queue_load SET done = ARRAY[5, 0, 2, 0, 0, 9, 1, 0, 3, 0, 0, 7] "
-            "WHERE queue_id = (SELECT id FROM qm.queues WHERE name = 'orders')"
-        )
+        # uneven done counters, some making a load negative, written the way the manager does
+        done = [5, 0, 2, 0, 0, 9, 1, 0, 3, 0, 0, 7]
+        parts = [p for p, n in enumerate(done) for _ in range(n)]
+        c.execute("SELECT qm.add_done((SELECT id FROM qm.queues WHERE name = 'orders'), %s::smallint[])", (parts,))
+        assert c.execute("SELECT qm.partition_loads('orders')").fetchone() == ([-n for n in done],)
         for i in range(120):
             t = tenants[(i * 7) % len(tenants)]
             row = c.execute("SELECT qm.partition_loads('orders')").fetchone()
@@ -546,3 +546,31 @@ def test_an_event_made_fresh_again_must_sit_in_a_live_partition(shard: Shard, ma
             c.execute(retry.format(">="))
         assert info.value.diag.constraint_name == "orders_partition_in_shuffle_set"
         assert c.execute(retry.format("<")).rowcount == count(c, "partition < 2")
+
+
+def test_done_counters_are_published_to_the_sequences_routing_reads(shard: Shard, make_queue: Any) -> None:
+    """add_done publishes under the row lock; a rolled-back one stays published until reconcile_load."""
+    make_queue("orders", partitions=4, shuffle=4)
+    tenants = tenants_of(shard, 12)
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        qid = c.execute("SELECT id FROM qm.queues WHERE name = 'orders'").fetchone()
+        for t in tenants:
+            c.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
+        live = c.execute("SELECT qm.reconcile_load('orders')").fetchone()
+        assert live is not None and sum(live[0]) == 12
+        assert c.execute("SELECT qm.partition_loads('orders')").fetchone() == live
+        c.execute("SELECT qm.add_done(%s, '{0,0,1}')", qid)
+        assert c.execute("SELECT qm.partition_loads('orders')").fetchone() == (
+            [live[0][0] - 2, live[0][1] - 1, live[0][2], live[0][3]],
+        )
+        with c.transaction(force_rollback=True):
+            c.execute("SELECT qm.add_done(%s, '{3,3,3}')", qid)
+        row = c.execute("SELECT done FROM qm.queue_load WHERE queue_id = %s", qid).fetchone()
+        assert row is not None and row[0][3] == 0  # the row rolled back ...
+        loads = c.execute("SELECT qm.partition_loads('orders')").fetchone()
+        assert loads is not None and loads[0][3] == live[0][3] - 3  # ... its published copy did not
+        c.execute("SELECT qm.add_done(%s, '{3}')", qid)  # the next write of p3 republishes from the row
+        loads = c.execute("SELECT qm.partition_loads('orders')").fetchone()
+        assert loads is not None and loads[0][3] == live[0][3] - 1
+        assert c.execute("SELECT qm.reconcile_load('orders')").fetchone() == live
+        assert c.execute("SELECT qm.partition_loads('orders')").fetchone() == live

@@ -88,7 +88,8 @@ END
 $$;
 
 -- Bump the per-partition "done" counters of a queue (qm.queue_load) by the partitions of
--- events that left the queue (acked or dead-lettered); `parts` holds one entry per event.
+-- events that left the queue (acked or dead-lettered), and publish them to the done sequences;
+-- `parts` holds one entry per event.
 CREATE FUNCTION qm.add_done(queue_id integer, parts smallint[]) RETURNS void
 LANGUAGE sql AS $$
     UPDATE qm.queue_load l
@@ -96,6 +97,8 @@ LANGUAGE sql AS $$
                      FROM generate_series(1, greatest(cardinality(l.done), (SELECT max(p) + 1 FROM unnest(parts) p))) i
                      LEFT JOIN (SELECT p + 1 AS idx, count(*) AS cnt FROM unnest(parts) p GROUP BY p) c ON c.idx = i)
      WHERE l.queue_id = add_done.queue_id AND cardinality(parts) > 0;
+    -- under the row lock just taken: the routing trigger reads the sequences
+    SELECT qm.publish_done(add_done.queue_id, parts) WHERE cardinality(parts) > 0;
 $$;
 
 -- Back-off before attempt `attempts + 1`: exponential from min, jittered by +-33 %, within [min, max].
