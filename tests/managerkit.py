@@ -28,6 +28,7 @@ FAST = {
     "standby_poll": 0.1,
     "sweep_interval": 0.2,
     "purge_interval": 0.2,
+    "reconcile_interval": 0.3,
     "rescan_interval": 0.5,
     "drain_timeout": 5.0,
 }

@@ -213,16 +213,22 @@ def cmd_manager(args: argparse.Namespace) -> int:
     tokens_path = args.tokens or os.environ.get("QM_TOKENS")
     if not tokens_path:
         raise ConfigurationError("no receiver tokens: pass --tokens FILE or set QM_TOKENS (see docs/protocol.md)")
-    config = ManagerConfig(
-        dsn=shard.dsn,
-        shard=shard.name,
-        tokens=TokenStore.load(tokens_path),
-        host=args.host,
-        port=args.port,
-        allowed_origins=frozenset(args.allow_origin) if args.allow_origin else None,
-        lease_ttl=args.lease_ttl,
-        drain_timeout=args.drain_timeout,
-    )
+    try:
+        config = ManagerConfig(
+            dsn=shard.dsn,
+            shard=shard.name,
+            tokens=TokenStore.load(tokens_path),
+            host=args.host,
+            port=args.port,
+            allowed_origins=frozenset(args.allow_origin) if args.allow_origin else None,
+            lease_ttl=args.lease_ttl,
+            drain_timeout=args.drain_timeout,
+            sweep_interval=args.sweep_interval,
+            purge_interval=args.purge_interval,
+            reconcile_interval=args.reconcile_interval,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(f"qm manager: {exc}") from None
 
     async def serve() -> None:
         manager = Manager(config)
@@ -318,6 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-origin", action="append", help="allowed Origin header (repeat; default: any)")
     p.add_argument("--lease-ttl", type=float, default=5.0, help="leadership lease, seconds (default 5)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, wait this long for acks (default 30)")
+    p.add_argument("--sweep-interval", type=float, default=1.0, help="old-event collector period, seconds (default 1)")
+    p.add_argument("--purge-interval", type=float, default=5.0, help="retention purge period, seconds (default 5)")
+    p.add_argument(
+        "--reconcile-interval", type=float, default=60.0, help="load counter reconciliation period, s (default 60)"
+    )
     p.set_defaults(func=cmd_manager)
 
     events = sub.add_parser("events", help="act on events").add_subparsers(dest="events_command", required=True)

@@ -47,21 +47,25 @@ class _Metric:
         yield f"# TYPE {self.name} {self.kind}"
 
 
-class Counter(_Metric):
-    """A monotonically increasing value per label set."""
-
-    kind = "counter"
+class _Valued(_Metric):
+    """A metric that stores one value per label set."""
 
     def __init__(self, name: str, help_text: str) -> None:
         super().__init__(name, help_text)
         self.values: dict[_LabelKey, float] = {}
 
+    def get(self, **labels: str) -> float:
+        return self.values.get(tuple(sorted(labels.items())), 0.0)
+
+
+class Counter(_Valued):
+    """A monotonically increasing value per label set."""
+
+    kind = "counter"
+
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         key = tuple(sorted(labels.items()))
         self.values[key] = self.values.get(key, 0.0) + amount
-
-    def get(self, **labels: str) -> float:
-        return self.values.get(tuple(sorted(labels.items())), 0.0)
 
     def total(self) -> float:
         return sum(self.values.values())
@@ -72,7 +76,7 @@ class Counter(_Metric):
             yield f"{self.name}{_fmt_labels(key)} {_fmt_value(value)}"
 
 
-class Gauge(_Metric):
+class Gauge(_Valued):
     """A value that goes up and down, set directly or read from a callback at render time."""
 
     kind = "gauge"
@@ -81,7 +85,6 @@ class Gauge(_Metric):
         self, name: str, help_text: str, read: Callable[[], Iterable[tuple[dict[str, str], float]]] | None = None
     ) -> None:
         super().__init__(name, help_text)
-        self.values: dict[_LabelKey, float] = {}
         self._read = read
 
     def set(self, value: float, **labels: str) -> None:

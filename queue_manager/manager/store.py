@@ -273,6 +273,16 @@ async def sweep(conn: AsyncConn, q: QueueSettings, term: int, page: int = SWEEP_
     return moved, failed, pages
 
 
+async def reconcile(conn: AsyncConn, q: QueueSettings, term: int) -> int:
+    """Re-anchor the queue's load counters on its live events; returns the drift they had.
+
+    The drift is the sum over partitions of |load the producers saw - live events counted|.
+    """
+    cur = await conn.execute(queue_sql("mgr_reconcile", q.name), {"term": term, "queue": q.name}, prepare=True)
+    row = await cur.fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
 async def purge(conn: AsyncConn, q: QueueSettings, term: int, page: int = PURGE_PAGE, pages: int = PURGE_PAGES) -> int:
     """Retention: delete acked events older than the queue's retention, in pages; returns how many.
 

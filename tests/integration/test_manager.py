@@ -667,3 +667,67 @@ async def test_retention_purge_deletes_only_acked_events_past_retention(shard: S
         assert sorted(await states(shard.dsn, "kept")) == sorted(pending + failed)
     finally:
         await ctl.close()
+
+
+async def test_load_reconciliation_removes_the_drift_of_rollbacks_and_sql_acks(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    """Rolled-back inserts and acks done by SQL leave the producers' loads off; the manager's
+    reconciliation job re-anchors them on the live events and reports how far off they were."""
+    from queue_manager.manager import store
+
+    make_queue("loads", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 6)
+
+    async def loads_and_live() -> tuple[list[int], list[int]]:
+        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+            cur = await conn.execute("SELECT qm.partition_loads('loads')")
+            row = await cur.fetchone()
+            cur = await conn.execute(
+                "SELECT array_agg((SELECT count(*) FROM loads WHERE partition = p "
+                "AND state IN ('to_be_fired', 'fired')) ORDER BY p) FROM generate_series(0, 3) p"
+            )
+            live = await cur.fetchone()
+        assert row is not None and live is not None
+        return list(row[0]), list(live[0])
+
+    async def drift_by_rollbacks(n: int) -> None:
+        async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+            for t in tenants[:n]:
+                await conn.execute("INSERT INTO loads (tenant) VALUES (%s)", (t,))
+            await conn.rollback()
+
+    await insert(shard.dsn, [(t, {"n": i}) for i, t in enumerate(tenants)], queue="loads", fire_in=3600)
+    await drift_by_rollbacks(5)
+    loads, live = await loads_and_live()
+    assert sum(live) == 6 and sum(loads) == 11
+
+    # the store call alone: returns the drift it removed
+    ctl = await store.connect(shard.dsn, "test")
+    try:
+        term = await store.acquire(ctl, "test", 30)
+        assert term is not None
+        [settings] = [q for q in await store.load_queues(ctl) if q.name == "loads"]
+        assert await store.reconcile(ctl, settings, term) == 5
+        assert await store.reconcile(ctl, settings, term) == 0
+        await store.resign(ctl, "test", term)
+    finally:
+        await ctl.close()
+    loads, live = await loads_and_live()
+    assert loads == live
+
+    # the manager's job: a rollback and an ack by SQL in an application transaction
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        await drift_by_rollbacks(2)
+        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+            await conn.execute(
+                "UPDATE loads SET state = 'acked', attempts = 1, acked_at = now() "
+                "WHERE id = (SELECT min(id) FROM loads WHERE state = 'to_be_fired')"
+            )
+        runs = m.m_maintenance.get(job="reconciliation", outcome="finished")
+        await wait_for(
+            lambda: m.m_maintenance.get(job="reconciliation", outcome="finished") >= runs + 2,
+            what="two reconciliation runs",
+        )
+        loads, live = await loads_and_live()
+        assert sum(live) == 5 and loads == live
+        assert m.m_load_drift.get(queue="loads") == 0  # the last run found nothing left to fix

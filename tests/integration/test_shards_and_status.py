@@ -227,3 +227,18 @@ def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) 
             armed = manager.execute("SELECT pg_try_advisory_lock(29037, %s)", (qid,)).fetchone()
             assert armed == (False,)
         assert manager.execute("SELECT pg_try_advisory_lock(29037, %s)", (qid,)).fetchone() == (True,)
+
+
+def test_cli_manager_refuses_bad_maintenance_intervals(
+    shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topo = tmp_path / "t.toml"
+    topo.write_text(shards.to_toml())
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('[[token]]\nname = "all"\nsecret = "secret-all-queues-0001"\nqueues = ["*"]\n')
+    shard = shards.shards[0].name
+    for flag in ("--sweep-interval", "--purge-interval", "--reconcile-interval"):
+        argv = ["manager", "--topology", str(topo), "--shard", shard, "--tokens", str(tokens), flag, "0"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert flag.lstrip("-").replace("-", "_") + " must be a positive number of seconds" in err

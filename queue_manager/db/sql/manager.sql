@@ -180,3 +180,13 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
          WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state = 'acked'
         RETURNING q.id)
 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM cand)
+
+-- mgr_reconcile --
+-- Re-anchor the load counters (qm.reconcile_load) and return how far they had drifted: the sum
+-- over partitions of |load before - live events|. The loads are read first: the CTE is
+-- materialised, and the reconciliation is a lateral subquery over its row.
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     b AS MATERIALIZED (SELECT qm.partition_loads(%(queue)s) AS before FROM f)
+SELECT (SELECT sum(abs(coalesce(x.before, 0) - x.live)) FROM unnest(r.before, r.live) AS x(before, live))
+  FROM b CROSS JOIN LATERAL (SELECT b.before, qm.reconcile_load(%(queue)s) AS live) r
+

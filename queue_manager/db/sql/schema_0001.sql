@@ -641,7 +641,7 @@ $$;
 
 -- Re-anchor the load counters on the truth: afterwards load(p) = live events (to_be_fired + fired)
 -- in partition p. The counters drift by design (a rolled-back insert has bumped its sequence);
--- the manager calls this periodically, and it is safe to call any time.
+-- the manager calls this every reconcile_interval (60 s), and it is safe to call any time.
 CREATE FUNCTION qm.reconcile_load(queue_name text) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -652,10 +652,15 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
     END IF;
+    -- one count per state, so that each can use its partial index (<queue>_due, <queue>_fired)
+    -- and no scan visits the acked rows
     EXECUTE format(
         'SELECT array_agg(coalesce(c.n, 0) ORDER BY p) FROM generate_series(0, $1 - 1) p '
-        'LEFT JOIN (SELECT partition, count(*) AS n FROM public.%I WHERE state IN (''to_be_fired'', ''fired'') '
-        'GROUP BY partition) c ON c.partition = p', q.name)
+        'LEFT JOIN (SELECT u.partition, sum(u.n) AS n FROM ('
+        '    SELECT partition, count(*) AS n FROM public.%1$I WHERE state = ''to_be_fired'' GROUP BY partition '
+        '    UNION ALL '
+        '    SELECT partition, count(*) AS n FROM public.%1$I WHERE state = ''fired'' GROUP BY partition) u '
+        'GROUP BY u.partition) c ON c.partition = p', q.name)
         INTO live USING q.partitions_physical;
     UPDATE qm.queue_load l
        SET done = (SELECT array_agg(coalesce(pg_sequence_last_value(s.seq), 0) - live[s.ord] ORDER BY s.ord)
