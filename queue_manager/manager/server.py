@@ -33,7 +33,7 @@ import secrets
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,12 @@ LEASE_MARGIN = 0.5
 MAX_REFUSALS = 20
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
 RESCAN_SLICES = 4
+#: maintenance ops the writer runs once per queue: the store call for each (same signature)
+_MAINTENANCE: dict[str, Callable[[AsyncConn, QueueSettings, int], Awaitable[Any]]] = {
+    "sweep": store.sweep,
+    "purge": store.purge,
+    "reconcile": store.reconcile,
+}
 #: Poll mode. A NOTIFY makes the producer's commit take a database-wide lock held through its
 #: WAL flush, so while the manager waits on a queue that gets many single-row transactions, those
 #: producers commit one at a time (measured: 8 connections could not reach 2 000 inserts/s). When
@@ -928,37 +934,36 @@ class Manager:
             deadlines = await store.extend(conn, q.settings, term, items)
             for op in group:
                 op.future.set_result(deadlines)
-        elif kind == "sweep":
-            res = await store.sweep(conn, q.settings, term)
+        elif kind in _MAINTENANCE:
+            res = await _MAINTENANCE[kind](conn, q.settings, term)
             for op in group:
                 if not op.future.done():
                     op.future.set_result(res)
-        elif kind == "purge":
-            deleted = await store.purge(conn, q.settings, term)
-            for op in group:
-                if not op.future.done():
-                    op.future.set_result(deleted)
-        elif kind == "reconcile":
-            drift = await store.reconcile(conn, q.settings, term)
-            for op in group:
-                if not op.future.done():
-                    op.future.set_result(drift)
         else:  # pragma: no cover - programming error
             raise AssertionError(kind)
 
     # ------------------------------------------------------------------ collector
 
-    async def _sweep_all(self) -> None:
-        """Old-event collector: re-fire events left fired past their ack deadline."""
+    async def _maintain(self, job: str, kind: str) -> AsyncIterator[tuple[QueueRuntime, Any]]:
+        """Run one maintenance op of `kind` per queue on the writer, counting runs as `job`.
+
+        Yields each queue with its result. Stops at the first queue the database cannot serve (the
+        session is ending); nothing runs unless this manager leads.
+        """
         if self.role != "leader":
             return
         for q in list(self.queues.values()):
             try:
-                moved, failed, _pages = await self._submit("sweep", q, [])
+                result = await self._submit(kind, q, [])
             except Unavailable:
-                self.m_maintenance.inc(job="collector", outcome="aborted")
+                self.m_maintenance.inc(job=job, outcome="aborted")
                 return
-            self.m_maintenance.inc(job="collector", outcome="finished")
+            self.m_maintenance.inc(job=job, outcome="finished")
+            yield q, result
+
+    async def _sweep_all(self) -> None:
+        """Old-event collector: re-fire events left fired past their ack deadline."""
+        async for q, (moved, failed, _pages) in self._maintain("collector", "sweep"):
             if not moved:
                 continue
             for ident in moved:
@@ -973,15 +978,7 @@ class Manager:
 
     async def _purge_all(self) -> None:
         """Retention: delete acked events older than each queue's retention, a bounded slice per run."""
-        if self.role != "leader":
-            return
-        for q in list(self.queues.values()):
-            try:
-                deleted = await self._submit("purge", q, [])
-            except Unavailable:
-                self.m_maintenance.inc(job="retention", outcome="aborted")
-                return
-            self.m_maintenance.inc(job="retention", outcome="finished")
+        async for q, deleted in self._maintain("retention", "purge"):
             if deleted:
                 self.m_purged.inc(deleted, queue=q.name)
 
@@ -992,15 +989,7 @@ class Manager:
         acks done by SQL in application transactions bump no done counter, and a published done
         counter of a rolled-back ack stays until that partition's next ack.
         """
-        if self.role != "leader":
-            return
-        for q in list(self.queues.values()):
-            try:
-                drift = await self._submit("reconcile", q, [])
-            except Unavailable:
-                self.m_maintenance.inc(job="reconciliation", outcome="aborted")
-                return
-            self.m_maintenance.inc(job="reconciliation", outcome="finished")
+        async for q, drift in self._maintain("reconciliation", "reconcile"):
             self.m_load_drift.set(drift, queue=q.name)
 
     # ------------------------------------------------------------------ websocket side
