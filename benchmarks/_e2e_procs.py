@@ -65,7 +65,8 @@ async def _wait_mp_event(ev: Any, poll: float = 0.01) -> None:
 def _instrument_store(counters: dict[str, list[float]]) -> None:
     """Time every database call of the manager (count, seconds awaited, items) by wrapping ``store``.
 
-    Every coroutine function of ``queue_manager.manager.store`` except ``connect`` is wrapped. The
+    Every coroutine function of ``queue_manager.manager.store`` except the ``connect*`` ones and
+    ``wait_wake_lock`` (which waits as long as a producer keeps its transaction open) is wrapped. The
     manager calls them through the module, so replacing the module's attributes in this process is
     enough. Items: the length of a list 4th argument (the ids of fire, ack, release, extend), else of
     a list result (rows), else of a scan's rows. The seconds are wall time from the call to its
@@ -99,13 +100,13 @@ def _instrument_store(counters: dict[str, list[float]]) -> None:
 
     for name, obj in list(vars(store).items()):
         own = getattr(obj, "__module__", None) == store.__name__
-        if name != "connect" and own and inspect.iscoroutinefunction(obj):
+        if not name.startswith("connect") and name != "wait_wake_lock" and own and inspect.iscoroutinefunction(obj):
             setattr(store, name, make(name, obj))
 
 
 def _instrument_frames(counters: dict[str, list[float]]) -> None:
-    """Count deliver frames and the events in them (wraps ``protocol.deliver_frame``)."""
-    from queue_manager.manager import protocol
+    """Count deliver frames and the events in them (wraps ``frames.deliver_frame``)."""
+    from queue_manager.wire import frames as protocol
 
     original = protocol.deliver_frame
 
@@ -143,7 +144,7 @@ async def _manager(
             "manager role",
             manager.role,
             "receivers",
-            len(manager.receivers),
+            len(manager.connections),
             "stop",
             stop_ev.is_set(),
             file=sys.stderr,

@@ -311,6 +311,8 @@ class ManagerHandle:
 
 #: times at which a manager did not stop within procs.STOP_TIMEOUT of request_stop() (see the report)
 STOP_HANGS: list[float] = []
+#: ManagerConfig fields set by --manager-set for every manager of the run
+MANAGER_OVERRIDES: dict[str, Any] = {}
 
 
 @contextlib.contextmanager
@@ -319,7 +321,7 @@ def manager_process(dsn: str, profile_path: str | None = None) -> Iterator[Manag
     status_q, stop_ev, reset_ev = _CTX.Queue(), _CTX.Event(), _CTX.Event()
     proc = _CTX.Process(
         target=procs.manager_main,
-        args=(dsn, {}, status_q, stop_ev, reset_ev, profile_path),
+        args=(dsn, dict(MANAGER_OVERRIDES), status_q, stop_ev, reset_ev, profile_path),
         name="e2e-manager",
         daemon=True,
     )
@@ -1027,7 +1029,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true", help="smoke run: 10000 events, 1 rep, small latency/fire runs, no peers"
     )
     parser.add_argument("--json-only", action="store_true", help="no logs on stderr (only warnings)")
+    parser.add_argument(
+        "--manager-set",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="a ManagerConfig field for every manager of the run, e.g. durable_fires=false (repeatable)",
+    )
     args = parser.parse_args(argv)
+    for item in args.manager_set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--manager-set takes FIELD=JSON, got {item!r}")
+        MANAGER_OVERRIDES[key] = json.loads(value)
     if args.quick:
         args.events, args.reps, args.receivers = 10_000, 1, "1"
         args.latency_events, args.fast_latency_events, args.fire_events, args.fire_spread = 200, 1000, 500, 2.0
@@ -1165,6 +1179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "concurrency": args.concurrency,
             "latency_credit": LATENCY_CREDIT,
             "quick": args.quick,
+            "manager_overrides": MANAGER_OVERRIDES,
         },
         "drain": drain,
         "latency": latency,

@@ -179,3 +179,87 @@ class Registry:
         for m in self.metrics:
             lines.extend(m.render())
         return "\n".join(lines) + "\n"
+
+
+class ManagerMetrics:
+    """Every metric of one manager (docs/manager.md, "Observability"), in one registry.
+
+    Gauges that read live state are bound by the manager (:meth:`bind_gauges`); the rest are
+    moved by the parts that see the events.
+    """
+
+    def __init__(self) -> None:
+        r = self.registry = Registry()
+        self.fired = r.counter("qm_events_fired_total", "Events marked fired and pushed to a receiver.")
+        self.acked_total = r.counter("qm_events_acked_total", "Events acked (commit confirmed).")
+        self.nacked_total = r.counter("qm_events_nacked_total", "Events nacked by a receiver.")
+        self.refired = r.counter(
+            "qm_events_refired_total",
+            "Events put back to to_be_fired, by reason (nack, disconnect, ack_timeout, drain).",
+        )
+        self.dead = r.counter("qm_events_dead_lettered_total", "Events moved to failed after max attempts.")
+        self.settled_by_sql = r.counter(
+            "qm_events_settled_by_sql_total",
+            "Events in hand that an application settled by SQL (the manager freed their credit slot).",
+        )
+        self.pickup = r.histogram(
+            "qm_pickup_delay_seconds", "Delay from an event's fire_at to its push (database clock)."
+        )
+        self.ack_latency = r.histogram("qm_ack_latency_seconds", "Time from push to the committed ack.")
+        self.frame_errors = r.counter("qm_protocol_errors_total", "Client frames refused, by error code.")
+        self.maintenance = r.counter("qm_maintenance_runs_total", "Maintenance job runs by job and outcome.")
+        self.purged = r.counter("qm_events_purged_total", "Acked events deleted by the retention purge.")
+        self.load_drift = r.gauge(
+            "qm_load_drift_events",
+            "Sum over partitions of |counted load - live events| found by the last load reconciliation.",
+        )
+        self.fences = r.counter("qm_fenced_writes_total", "Writes the database refused because the term was stale.")
+        self.poll = r.counter(
+            "qm_poll_mode_entries_total", "Times a queue's wake-ups came so fast that dispatch switched to polling."
+        )
+        self.wake_waits = r.counter(
+            "qm_wake_lock_waits_total",
+            "Times the dispatcher waited for a queue's wake-up lock behind an open producer transaction.",
+        )
+
+    def bind_gauges(
+        self,
+        queues: Callable[[], Iterable[tuple[str, float, float]]],
+        leader: Callable[[], float],
+        term: Callable[[], float],
+        receivers: Callable[[], float],
+    ) -> None:
+        """``queues`` yields (name, events in flight, events cached) per queue."""
+        r = self.registry
+        r.gauge(
+            "qm_in_flight",
+            "Events fired and not yet settled, per queue.",
+            lambda: [({"queue": name}, n) for name, n, _ in queues()],
+        )
+        r.gauge(
+            "qm_cache_events",
+            "Events held in the window cache, per queue.",
+            lambda: [({"queue": name}, n) for name, _, n in queues()],
+        )
+        r.gauge("qm_leader", "1 while this manager is the shard's active manager.", lambda: [({}, leader())])
+        r.gauge("qm_term", "Current leadership term (0 when not leading).", lambda: [({}, term())])
+        r.gauge("qm_receivers_connected", "Open receiver connections.", lambda: [({}, receivers())])
+
+    # the session's counters (queue_manager.wire.session.SessionMetrics)
+
+    def frame_refused(self, code: str) -> None:
+        self.frame_errors.inc(code=code)
+
+    def acked(self, queue: str, count: int, latencies: list[float]) -> None:
+        self.acked_total.inc(count, queue=queue)
+        self.ack_latency.observe_many(latencies, queue=queue)
+
+    def nacked(self, queue: str, requeued: int, failed: int) -> None:
+        self.nacked_total.inc(requeued + failed, queue=queue)
+        if requeued:
+            self.refired.inc(requeued, queue=queue, reason="nack")
+        if failed:
+            self.dead.inc(failed, queue=queue)
+
+    def render(self) -> str:
+        return self.registry.render()

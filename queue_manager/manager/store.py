@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import class_row
 
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
+from queue_manager.domain.settings import QueueSettings
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -27,26 +28,6 @@ SWEEP_PAGE = 1000
 #: acked events one retention statement deletes; one run takes at most PURGE_PAGES statements
 PURGE_PAGE = 1000
 PURGE_PAGES = 10
-
-
-@dataclass(slots=True)
-class QueueSettings:
-    """One row of qm.queues, as the manager uses it."""
-
-    id: int
-    name: str
-    partitions: int
-    partitions_physical: int
-    window_seconds: float
-    cache_size: int
-    ack_timeout: float
-    backoff_min: float
-    backoff_max: float
-    max_attempts: int
-    max_qps: float | None
-    max_concurrency: int | None
-    paused: bool
-    retention: float
 
 
 def _static(name: str) -> sql.SQL:
@@ -63,24 +44,32 @@ def is_fenced(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.Error) and exc.sqlstate == FENCED_SQLSTATE
 
 
+#: marks the manager's own sessions: the queue tables' qm_settled trigger ignores their writes
+MANAGER_ROLE_OPTION = "-c qm.role=manager"
+
+
 async def connect(dsn: str, application_name: str, *, durable: bool = True) -> AsyncConn:
     """An autocommit connection with guards: no statement or idle transaction may hang for long.
 
-    ``durable=False`` turns ``synchronous_commit`` off for the connection. The dispatcher's
-    connection uses it: its only writes are fires, and a fire that a crash of PostgreSQL loses
-    leaves the event ``to_be_fired``, to be fired again (at least once holds). Its commit is
-    still visible before anything is pushed, and an ack, committed synchronously on another
-    connection, flushes the WAL up to and past the fire it settles. The fire then waits for
-    no disk flush (measured: fire lateness p99 4.4-4.7 ms before, 3.4-3.9 ms after).
+    ``durable=False`` turns ``synchronous_commit`` off for the connection (see docs/manager.md,
+    "Durable fires", for when the dispatcher's connection may use it).
     """
     options = (
         "-c statement_timeout=30000 -c idle_in_transaction_session_timeout=5000 -c lock_timeout=10000"
         # a generic plan of the ack/release statements joins unnest(ids) by walking the whole
         # fired index (measured: ~40 ms instead of ~3 ms for 500 acks)
-        " -c plan_cache_mode=force_custom_plan"
+        " -c plan_cache_mode=force_custom_plan " + MANAGER_ROLE_OPTION
     )
     if not durable:
         options += " -c synchronous_commit=off"
+    return await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, application_name=application_name[:63], options=options, connect_timeout=5
+    )
+
+
+async def connect_waiter(dsn: str, application_name: str) -> AsyncConn:
+    """A connection that may wait for a wake-up lock for as long as a producer keeps it (no timeouts)."""
+    options = "-c statement_timeout=0 -c lock_timeout=0 " + MANAGER_ROLE_OPTION
     return await psycopg.AsyncConnection.connect(
         dsn, autocommit=True, application_name=application_name[:63], options=options, connect_timeout=5
     )
@@ -92,8 +81,9 @@ async def shard_name(conn: AsyncConn) -> str | None:
 
 
 async def load_queues(conn: AsyncConn) -> list[QueueSettings]:
-    cur = await conn.execute(_static("mgr_queues"))
-    return [QueueSettings(*row) for row in await cur.fetchall()]
+    async with conn.cursor(row_factory=class_row(QueueSettings)) as cur:
+        await cur.execute(_static("mgr_queues"))
+        return await cur.fetchall()
 
 
 async def acquire(conn: AsyncConn, holder: str, ttl: float) -> int | None:
@@ -119,6 +109,17 @@ async def arm(conn: AsyncConn, queue_ids: Sequence[int]) -> set[int]:
 
 async def disarm(conn: AsyncConn, queue_id: int) -> None:
     await conn.execute(_static("mgr_disarm"), {"id": queue_id})
+
+
+async def waiting_pids(conn: AsyncConn, pids: list[int]) -> list[int]:
+    """Which of these backends wait for a wake-up lock right now."""
+    cur = await conn.execute(_static("mgr_wake_lock_waiters"), {"pids": pids})
+    return [int(r[0]) for r in await cur.fetchall()]
+
+
+async def wait_wake_lock(conn: AsyncConn, queue_id: int) -> None:
+    """Wait for the queue's wake-up lock (exclusive, for the session); disarm gives it back."""
+    await conn.execute(_static("mgr_wait_wake_lock"), {"id": queue_id})
 
 
 async def db_now(conn: AsyncConn) -> float:
@@ -153,7 +154,9 @@ async def fire(
 ) -> list[tuple[int, str, int, int, float, str]]:
     """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON) of those fired."""
     cur = await conn.execute(
-        queue_sql("mgr_fire", q.name), {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout}, prepare=True
+        queue_sql("mgr_fire", q.name),
+        {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds},
+        prepare=True,
     )
     return await cur.fetchall()
 
@@ -175,7 +178,7 @@ async def fire_due(
             "partitions": partitions,
             "quota": quota,
             "limit": limit,
-            "ack_timeout": q.ack_timeout,
+            "ack_timeout": q.ack_timeout_seconds,
         },
         prepare=True,
     )
@@ -220,8 +223,8 @@ async def release(
             "delays": _array(i[2] for i in items),
             "errors": [i[3] for i in items],
             "max_attempts": q.max_attempts,
-            "backoff_min": q.backoff_min,
-            "backoff_max": q.backoff_max,
+            "backoff_min": q.backoff_min_seconds,
+            "backoff_max": q.backoff_max_seconds,
             "queue_id": q.id,
         },
     )
@@ -256,8 +259,8 @@ async def sweep(conn: AsyncConn, q: QueueSettings, term: int, page: int = SWEEP_
                 "term": term,
                 "limit": page,
                 "max_attempts": q.max_attempts,
-                "backoff_min": q.backoff_min,
-                "backoff_max": q.backoff_max,
+                "backoff_min": q.backoff_min_seconds,
+                "backoff_max": q.backoff_max_seconds,
                 "queue_id": q.id,
             },
         )
@@ -292,7 +295,9 @@ async def purge(conn: AsyncConn, q: QueueSettings, term: int, page: int = PURGE_
     deleted = 0
     for _ in range(pages):
         cur = await conn.execute(
-            queue_sql("mgr_purge", q.name), {"term": term, "retention": q.retention, "limit": page}, prepare=True
+            queue_sql("mgr_purge", q.name),
+            {"term": term, "retention": q.retention_seconds, "limit": page},
+            prepare=True,
         )
         row = await cur.fetchone()
         if row is None:

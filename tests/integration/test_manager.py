@@ -13,6 +13,7 @@ from websockets.exceptions import InvalidStatus
 
 from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
+from queue_manager.manager.term import TermSession
 from receivers.client import Event
 from tests.conftest import tenants_of
 from tests.managerkit import (
@@ -145,7 +146,7 @@ async def test_receiver_killed_before_ack_gets_events_refired(shard: Shard, queu
             await wait_for(lambda: set(ids) <= set(rec.ids()), timeout=5, what="re-fired events")
             assert all(e.attempt == 2 for e in rec.events)
             await wait_for(lambda: receiver.stats.acked >= len(ids), what="acks")
-        assert m.m_refired.get(queue="orders", reason="disconnect") == len(ids)
+        assert m.metrics.refired.get(queue="orders", reason="disconnect") == len(ids)
     assert {s for s, _ in (await states(shard.dsn)).values()} == {"acked"}
 
 
@@ -175,7 +176,7 @@ async def test_ack_timeout_refires_and_stale_ack_changes_nothing(shard: Shard, q
             result = await recv_type(ws, "ack_result")
             assert result["acked"] == [] and result["errors"][0]["code"] == "unknown_id"
     assert (await states(shard.dsn))[ident] == ("acked", 2)
-    assert m.m_refired.get(queue="orders", reason="ack_timeout") == 1
+    assert m.metrics.refired.get(queue="orders", reason="ack_timeout") == 1
 
 
 async def test_forged_and_foreign_acks_are_refused(shard: Shard, queue: str) -> None:
@@ -275,7 +276,7 @@ async def test_malformed_frames_get_errors_and_others_keep_being_served(shard: S
                 assert huge.close_code == 1009
             more = await insert(shard.dsn, [(t, {"again": True}) for t in tenants[:5]])
             await wait_for(lambda: set(more) <= set(rec.ids()), what="events after the abuse")
-        assert m.m_frame_errors.total() >= 14
+        assert m.metrics.frame_errors.total() >= 14
 
 
 async def test_nack_backoff_dead_letter_and_retry(shards: Topology, shard: Shard, queue: str) -> None:
@@ -285,7 +286,7 @@ async def test_nack_backoff_dead_letter_and_retry(shards: Topology, shard: Shard
         async with running_receiver(url(m), mode="fail") as (receiver, rec):
             [ident] = await insert(shard.dsn, [(tenant, {"poison": True})])
             await wait_for(lambda: receiver.stats.nacked >= 3, what="3 nacks")
-            await wait_for(lambda: m.m_dead.get(queue="orders") == 1, what="dead letter")
+            await wait_for(lambda: m.metrics.dead.get(queue="orders") == 1, what="dead letter")
             assert [e.attempt for e in rec.events] == [1, 2, 3]
         async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
             cur = await conn.execute("SELECT state::text, attempts, last_error FROM orders WHERE id = %s", (ident,))
@@ -298,7 +299,7 @@ async def test_nack_backoff_dead_letter_and_retry(shards: Topology, shard: Shard
         async with running_receiver(url(m)) as (_, ok):
             await wait_for(lambda: ok.ids() == [ident], what="the retried event")
             assert ok.events[0].attempt == 1
-            await wait_for(lambda: m.m_acked.get(queue="orders") == 1, what="its ack")
+            await wait_for(lambda: m.metrics.acked_total.get(queue="orders") == 1, what="its ack")
     assert (await states(shard.dsn))[ident] == ("acked", 1)
 
 
@@ -491,7 +492,7 @@ async def test_a_burst_of_wake_ups_switches_to_polling_and_back(shard: Shard, qu
 
             ids = [i for part in await asyncio.gather(*(produce(j) for j in range(4))) for i in part]
             await wait_for(lambda: set(ids) <= set(rec.ids()), what="every event of the burst")
-            assert m.m_poll.total() >= 1, "the burst did not switch the queue to polling"
+            assert m.metrics.poll.total() >= 1, "the burst did not switch the queue to polling"
             # once the burst is over the queue arms again (producers notify again), and serves on
             await wait_for(
                 lambda: q.armed and asyncio.get_running_loop().time() >= q.poll_until, timeout=5, what="armed"
@@ -545,8 +546,9 @@ async def test_wake_ups_fire_without_waiting_for_a_rescan(
     assert full_scans - scans_before <= 4, f"{full_scans - scans_before} full rescans for 200 scheduled events"
 
 
-async def test_only_the_dispatchers_connection_commits_without_waiting_for_the_flush(shard: Shard) -> None:
-    """Fires may commit asynchronously (a lost fire is fired again); acks and leases may not."""
+async def test_fires_are_durable_unless_configured_otherwise_and_acks_always_are(shard: Shard) -> None:
+    """Fires wait for their flush by default (an attempt number then never repeats); with
+    durable_fires off only the dispatcher's connection skips the wait. Acks always wait."""
     from queue_manager.manager import store
 
     # the test server runs with synchronous_commit off: make this database's default durable
@@ -563,12 +565,13 @@ async def test_only_the_dispatchers_connection_commits_without_waiting_for_the_f
             assert row == (expected,)
         finally:
             await conn.close()
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        s = m._session
-        assert s is not None and s.work is not None and s.write is not None
-        assert await (await s.work.execute("SHOW synchronous_commit")).fetchone() == ("off",)
-        assert await (await s.write.execute("SHOW synchronous_commit")).fetchone() == ("on",)
+    for durable_fires, fires in ((True, "on"), (False, "off")):
+        async with running_manager(shard.dsn, durable_fires=durable_fires) as m:
+            await wait_leader(m)
+            s = m.leadership.session
+            assert isinstance(s, TermSession)
+            assert await (await s.conns["work"].execute("SHOW synchronous_commit")).fetchone() == (fires,)
+            assert await (await s.conns["write"].execute("SHOW synchronous_commit")).fetchone() == ("on",)
 
 
 def _plan_nodes(plan: dict[str, object]) -> list[dict[str, object]]:
@@ -636,13 +639,13 @@ async def test_retention_purge_deletes_only_acked_events_past_retention(shard: S
                 await conn.execute(
                     "UPDATE kept SET state = 'failed', attempts = 1, last_error = 'x' WHERE id = %s", (failed[0],)
                 )
-            await wait_for(lambda: m.m_purged.get(queue="kept") == 4, what="the purge of the 4 old acked events")
+            await wait_for(lambda: m.metrics.purged.get(queue="kept") == 4, what="the purge of the 4 old acked events")
             await asyncio.sleep(0.5)  # more purge runs: nothing else goes
     left = await states(shard.dsn, "kept")
     assert sorted(left) == sorted(old[4:] + pending + failed)
     assert left[pending[0]] == ("to_be_fired", 0) and left[failed[0]] == ("failed", 1)
-    assert m.m_purged.get(queue="kept") == 4
-    assert m.m_maintenance.get(job="retention", outcome="finished") >= 2
+    assert m.metrics.purged.get(queue="kept") == 4
+    assert m.metrics.maintenance.get(job="retention", outcome="finished") >= 2
     assert len(rec.events) == 6
 
     # pages: at most `pages` statements of `page` rows per call, the next call goes on
@@ -653,7 +656,7 @@ async def test_retention_purge_deletes_only_acked_events_past_retention(shard: S
         term = await store.acquire(ctl, "test", 30)
         assert term is not None
         [settings] = [q for q in await store.load_queues(ctl) if q.name == "kept"]
-        assert settings.retention == 600
+        assert settings.retention_seconds == 600
         extra = await insert(shard.dsn, [(t, {"again": i}) for i, t in enumerate(tenants[:3])], queue="kept")
         async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
             await conn.execute(
@@ -723,11 +726,11 @@ async def test_load_reconciliation_removes_the_drift_of_rollbacks_and_sql_acks(s
                 "UPDATE loads SET state = 'acked', attempts = 1, acked_at = now() "
                 "WHERE id = (SELECT min(id) FROM loads WHERE state = 'to_be_fired')"
             )
-        runs = m.m_maintenance.get(job="reconciliation", outcome="finished")
+        runs = m.metrics.maintenance.get(job="reconciliation", outcome="finished")
         await wait_for(
-            lambda: m.m_maintenance.get(job="reconciliation", outcome="finished") >= runs + 2,
+            lambda: m.metrics.maintenance.get(job="reconciliation", outcome="finished") >= runs + 2,
             what="two reconciliation runs",
         )
         loads, live = await loads_and_live()
         assert sum(live) == 5 and loads == live
-        assert m.m_load_drift.get(queue="loads") == 0  # the last run found nothing left to fix
+        assert m.metrics.load_drift.get(queue="loads") == 0  # the last run found nothing left to fix

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queue_manager.errors import ConfigurationError
-from queue_manager.manager import protocol as proto
 from queue_manager.manager.auth import Grant, TokenStore
 from queue_manager.manager.cache import LOOKAHEAD, Entry, WindowCache
 from queue_manager.manager.metrics import Registry
+from queue_manager.wire import frames as proto
 
 # ============================================================================ protocol.parse
 
@@ -153,9 +153,24 @@ def test_parse_bad_json() -> None:
     assert err.code == proto.BAD_JSON
     assert err.message.startswith("frame is not valid JSON: Expecting property name")
     assert err.ref is None
-    deep = refused("[" * 100_000 + "]" * 100_000)
-    assert deep.code == proto.BAD_JSON
     assert refused("").code == proto.BAD_JSON
+
+
+def test_valid_json_that_python_cannot_hold_is_a_bad_frame_not_bad_json() -> None:
+    """Valid JSON: a deeply nested value, an integer too long to convert (docs: bad_frame)."""
+    deep = refused("[" * 100_000 + "]" * 100_000)
+    assert (deep.code, deep.message) == (proto.BAD_FRAME, "the frame nests arrays or objects too deeply")
+    nested_unknown = refused('{"type": "ping", "extra": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert nested_unknown.code == proto.BAD_FRAME
+    huge = refused('{"type": "ack", "events": [[' + "9" * 5000 + ", 1]]}")
+    assert (huge.code, huge.message) == (proto.BAD_FRAME, "an integer in the frame has too many digits")
+
+
+@pytest.mark.parametrize("queue", ["*", "Orders", "qm_internal", "x" * 41, "a-b", "select"])
+def test_a_malformed_queue_name_is_a_bad_frame_whatever_the_token(queue: str) -> None:
+    err = refused(frame(type="subscribe", queue=queue, ref="s"))
+    assert (err.code, err.ref) == (proto.BAD_FRAME, "s")
+    assert "queue" in err.message
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", '"ping"', "42", "null"])
@@ -867,27 +882,10 @@ def test_discard_heads_drops_events_fired_elsewhere() -> None:
 
 @pytest.mark.parametrize("partitions", [1, 3, 4, 16, 17])
 def test_periodic_rescan_slices_cover_every_partition_once_per_round(partitions: int) -> None:
-    from queue_manager.manager.server import RESCAN_SLICES, QueueRuntime
-    from queue_manager.manager.store import QueueSettings
+    from queue_manager.domain.settings import QueueSettings
+    from queue_manager.manager.queues import RESCAN_SLICES, QueueRuntime
 
-    q = QueueRuntime(
-        QueueSettings(
-            id=1,
-            name="orders",
-            partitions=partitions,
-            partitions_physical=partitions,
-            window_seconds=30.0,
-            cache_size=1000,
-            ack_timeout=30.0,
-            backoff_min=1.0,
-            backoff_max=60.0,
-            max_attempts=5,
-            max_qps=None,
-            max_concurrency=None,
-            paused=False,
-            retention=604800.0,
-        )
-    )
+    q = QueueRuntime(QueueSettings(id=1, name="orders", partitions=partitions, partitions_physical=partitions))
     for _ in range(2):  # two full rounds: the turns wrap around
         seen = [p for _ in range(RESCAN_SLICES) for p in q.next_slice()]
         assert sorted(seen) == list(range(partitions))

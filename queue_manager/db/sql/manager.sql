@@ -4,9 +4,10 @@
 
 -- mgr_queues --
 -- The queues of this shard with the settings the manager needs.
-SELECT id, name, partitions, partitions_physical, window_seconds, cache_size, ack_timeout_seconds,
-       backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, paused,
-       retention_seconds
+-- Columns are read by name into queue_manager.domain.settings.QueueSettings: select exactly its fields.
+SELECT id, name, partitions_physical, partitions, shuffle, window_seconds, cache_size, ack_timeout_seconds,
+       backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
+       payload_limit_bytes, max_delay_seconds, paused
   FROM qm.queues ORDER BY id
 
 -- mgr_shard --
@@ -29,6 +30,18 @@ SELECT array_agg(q) FILTER (WHERE pg_try_advisory_lock(29037, q)) FROM unnest(%(
 -- mgr_disarm --
 -- Give one queue's wake lock back: producers stop sending NOTIFY while the queue is busy.
 SELECT pg_advisory_unlock(29037, %(id)s)
+
+-- mgr_wait_wake_lock --
+-- Wait (on a connection of its own, without timeouts) for one queue's wake-up lock, which an open
+-- producer transaction holds in shared mode. While this request waits, producers' shared try-locks
+-- fail, so they NOTIFY (see queue_manager/manager/wakeups.py).
+SELECT pg_advisory_lock(29037, %(id)s)
+
+-- mgr_wake_lock_waiters --
+-- Which of the given backends wait (not yet granted) for a wake-up lock.
+SELECT DISTINCT pid FROM pg_locks
+ WHERE locktype = 'advisory' AND classid = 29037 AND objsubid = 2 AND NOT granted
+   AND pid = ANY(%(pids)s::integer[])
 
 -- mgr_scan --
 -- The window of one queue (the partitions in %(parts)s): per partition, the earliest to_be_fired events due before now + window,

@@ -1,8 +1,14 @@
-"""Websocket frames of protocol ``qm.v1`` (see docs/protocol.md): parse client frames, build server frames.
+"""The codec of protocol ``qm.v1`` (docs/protocol.md): parse client frames, build server frames.
 
 Every client frame is one JSON object with a ``type``. Parsing never raises anything but
 :class:`FrameError`, whose ``code`` and message go back to the client in an ``error`` frame;
 the connection stays open and no other event is affected.
+
+Which check comes first: a message that is not JSON text is ``bad_json``; valid JSON that is not
+a valid frame (a bad ``ref``, a missing or mistyped field, a value out of range, an integer too
+long to convert, nesting too deep to decode) is ``bad_frame``. Only then do the session's checks
+run (``forbidden``, ``unknown_queue``, ...): a malformed queue name is ``bad_frame`` whatever
+the token allows.
 """
 
 from __future__ import annotations
@@ -10,8 +16,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from queue_manager.domain.names import check_queue_name
+from queue_manager.errors import InvalidNameError
 
 PROTOCOL = "qm.v1"
 
@@ -24,6 +34,9 @@ MAX_ERROR_TEXT = 4096
 MAX_REF_LENGTH = 200
 MAX_EXTEND_SECONDS = 86_400.0
 MAX_NACK_DELAY_SECONDS = 315_576_000.0
+#: per-item errors of one result frame that carry a message; later ones carry id, attempt and code
+#: only, so that a result for MAX_ITEMS_PER_FRAME items stays well under MAX_FRAME_BYTES
+MAX_ERROR_MESSAGES = 100
 
 # error codes (docs/protocol.md lists them with their meaning)
 BAD_JSON = "bad_json"
@@ -180,8 +193,12 @@ def parse(text: str | bytes) -> Frame:
             raise FrameError(BAD_JSON, "binary frames must hold UTF-8 JSON text") from None
     try:
         obj = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+    except json.JSONDecodeError as exc:
         raise FrameError(BAD_JSON, f"frame is not valid JSON: {exc}") from None
+    except ValueError:  # valid JSON whose integer has more digits than Python converts
+        raise FrameError(BAD_FRAME, "an integer in the frame has too many digits") from None
+    except RecursionError:
+        raise FrameError(BAD_FRAME, "the frame nests arrays or objects too deeply") from None
     if not isinstance(obj, dict):
         raise FrameError(BAD_FRAME, "a frame must be a JSON object with a 'type'")
     ref = obj.get("ref")
@@ -228,6 +245,10 @@ def parse(text: str | bytes) -> Frame:
         queue = obj.get("queue")
         if not isinstance(queue, str) or not queue:
             raise FrameError(BAD_FRAME, "'queue' must be a queue name", ref)
+        try:
+            check_queue_name(queue)
+        except InvalidNameError as exc:
+            raise FrameError(BAD_FRAME, f"'queue': {exc}", ref) from None
         tenants = obj.get("tenants")
         if tenants is not None:
             if (
@@ -257,6 +278,39 @@ def parse(text: str | bytes) -> Frame:
 
 def dumps(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def item_error(ident: int, attempt: int, code: str, message: str) -> dict[str, Any]:
+    """A per-item error of an ack, nack or extend result."""
+    return {"id": ident, "attempt": attempt, "code": code, "message": message}
+
+
+def result_frame(kind: str, ref: Any, errors: Iterable[dict[str, Any]], **body: Any) -> str:
+    """An ``ack_result``, ``nack_result`` or ``extend_result``, its size bounded.
+
+    Only the first MAX_ERROR_MESSAGES errors keep their message: 10 000 errors with messages
+    made a 1.4 MB frame, over the 1 MiB most clients accept, and the client was closed.
+    """
+    msg: dict[str, Any] = {"type": kind}
+    if ref is not None:
+        msg["ref"] = ref
+    msg.update(body)
+    trimmed = []
+    for i, err in enumerate(errors):
+        if i >= MAX_ERROR_MESSAGES:
+            err = {"id": err["id"], "attempt": err["attempt"], "code": err["code"]}
+        trimmed.append(err)
+    msg["errors"] = trimmed
+    return dumps(msg)
+
+
+def reply_frame(kind: str, ref: Any, **body: Any) -> str:
+    """A server frame that answers a client frame (echoing its ``ref`` when it had one)."""
+    msg: dict[str, Any] = {"type": kind}
+    if ref is not None:
+        msg["ref"] = ref
+    msg.update(body)
+    return dumps(msg)
 
 
 def error_frame(code: str, message: str, ref: Any = None, **extra: Any) -> str:

@@ -1,0 +1,154 @@
+"""A queue's settings, spelled once: names, types, defaults, ranges and help text.
+
+:class:`QueueSettings` is one row of ``qm.queues`` as the code sees it. Each settable field
+carries a :class:`Setting` in its metadata, and everything else derives from that: the Python
+validation of ``create``/``alter`` (:func:`check_settings`), the ``qm queue create|alter`` options,
+and the manager's rows (loaded by column name). The database keeps its own CHECK constraints as
+the last line for SQL clients; ``tests/integration/test_queue_settings.py`` checks the two sides
+agree (same settable columns, same defaults, same bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from queue_manager.errors import ConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """How one setting is typed, bounded, defaulted and offered on the command line."""
+
+    #: int, float or bool (floats accept ints)
+    kind: type
+    default: int | float | bool | None
+    #: the ``qm queue create|alter`` option
+    flag: str | None
+    help: str
+    #: None is allowed (and means "no limit")
+    nullable: bool = False
+    minimum: float | None = None
+    #: the minimum itself is refused (``> minimum``)
+    exclusive_minimum: bool = False
+    maximum: float | None = None
+
+    def check(self, key: str, value: Any) -> int | float | bool | None:
+        """``value`` if it is valid for this setting; ConfigurationError naming the key otherwise."""
+        if value is None:
+            if self.nullable:
+                return None
+            raise ConfigurationError(f"queue setting {key!r} may not be null")
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigurationError(f"queue setting {key!r} must be true or false, got {value!r}")
+            return value
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (self.kind is int and not isinstance(value, int))
+        ):
+            what = "an integer" if self.kind is int else "a number"
+            raise ConfigurationError(f"queue setting {key!r} must be {what}, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigurationError(f"queue setting {key!r} must be finite, got {value!r}")
+        too_low = self.minimum is not None and (
+            value <= self.minimum if self.exclusive_minimum else value < self.minimum
+        )
+        if too_low or (self.maximum is not None and value > self.maximum):
+            raise ConfigurationError(f"queue setting {key!r} must be {self.range_text()}, got {value!r}")
+        return value
+
+    def range_text(self) -> str:
+        lo = "" if self.minimum is None else f"{'>' if self.exclusive_minimum else '>='} {self.minimum:g}"
+        hi = "" if self.maximum is None else f"<= {self.maximum:g}"
+        return " and ".join(x for x in (lo, hi) if x) or "any value"
+
+
+def _setting(default: Any, flag: str | None, help_text: str, kind: type, **bounds: Any) -> Any:
+    return field(default=default, metadata={"setting": Setting(kind, default, flag, help_text, **bounds)})
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """One queue's registry row: identity, shape and dispatch settings."""
+
+    id: int
+    name: str
+    #: partitions that may still hold events: more than ``partitions`` while a shrink drains
+    partitions_physical: int
+    partitions: int = _setting(16, "--partitions", "partitions per shard, N", int, minimum=1, maximum=1024)
+    shuffle: int = _setting(4, "--shuffle", "shuffle-shard size k: partitions per tenant", int, minimum=1, maximum=16)
+    window_seconds: float = _setting(
+        30.0,
+        "--window",
+        "seconds of upcoming events the manager caches",
+        float,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=3600,
+    )
+    cache_size: int = _setting(
+        10_000, "--cache-size", "most events the manager caches", int, minimum=1, maximum=10_000_000
+    )
+    ack_timeout_seconds: float = _setting(
+        30.0, "--ack-timeout", "seconds a receiver has to ack", float, minimum=0, exclusive_minimum=True, maximum=86_400
+    )
+    backoff_min_seconds: float = _setting(1.0, "--backoff-min", "first re-fire delay, seconds", float, minimum=0)
+    backoff_max_seconds: float = _setting(300.0, "--backoff-max", "longest re-fire delay, seconds", float, minimum=0)
+    max_attempts: int = _setting(
+        20, "--max-attempts", "attempts before an event is dead-lettered", int, minimum=1, maximum=1000
+    )
+    max_qps: float | None = _setting(
+        None,
+        "--max-qps",
+        "most events fired per second, all shards together",
+        float,
+        nullable=True,
+        minimum=0,
+        exclusive_minimum=True,
+    )
+    max_concurrency: int | None = _setting(
+        None, "--max-concurrency", "most events in flight", int, nullable=True, minimum=1
+    )
+    retention_seconds: float = _setting(604_800.0, "--retention", "seconds acked events are kept", float, minimum=0)
+    payload_limit_bytes: int = _setting(
+        65_536, "--payload-limit", "largest payload in bytes", int, minimum=16, maximum=104_857_600
+    )
+    max_delay_seconds: float = _setting(
+        315_576_000.0,
+        "--max-delay",
+        "latest fire_at accepted, seconds from now",
+        float,
+        minimum=0,
+        exclusive_minimum=True,
+    )
+    paused: bool = _setting(False, None, "refuse to dispatch", bool)
+
+
+#: the settable fields, in registry order: key -> Setting
+SETTINGS: Mapping[str, Setting] = {
+    f.name: f.metadata["setting"] for f in fields(QueueSettings) if "setting" in f.metadata
+}
+
+
+def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Refuse unknown keys, wrong types and out-of-range values before anything reaches a shard.
+
+    Rules between two settings are checked when both are given (the database checks them
+    against the stored values too).
+    """
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        spec = SETTINGS.get(key)
+        if spec is None:
+            raise ConfigurationError(f"unknown queue setting {key!r}; known settings: {', '.join(SETTINGS)}")
+        out[key] = spec.check(key, value)
+    if "shuffle" in out and "partitions" in out and out["shuffle"] > out["partitions"]:
+        raise ConfigurationError(f"shuffle ({out['shuffle']}) may not exceed partitions ({out['partitions']})")
+    lo, hi = out.get("backoff_min_seconds"), out.get("backoff_max_seconds")
+    if lo is not None and hi is not None and hi < lo:
+        raise ConfigurationError(f"backoff_max_seconds ({hi:g}) may not be below backoff_min_seconds ({lo:g})")
+    return out

@@ -1,0 +1,109 @@
+"""The manager's configuration: one frozen, fully validated object (``qm manager`` maps its flags onto it)."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field, fields
+
+from queue_manager.manager.auth import TokenStore
+
+#: how close to the lease's end the manager stops trusting it (seconds)
+LEASE_MARGIN = 0.5
+
+
+def _default_holder() -> str:
+    # host + pid + a random incarnation: two processes never share an identity, even on one host
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    """Settings of one manager process. Every field is checked when the object is made."""
+
+    #: libpq connection string of the shard's database
+    dsn: str
+    #: receiver credentials (docs/protocol.md, "Tokens and scoping")
+    tokens: TokenStore
+    #: the shard this manager expects to serve; checked against ``qm.shard`` (None: any)
+    shard: str | None = None
+    #: listen address of the websocket, metrics and health port
+    host: str = "127.0.0.1"
+    #: listen port; 0 takes any free port (see ``Manager.port``)
+    port: int = 0
+    #: allowed ``Origin`` headers; None allows any (non-browser clients send none)
+    allowed_origins: frozenset[str] | None = None
+    #: the leadership lease, seconds; renewed every third of it
+    lease_ttl: float = 5.0
+    #: how often a standby tries to take the lease, seconds
+    standby_poll: float = 0.5
+    #: how often the old-event collector runs, seconds
+    sweep_interval: float = 1.0
+    #: how often the retention purge runs (deletes acked events older than the queue's retention)
+    purge_interval: float = 5.0
+    #: how often the producers' load counters are re-anchored on a count of live events
+    reconcile_interval: float = 60.0
+    #: every partition of a queue is rescanned at least this often (the safety net), seconds
+    rescan_interval: float = 2.0
+    #: most events fired by one statement
+    fire_batch: int = 1000
+    #: on SIGTERM, how long to wait for the acks of events in hand, seconds
+    drain_timeout: float = 30.0
+    #: most events in one deliver frame
+    max_events_per_frame: int = 500
+    #: websocket keep-alive pings, seconds
+    ping_interval: float = 10.0
+    ping_timeout: float = 10.0
+    #: a leader whose database session has been down this long gives its lease up, so that a
+    #: standby can take over; None = the lease TTL
+    recover_within: float | None = None
+    #: fires wait for their WAL flush before the push (see docs/manager.md, "Durable fires")
+    durable_fires: bool = True
+    #: this process's identity in the lease
+    holder: str = field(default_factory=_default_holder)
+
+    def __post_init__(self) -> None:
+        if not self.dsn:
+            raise ValueError("dsn must name the shard's database")
+        if not 0 <= self.port <= 65_535:
+            raise ValueError(f"port must be from 0 to 65535, got {self.port}")
+        if not (math.isfinite(self.lease_ttl) and self.lease_ttl >= 1.0):
+            raise ValueError("lease_ttl must be at least 1 second")
+        if not 1 <= self.fire_batch <= 10_000:
+            raise ValueError("fire_batch must be between 1 and 10000")
+        if not 1 <= self.max_events_per_frame <= 10_000:
+            raise ValueError("max_events_per_frame must be between 1 and 10000")
+        seconds = (
+            "standby_poll",
+            "sweep_interval",
+            "purge_interval",
+            "reconcile_interval",
+            "rescan_interval",
+            "ping_interval",
+            "ping_timeout",
+        )
+        for name in seconds:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds")
+        if not (math.isfinite(self.drain_timeout) and self.drain_timeout >= 0):
+            raise ValueError("drain_timeout must be zero or a positive number of seconds")
+        if self.recover_within is not None and not (math.isfinite(self.recover_within) and self.recover_within > 0):
+            raise ValueError("recover_within must be a positive number of seconds")
+        if not self.holder:
+            raise ValueError("holder must be a non-empty name")
+
+    @property
+    def renew_interval(self) -> float:
+        return self.lease_ttl / 3
+
+    @property
+    def recovery_deadline(self) -> float:
+        """Seconds a leader may stay unable to dispatch before it gives the lease up."""
+        return self.lease_ttl if self.recover_within is None else self.recover_within
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,223 @@
+"""Leadership of the shard: take the lease, renew it, run one session per term, step down.
+
+The lease is the row ``qm.leader`` in the shard's database (schema_0002.sql): a term, a holder
+and an expiry by the database's clock. The loop:
+
+- as a **standby**, tries ``qm.acquire_leadership`` every ``standby_poll``;
+- as the **leader**, renews every ``lease_ttl / 3`` and trusts the lease only until the start of
+  the last good renewal + TTL - margin (:class:`~queue_manager.manager.runtime.Lease`). It runs one
+  :class:`~queue_manager.manager.term.TermSession` at a time and wakes at once when it fails;
+- restarts a failed session after renewing the lease (same term); a leader that has been unable
+  to dispatch for ``recovery_deadline`` seconds while its lease renews fine **gives the lease up**
+  (``qm.release_leadership``), so that a standby takes over, and stays out for a moment;
+- **steps down** when a renewal is refused (another manager holds the term now) or cannot be made
+  before the trust runs out: the lease is dropped first (the role turns ``standby`` at once), then
+  receivers are closed with 4001, then the session is ended.
+
+A manager woken after a pause (SIGSTOP, a long GC pause, a frozen VM) no longer trusts its lease
+by time, so it neither answers ``/health/leader`` 200 nor fires, until a renewal checked its term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import psycopg
+
+from queue_manager.manager import store
+from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.store import AsyncConn
+
+logger = logging.getLogger(__name__)
+
+#: how soon a lost connection to the database is tried again, seconds
+RECONNECT_DELAY = 0.25
+#: a dispatcher that starts no round for this long is stuck: its session is failed
+STALL_AFTER = 30.0
+
+
+class LeaderSession(Protocol):
+    """What the loop needs of a term's session (``TermSession``)."""
+
+    @property
+    def failed(self) -> BaseException | None: ...
+
+    @property
+    def failed_event(self) -> asyncio.Event: ...
+
+    def stalled(self, now: float, after: float) -> bool: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class WrongShard(SystemExit):
+    """The configured shard is not the database's."""
+
+
+class Leadership:
+    """The leadership loop of one manager process."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        open_session: Callable[[int], Awaitable[LeaderSession]],
+        stepped_down: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.rt = rt
+        self._open_session = open_session
+        self._stepped_down = stepped_down
+        self.session: LeaderSession | None = None
+        self._ctl: AsyncConn | None = None
+        #: monotonic time since which this leader has had no working session (None: it has one)
+        self._unhealthy_since: float | None = None
+        #: after giving the lease up, do not compete again before this monotonic time
+        self._cool_off_until = 0.0
+
+    async def run(self) -> None:
+        rt = self.rt
+        cfg = rt.config
+        lease = rt.lease
+        clock = rt.clock
+        while True:
+            try:
+                ctl = await self._control()
+                if lease.term is None:
+                    await self._compete(ctl)
+                    continue
+                s = self.session
+                if s is None or s.failed is not None:
+                    await self._restart(ctl)
+                    continue
+                # leading with a working session: renew on schedule, at once if the session fails
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(cfg.renew_interval):
+                        await s.failed_event.wait()
+                if s.failed is None and s.stalled(clock.monotonic(), STALL_AFTER):
+                    s.fail(RuntimeError(f"the dispatcher started no round for {STALL_AFTER:g} s"))
+                await self._renew(ctl)
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                logger.warning(
+                    "shard database unreachable", extra={"action": "db_unreachable", "error": str(exc).strip()[:300]}
+                )
+                await self._drop_control()
+                await self._end_session()
+                if lease.term is not None and not lease.trusted(clock.monotonic()):
+                    await self.step_down("lease could not be renewed")
+                await asyncio.sleep(RECONNECT_DELAY)
+
+    async def _control(self) -> AsyncConn:
+        """The control connection (lease statements), opened and checked on first use."""
+        if self._ctl is not None and not self._ctl.closed:
+            return self._ctl
+        cfg = self.rt.config
+        self._ctl = await store.connect(cfg.dsn, f"qm-manager-ctl {cfg.holder}")
+        name = await store.shard_name(self._ctl)
+        if cfg.shard is not None and name != cfg.shard:
+            logger.error("wrong shard", extra={"action": "start", "expected": cfg.shard, "found": name})
+            raise WrongShard(f"the database is shard {name!r}, not {cfg.shard!r}")
+        self.rt.shard_name = name
+        return self._ctl
+
+    async def _drop_control(self) -> None:
+        if self._ctl is not None:
+            with contextlib.suppress(Exception):
+                await self._ctl.close()
+        self._ctl = None
+
+    async def _compete(self, ctl: AsyncConn) -> None:
+        rt = self.rt
+        now = rt.clock.monotonic()
+        if now < self._cool_off_until:
+            await asyncio.sleep(min(rt.config.standby_poll, self._cool_off_until - now))
+            return
+        started = rt.clock.monotonic()
+        term = await store.acquire(ctl, rt.config.holder, rt.config.lease_ttl)
+        if term is None:
+            await asyncio.sleep(rt.config.standby_poll)
+            return
+        rt.lease.granted(term, started)
+        self._unhealthy_since = None
+        logger.info("leadership acquired", extra={"action": "lead", "term": term})
+        await self._start_session(term)
+
+    async def _renew(self, ctl: AsyncConn) -> bool:
+        """Renew the lease; step down when the database refuses (the term moved on)."""
+        rt = self.rt
+        term = rt.lease.term
+        assert term is not None
+        started = rt.clock.monotonic()
+        if await store.renew(ctl, rt.config.holder, term, rt.config.lease_ttl):
+            rt.lease.granted(term, started)
+            rt.wake.set()  # a dispatcher that stopped trusting the lease (a pause) may go on
+            return True
+        await self.step_down("lease taken over")
+        return False
+
+    async def _restart(self, ctl: AsyncConn) -> None:
+        """Leading without a working session: renew, then start a session, or give the lease up."""
+        rt = self.rt
+        now = rt.clock.monotonic()
+        await self._end_session()
+        if self._unhealthy_since is None:
+            self._unhealthy_since = now
+        if not await self._renew(ctl):
+            return
+        if now - self._unhealthy_since >= rt.config.recovery_deadline:
+            await self.resign(f"unable to dispatch for {now - self._unhealthy_since:.1f} s")
+            return
+        term = rt.lease.term
+        assert term is not None
+        try:
+            await self._start_session(term)
+        except (psycopg.Error, OSError) as exc:
+            logger.warning(
+                "session could not start", extra={"action": "session_start", "term": term, "error": str(exc)[:300]}
+            )
+            await asyncio.sleep(RECONNECT_DELAY)
+
+    async def _start_session(self, term: int) -> None:
+        self.session = await self._open_session(term)
+        self._unhealthy_since = None
+
+    async def _end_session(self) -> None:
+        s, self.session = self.session, None
+        if s is not None:
+            await s.close()
+
+    async def step_down(self, why: str) -> None:
+        """Stop leading: drop the lease first (no claim to lead from here on), then close receivers and the session."""
+        rt = self.rt
+        logger.warning("stepping down", extra={"action": "step_down", "term": rt.lease.term, "reason": why})
+        rt.lease.dropped()
+        await self._stepped_down()
+        await self._end_session()
+
+    async def resign(self, why: str) -> None:
+        """Give the lease up at once so that a standby takes over, and keep out for a moment."""
+        rt = self.rt
+        term = rt.lease.term
+        await self.step_down(why)
+        self._cool_off_until = rt.clock.monotonic() + rt.config.lease_ttl
+        if term is not None and self._ctl is not None:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await store.resign(self._ctl, rt.config.holder, term)
+
+    async def release(self) -> None:
+        """On shutdown: end the session and hand the lease over without waiting out its TTL."""
+        rt = self.rt
+        await self._end_session()
+        term = rt.lease.term
+        rt.lease.dropped()
+        if term is not None and self._ctl is not None:
+            with contextlib.suppress(Exception):
+                await store.resign(self._ctl, rt.config.holder, term)
+                logger.info("leadership released", extra={"action": "resign", "term": term})
+        await self._drop_control()

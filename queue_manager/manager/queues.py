@@ -1,0 +1,151 @@
+"""What the active manager knows of each queue: settings, window cache, ledger, subscribers, and
+why the dispatcher should look at it again.
+
+Anything that may change what a queue can fire calls :meth:`QueueRuntime.nudge` with a
+:class:`Reason` (through ``Runtime.nudge``, which also wakes the dispatcher). The reason decides
+what the dispatcher does next: rescan the window, fire what is due, or only look at credit again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from enum import Enum
+from typing import Protocol
+
+from queue_manager.domain.settings import QueueSettings
+from queue_manager.manager.cache import WindowCache
+from queue_manager.wire.ledger import Ledger
+
+#: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
+RESCAN_SLICES = 4
+#: poll mode's trigger: this many wake-ups of a queue within POLL_ENTER_SPAN seconds (see plan.py)
+POLL_ENTER_WAKES = 8
+
+
+class Reason(Enum):
+    """Why the dispatcher should look at a queue again."""
+
+    #: a producer committed events, some scheduled for later (NOTIFY '<queue>'): rescan
+    NOTIFIED = "notified"
+    #: a producer committed events that are all due now (NOTIFY '<queue> due'): fire, no rescan
+    DUE = "due"
+    #: events went back to to_be_fired (nack, release, collector): rescan
+    REQUEUED = "requeued"
+    #: a receiver has room again (credit frame, acks, an ack by SQL)
+    CREDIT = "credit"
+    #: a new subscriber
+    SUBSCRIBED = "subscribed"
+    #: the queue's wake-up lock was taken, or waited for: rescan what committed before
+    ARMED = "armed"
+    #: its settings changed (window, partitions, resumed)
+    SETTINGS = "settings"
+    #: a new leadership session: nothing in memory is trusted
+    SESSION = "session"
+
+
+#: reasons after which the window is rescanned, not only fired from
+RESCAN_REASONS = frozenset(
+    {Reason.NOTIFIED, Reason.REQUEUED, Reason.SUBSCRIBED, Reason.ARMED, Reason.SETTINGS, Reason.SESSION}
+)
+
+
+class Subscriber(Protocol):
+    """A receiver connection, as the dispatcher sees it."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def free(self) -> int: ...
+
+    @property
+    def tenants(self) -> frozenset[str] | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def send(self, text: str) -> None: ...
+
+    def close_soon(self, code: int, reason: str) -> None: ...
+
+
+class QueueRuntime:
+    """A queue's settings, window cache, in-flight ledger and subscribers, as the active manager sees them."""
+
+    def __init__(self, settings: QueueSettings) -> None:
+        self.settings = settings
+        self.cache = WindowCache()
+        self.ledger = Ledger()
+        self.subscribers: list[Subscriber] = []
+        #: the window may hold something the cache does not know: rescan (set by nudge only)
+        self.dirty = True
+        #: producers committed events that were all due at once: a direct fire finds them
+        self.due_hint = False
+        #: this session holds the queue's wake-up lock: producers NOTIFY
+        self.armed = False
+        #: a waiter waits for the wake-up lock behind an open producer transaction: producers NOTIFY
+        self.waiting = False
+        self.next_scan = 0.0
+        #: the last direct fire was full: more events are due now
+        self.backlog = False
+        #: the last full scan left due events to mgr_fire_due (future_only)
+        self.scanned_future_only = False
+        #: round-robin position of mgr_fire_due, kept across batches
+        self.cursor = 0
+        #: the slice of partitions the next periodic rescan covers (see RESCAN_SLICES)
+        self.rescan_slice = 0
+        #: loop times of the latest NOTIFY wake-ups, and poll mode's end
+        self.wake_times: deque[float] = deque(maxlen=POLL_ENTER_WAKES)
+        self.poll_until = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def id(self) -> int:
+        return self.settings.id
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.ledger)
+
+    def nudge(self, reason: Reason) -> None:
+        if reason in RESCAN_REASONS:
+            self.dirty = True
+        elif reason is Reason.DUE:
+            self.due_hint = True
+
+    def take_nudges(self) -> tuple[bool, bool]:
+        """(rescan, due) since the last call; taken before any await, so a nudge that arrives
+        meanwhile counts for the next round."""
+        dirty, hint = self.dirty, self.due_hint
+        self.dirty = self.due_hint = False
+        return dirty, hint
+
+    def polling(self, now: float) -> bool:
+        """In poll mode: wake lock released, due events fetched every POLL_INTERVAL."""
+        return now < self.poll_until
+
+    def direct(self) -> bool:
+        """Due events go by mgr_fire_due when every subscriber takes every tenant."""
+        return all(c.tenants is None for c in self.subscribers)
+
+    def next_slice(self) -> list[int]:
+        """The partitions of the next periodic rescan; the slices take turns."""
+        i = self.rescan_slice
+        self.rescan_slice = (i + 1) % RESCAN_SLICES
+        return [p for p in range(self.settings.partitions_physical) if p % RESCAN_SLICES == i]
+
+    def reset(self) -> None:
+        """A session ended: the cache and the wake-up state are gone; rescan from scratch."""
+        self.cache.clear()
+        self.armed = False
+        self.waiting = False
+        self.nudge(Reason.SESSION)
+
+
+def active(queues: Iterable[QueueRuntime]) -> list[QueueRuntime]:
+    """Queues to dispatch: subscribed and not paused."""
+    return [q for q in queues if q.subscribers and not q.settings.paused]

@@ -1,0 +1,202 @@
+"""What the parts of one manager process share: configuration, clocks, metrics, test signals, the
+queues it knows, the lease, and the door to the current leadership session's writer.
+
+Parts reach each other only through this object and the narrow protocols below, so that the
+rooms (leadership, dispatch, wake-ups, writer, maintenance, connections, HTTP) import no one
+another in a circle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from queue_manager.clock import Clock, DatabaseClock
+from queue_manager.domain.settings import QueueSettings
+from queue_manager.manager.config import LEASE_MARGIN, ManagerConfig
+from queue_manager.manager.metrics import ManagerMetrics
+from queue_manager.manager.queues import QueueRuntime, Reason
+from queue_manager.manager.signals import ManagerSignals
+from queue_manager.manager.writer import OpKind, Unavailable, Writer
+from queue_manager.wire import frames
+from queue_manager.wire.session import ReleaseItem
+
+logger = logging.getLogger(__name__)
+
+#: close code for subscribers of a queue that was dropped
+CLOSE_QUEUE_DROPPED = 4004
+
+
+class Lease:
+    """The leadership lease as this process trusts it: a term, until a monotonic deadline.
+
+    Trust runs from the *start* of the renewal that granted it plus TTL minus a margin, so a
+    renewal that took long (or a process paused in the middle of one) never extends it.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self.term: int | None = None
+        self.trusted_until = 0.0
+
+    def trusted(self, now: float) -> bool:
+        return self.term is not None and now < self.trusted_until
+
+    def granted(self, term: int, renewal_started: float) -> None:
+        self.term = term
+        self.trusted_until = renewal_started + self.ttl - LEASE_MARGIN
+
+    def dropped(self) -> None:
+        self.term = None
+        self.trusted_until = 0.0
+
+
+class Session(Protocol):
+    """The current leadership session, as the other parts see it."""
+
+    @property
+    def term(self) -> int: ...
+
+    @property
+    def writer(self) -> Writer: ...
+
+    @property
+    def failed(self) -> BaseException | None: ...
+
+    def request_reload(self) -> None: ...
+
+
+class Runtime:
+    """Shared state of one manager process."""
+
+    def __init__(self, config: ManagerConfig, clock: Clock, metrics: ManagerMetrics, signals: ManagerSignals) -> None:
+        self.config = config
+        self.clock = clock
+        self.db_clock = DatabaseClock(clock)
+        self.metrics = metrics
+        self.signals = signals
+        self.lease = Lease(config.lease_ttl)
+        self.queues: dict[str, QueueRuntime] = {}
+        self.session: Session | None = None
+        self.shard_name: str | None = config.shard
+        #: stop dispatching new events (SIGTERM); acks keep flowing
+        self.draining = False
+        #: the dispatcher's one wake-up: set by every nudge
+        self.wake = asyncio.Event()
+        #: set by every nudge too, for waiters other than the dispatcher (the drain)
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ leading
+
+    def leading(self) -> bool:
+        """May this process fire events now? A lease trusted by time, a working session, not draining."""
+        s = self.session
+        return (
+            not self.draining
+            and s is not None
+            and s.failed is None
+            and s.term == self.lease.term
+            and self.lease.trusted(self.clock.monotonic())
+        )
+
+    # ------------------------------------------------------------------ the dispatcher's wake-up
+
+    def nudge(self, q: QueueRuntime | None, reason: Reason) -> None:
+        """Make the dispatcher look at ``q`` (or just wake it) again, for ``reason``."""
+        if q is not None:
+            q.nudge(reason)
+        self.wake.set()
+        self._changed.set()
+
+    async def wait_changed(self, timeout: float) -> bool:
+        """Wait until the next nudge (an ack, a release, a credit...); False after ``timeout``."""
+        self._changed.clear()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def queue_by_id(self, queue_id: int) -> QueueRuntime | None:
+        for q in self.queues.values():
+            if q.id == queue_id:
+                return q
+        return None
+
+    # ------------------------------------------------------------------ settings
+
+    def apply_settings(self, rows: Iterable[QueueSettings]) -> None:
+        """Install freshly loaded queue settings; subscribers of dropped queues are told and closed."""
+        seen = set()
+        for settings in rows:
+            seen.add(settings.name)
+            q = self.queues.get(settings.name)
+            if q is None:
+                self.queues[settings.name] = QueueRuntime(settings)
+                continue
+            old = q.settings
+            q.settings = settings
+            if (
+                settings.partitions_physical != old.partitions_physical
+                or settings.window_seconds != old.window_seconds
+                or (old.paused and not settings.paused)
+            ):
+                self.nudge(q, Reason.SETTINGS)
+        for name in list(self.queues):
+            if name not in seen:
+                q = self.queues.pop(name)
+                for c in list(q.subscribers):
+                    c.send(frames.error_frame(frames.UNKNOWN_QUEUE, f"queue {name!r} was dropped"))
+                    c.close_soon(CLOSE_QUEUE_DROPPED, f"queue {name} was dropped")
+
+    # ------------------------------------------------------------------ writes
+
+    def submit(self, kind: OpKind, q: QueueRuntime, items: list[Any]) -> asyncio.Future[Any]:
+        """Have the current session's writer do ``kind``; fails with Unavailable without one."""
+        s = self.session
+        if s is None or s.failed is not None:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_exception(Unavailable("the manager is not connected to its shard as leader"))
+            return fut
+        return s.writer.submit(kind, q.settings, items)
+
+    async def release(self, q: QueueRuntime, items: Sequence[ReleaseItem], reason: str) -> None:
+        """Put events back to to_be_fired (due at once), counting them as re-fired for ``reason``.
+
+        When no write is possible the collector re-fires them after their ack deadline instead.
+        """
+        try:
+            moved, failed = await self.submit(OpKind.RELEASE, q, list(items))
+        except Unavailable:
+            return
+        self.metrics.refired.inc(len(moved - failed), queue=q.name, reason=reason)
+        if failed:
+            self.metrics.dead.inc(len(failed), queue=q.name)
+        self.nudge(q, Reason.REQUEUED)
+
+    def release_soon(self, q: QueueRuntime, items: Sequence[ReleaseItem], reason: str) -> None:
+        if items:
+            asyncio.get_running_loop().create_task(self.release(q, items, reason))
+
+    # ------------------------------------------------------------------ events that left their holder
+
+    def settled_by_sql(self, queue: str, ident: int, attempt: int) -> None:
+        """An application settled (ident, attempt) by SQL: its holder's credit slot is free."""
+        q = self.queues.get(queue)
+        if q is None:
+            return
+        if q.ledger.drop(ident, attempt) is not None:
+            self.metrics.settled_by_sql.inc(queue=queue)
+            self.nudge(q, Reason.CREDIT)
+
+    def refired(self, q: QueueRuntime, moved: set[int], failed: set[int]) -> None:
+        """The collector moved these fired events back (or to failed): nobody holds them now."""
+        for ident in moved:
+            q.ledger.drop(ident)
+        self.metrics.refired.inc(len(moved - failed), queue=q.name, reason="ack_timeout")
+        if failed:
+            self.metrics.dead.inc(len(failed), queue=q.name)
+        self.nudge(q, Reason.REQUEUED)

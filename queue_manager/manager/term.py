@@ -1,0 +1,180 @@
+"""One leadership term's session: its connections and tasks, which never outlive it.
+
+A session holds three connections: the dispatcher's (scans, fires, wake-up locks), the writer's
+(acks, nacks, extends, releases, maintenance) and the listener's (LISTEN ``qm_wake``), plus the
+waiter's when a producer transaction keeps a wake-up lock. Any failure of one of its tasks fails
+the session (the leadership loop then starts a new one, or gives the lease up), and only that
+session: a task reports to the session that started it, never to the manager as a whole, and a
+session that has ended ignores its tasks' last words. :meth:`TermSession.close` cancels every task
+and waits until each has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from queue_manager.manager import store
+from queue_manager.manager.dispatch import Dispatcher
+from queue_manager.manager.maintenance import Maintenance
+from queue_manager.manager.queues import Reason
+from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.store import AsyncConn
+from queue_manager.manager.wakeups import Listener, Waiter
+from queue_manager.manager.writer import Unavailable, Writer
+
+logger = logging.getLogger(__name__)
+
+#: a task that ignores this many cancellations in a row is given up on (and logged)
+_CANCEL_ROUNDS = 10
+
+
+class TermSession:
+    """The connections and tasks of one leadership term."""
+
+    def __init__(self, rt: Runtime, term: int) -> None:
+        self.rt = rt
+        self.term = term
+        self.failed: BaseException | None = None
+        self.failed_event = asyncio.Event()
+        self.ended = False
+        #: the session's connections by role: work (dispatcher), write (writer), listen
+        self.conns: dict[str, AsyncConn] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._writer: Writer | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._waiter: Waiter | None = None
+        self.maintenance: Maintenance | None = None
+
+    @property
+    def writer(self) -> Writer:
+        assert self._writer is not None
+        return self._writer
+
+    def request_reload(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.request_reload()
+
+    def stalled(self, now: float, after: float) -> bool:
+        """The dispatcher has not started a round for ``after`` seconds."""
+        d = self._dispatcher
+        return d is not None and now - d.heartbeat > after
+
+    @classmethod
+    async def open(cls, rt: Runtime, term: int) -> TermSession:
+        """Connect, load the queues and start the tasks; on any error nothing is left open."""
+        s = cls(rt, term)
+        try:
+            await s._open()
+        except BaseException:
+            await s.close()
+            raise
+        return s
+
+    async def _open(self) -> None:
+        rt = self.rt
+        cfg = rt.config
+        work = await self._connect("work", durable=cfg.durable_fires)
+        write = await self._connect("write", durable=True)
+        listen = await self._connect("listen", durable=True)
+        self._writer = Writer(write, self.term)
+        self._waiter = waiter = Waiter(cfg.dsn, f"qm-manager-wait {cfg.holder}", self._wake_lock_granted)
+        self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter)
+        listener = Listener(
+            listen,
+            on_wake=self._on_wake,
+            on_settled=rt.settled_by_sql,
+            on_unknown=dispatcher.request_reload,
+            known=rt.queues.__contains__,
+            loop_time=rt.clock.monotonic,
+        )
+        await listen.execute("LISTEN qm_wake")  # before the reload: nothing committed after it is missed
+        await dispatcher.reload()
+        for q in rt.queues.values():
+            q.reset()
+        self._spawn(dispatcher.run(), "qm-dispatch")
+        self._spawn(self._writer.run(), "qm-writer")
+        self._spawn(listener.run(), "qm-listen")
+        self.maintenance = Maintenance(rt)
+        rt.session = self
+        self.maintenance.start()
+        rt.signals.session_started.emit(self.term)
+        rt.wake.set()
+
+    async def _connect(self, role: str, durable: bool) -> AsyncConn:
+        cfg = self.rt.config
+        conn = await store.connect(cfg.dsn, f"qm-manager-{role} {cfg.holder}", durable=durable)
+        self.conns[role] = conn
+        return conn
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(self._guard(work), name=name))
+
+    async def _guard(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.fail(exc)
+
+    def _on_wake(self, queue: str, due: bool, now: float) -> None:
+        q = self.rt.queues.get(queue)
+        if q is not None:
+            q.wake_times.append(now)
+            self.rt.nudge(q, Reason.DUE if due else Reason.NOTIFIED)
+
+    def _wake_lock_granted(self, queue_id: int) -> None:
+        if not self.ended and self._dispatcher is not None:
+            self._dispatcher.wake_lock_granted(queue_id)
+
+    def fail(self, exc: BaseException) -> None:
+        """A task of this session failed: the session is over (the leadership loop acts on it)."""
+        if self.ended or self.failed is not None:
+            return
+        if store.is_fenced(exc):
+            self.rt.metrics.fences.inc()
+            logger.warning("write fenced: term no longer current", extra={"action": "fenced", "term": self.term})
+        else:
+            logger.warning(
+                "session failed", extra={"action": "session_failed", "term": self.term, "error": repr(exc)[:300]}
+            )
+        self.failed = exc
+        self.failed_event.set()
+        if self._writer is not None:
+            self._writer.close(exc)
+
+    async def close(self) -> None:
+        """End the session: no task of it runs once this returns."""
+        if self.ended:
+            return
+        self.ended = True
+        rt = self.rt
+        if rt.session is self:
+            rt.session = None
+        if self._writer is not None:
+            self._writer.close(Unavailable("the manager lost its database session"))
+        if self.maintenance is not None:
+            await self.maintenance.close()
+        pending = {t for t in self._tasks if not t.done()}
+        for _ in range(_CANCEL_ROUNDS):
+            if not pending:
+                break
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1)
+        if pending:
+            logger.error(
+                "session tasks did not stop",
+                extra={"action": "session_close", "tasks": [t.get_name() for t in pending]},
+            )
+        if self._waiter is not None:
+            await self._waiter.close()
+        for conn in self.conns.values():
+            with contextlib.suppress(Exception):
+                await conn.close()
+        for q in rt.queues.values():
+            q.reset()

@@ -1,0 +1,8 @@
+"""Protocol ``qm.v1``, written once for the manager and the receivers.
+
+- :mod:`.frames` parses and builds frames (the codec; docs/protocol.md is its specification);
+- :mod:`.ledger` records which connection holds which event at which attempt;
+- :mod:`.session` is the server side of one receiver connection, sans I/O: frames in, actions out.
+
+Nothing here does I/O or imports the manager, the database layer or asyncio.
+"""

@@ -1,0 +1,154 @@
+"""The in-flight ledger of one queue: which connection holds which event, at which attempt, since when.
+
+It is the single truth on deliveries in hand. A push records a delivery; an ack or nack claims it
+(so a second one is a ``duplicate``) and settles it once the database has answered; the collector,
+an ack by SQL and a disconnect drop it. Everything else is derived from it: a connection's events
+in hand (its used credit), the queue's events in flight (``max_concurrency``), who gets the slot
+back. Plain data, no I/O: ``tests/unit/test_session.py`` checks its invariants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One event in hand: pushed to ``holder`` (a connection id) at ``attempt``."""
+
+    id: int
+    attempt: int
+    holder: int
+    #: monotonic seconds of the push (ack latency)
+    pushed_at: float
+    #: an ack or nack of it is on its way to the database
+    settling: bool = False
+
+
+class Claim(Enum):
+    """What a connection's ack, nack or extend of (id, attempt) finds in the ledger."""
+
+    OK = "ok"
+    #: not in hand on this connection
+    UNKNOWN = "unknown"
+    #: in hand on this connection, at another attempt
+    STALE = "stale"
+    #: an ack or nack of it is already on its way
+    DUPLICATE = "duplicate"
+
+
+class Ledger:
+    """Deliveries in hand for one queue, by event id and by holder."""
+
+    __slots__ = ("_by_holder", "_events")
+
+    def __init__(self) -> None:
+        self._events: dict[int, Delivery] = {}
+        self._by_holder: dict[int, dict[int, Delivery]] = {}
+
+    def __len__(self) -> int:
+        """Events in flight in the queue (fired, pushed, not settled)."""
+        return len(self._events)
+
+    def __contains__(self, ident: object) -> bool:
+        return ident in self._events
+
+    def get(self, ident: int) -> Delivery | None:
+        return self._events.get(ident)
+
+    def held_by(self, holder: int) -> int:
+        """How many events ``holder`` has in hand: its used credit."""
+        held = self._by_holder.get(holder)
+        return 0 if held is None else len(held)
+
+    def deliveries_of(self, holder: int) -> list[Delivery]:
+        return list(self._by_holder.get(holder, {}).values())
+
+    def unsettled(self) -> list[Delivery]:
+        """Deliveries in hand with no ack or nack on its way."""
+        return [d for d in self._events.values() if not d.settling]
+
+    def hold(self, holder: int, ident: int, attempt: int, now: float) -> None:
+        """Record a push. A record of an older fire of the same event (a re-fire that raced the
+        collector's notice) is replaced: the database fired it again, so only this one counts."""
+        old = self._events.get(ident)
+        if old is not None:
+            self._forget(old)
+        d = Delivery(ident, attempt, holder, now)
+        self._events[ident] = d
+        held = self._by_holder.get(holder)
+        if held is None:
+            held = self._by_holder[holder] = {}
+        held[ident] = d
+
+    def lookup(self, holder: int, ident: int, attempt: int) -> tuple[Claim, Delivery | None]:
+        """Is (ident, attempt) in hand on ``holder``? (An extend's check: it claims nothing.)"""
+        d = self._events.get(ident)
+        if d is None or d.holder != holder:
+            return Claim.UNKNOWN, None
+        if d.attempt != attempt:
+            return Claim.STALE, d
+        return Claim.OK, d
+
+    def claim(self, holder: int, ident: int, attempt: int) -> tuple[Claim, Delivery | None]:
+        """Mark (ident, attempt) as being settled by ``holder``'s ack or nack, if it may be."""
+        found, d = self.lookup(holder, ident, attempt)
+        if found is not Claim.OK or d is None:
+            return found, d
+        if d.settling:
+            return Claim.DUPLICATE, d
+        d.settling = True
+        return Claim.OK, d
+
+    def unclaim(self, ident: int) -> None:
+        """The write of a claimed ack or nack was not recorded: it may be tried again."""
+        d = self._events.get(ident)
+        if d is not None:
+            d.settling = False
+
+    def settle(self, ident: int) -> Delivery | None:
+        """The database answered a claimed ack or nack: the event leaves the ledger."""
+        d = self._events.get(ident)
+        if d is not None:
+            self._forget(d)
+        return d
+
+    def drop(self, ident: int, attempt: int | None = None) -> Delivery | None:
+        """The event left its holder another way (the collector re-fired it, an application acked
+        it by SQL): forget it, if it is still held at ``attempt`` (any attempt when None)."""
+        d = self._events.get(ident)
+        if d is None or (attempt is not None and d.attempt != attempt):
+            return None
+        self._forget(d)
+        return d
+
+    def release_holder(self, holder: int) -> list[Delivery]:
+        """The holder went away: forget and return its deliveries that are not being settled.
+
+        Those being settled stay until their write is answered.
+        """
+        held = self._by_holder.get(holder)
+        if not held:
+            return []
+        out = [d for d in held.values() if not d.settling]
+        for d in out:
+            self._forget(d)
+        return out
+
+    def _forget(self, d: Delivery) -> None:
+        del self._events[d.id]
+        held = self._by_holder[d.holder]
+        del held[d.id]
+        if not held:
+            del self._by_holder[d.holder]
+
+    def check(self) -> None:
+        """Raise AssertionError unless the two indexes agree (for tests)."""
+        seen = 0
+        for holder, held in self._by_holder.items():
+            assert held, f"holder {holder} kept with nothing in hand"
+            for ident, d in held.items():
+                assert self._events.get(ident) is d and d.holder == holder, (holder, ident)
+                seen += 1
+        assert seen == len(self._events), (seen, len(self._events))

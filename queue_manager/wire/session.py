@@ -1,0 +1,348 @@
+"""The server side of one receiver connection, sans I/O: frames in, actions out.
+
+:class:`ReceiverSession` holds the state of one websocket connection of protocol ``qm.v1``:
+its subscription, its credit and its claims on the queue's :class:`~queue_manager.wire.ledger.Ledger`.
+It never touches a socket, a database or the event loop. The calling contract, as in the
+websockets library's protocol core:
+
+- :meth:`ReceiverSession.receive` takes one client message and returns actions;
+- for a :class:`Resolve`, the caller looks the queue up and calls :meth:`ReceiverSession.subscribed`
+  or :meth:`ReceiverSession.subscribe_failed`;
+- for a :class:`Write`, the caller has the database do it and calls :meth:`ReceiverSession.settled`
+  with the result, or :meth:`ReceiverSession.write_failed`;
+- :meth:`ReceiverSession.closed` tells it the connection is gone: its events in hand come back as
+  a :class:`Release`.
+
+Actions are: :class:`Send` (a frame for this connection), :class:`Resolve`, :class:`Write`,
+:class:`Release` and :class:`Wake` (the dispatcher should look again: credit freed, events
+requeued, a new subscriber).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from queue_manager.wire import frames as f
+from queue_manager.wire.ledger import Claim, Ledger
+
+
+class Scope(Protocol):
+    """What a token allows (``queue_manager.manager.auth.Grant``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def allows_queue(self, queue: str) -> bool: ...
+
+    def allowed_tenants(self, requested: Iterable[str] | None) -> frozenset[str] | None: ...
+
+
+class SessionMetrics(Protocol):
+    """The counters a session moves (in memory; rendered elsewhere)."""
+
+    def frame_refused(self, code: str) -> None: ...
+
+    def acked(self, queue: str, count: int, latencies: list[float]) -> None: ...
+
+    def nacked(self, queue: str, requeued: int, failed: int) -> None: ...
+
+
+class WriteKind(Enum):
+    """The database writes a receiver's frames cause."""
+
+    ACK = "ack"
+    #: a nack: back to to_be_fired after a delay, or dead-lettered at max attempts
+    RELEASE = "release"
+    EXTEND = "extend"
+
+
+class Wake(Enum):
+    """Why the dispatcher should look again."""
+
+    CREDIT = "credit"
+    SETTLED = "settled"
+    REQUEUED = "requeued"
+    SUBSCRIBED = "subscribed"
+
+
+@dataclass(slots=True)
+class Send:
+    text: str
+
+
+@dataclass(slots=True)
+class Resolve:
+    """Find the queue the connection subscribes to (it may have been created a moment ago)."""
+
+    queue: str
+    tenants: frozenset[str] | None
+    credit: int | None
+    ref: Any
+
+
+@dataclass(slots=True)
+class Write:
+    """A batch of one frame's valid items for the database; ``errors`` holds the items refused
+    before it (they are reported with the result)."""
+
+    kind: WriteKind
+    items: list[Any]
+    ref: Any
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: an event to put back: (id, attempt, delay in seconds or None for the back-off, error text)
+ReleaseItem = tuple[int, int, float | None, str | None]
+
+
+@dataclass(slots=True)
+class Release:
+    """Put these events back: their holder went away."""
+
+    items: list[ReleaseItem]
+
+
+@dataclass(slots=True)
+class WakeUp:
+    reason: Wake
+
+
+Action = Send | Resolve | Write | Release | WakeUp
+
+_NOT_HERE = "not in flight on this connection (never delivered here, already settled, or re-fired)"
+
+
+class ReceiverSession:
+    """The state machine of one receiver connection."""
+
+    def __init__(self, conn_id: int, scope: Scope, *, db_time: Callable[[], float], metrics: SessionMetrics) -> None:
+        self.id = conn_id
+        self.scope = scope
+        self._db_time = db_time
+        self._metrics = metrics
+        self.queue: str | None = None
+        self.ledger: Ledger | None = None
+        self.tenants: frozenset[str] | None = None
+        self.credit = 0
+        self.subscribing = False
+        #: set by the manager when it drains: new subscriptions are refused
+        self.draining = False
+
+    @property
+    def free(self) -> int:
+        """Events this connection may be sent now."""
+        if self.ledger is None:
+            return 0
+        return self.credit - self.ledger.held_by(self.id)
+
+    # ------------------------------------------------------------------ frames in
+
+    def receive(self, message: str | bytes, now: float) -> list[Action]:
+        """One client message; ``now`` is monotonic seconds."""
+        try:
+            frame = f.parse(message)
+            return self._handle(frame, now)
+        except f.FrameError as err:
+            self._metrics.frame_refused(err.code)
+            return [Send(f.error_frame(err.code, err.message, err.ref))]
+
+    def _handle(self, frame: f.Frame, now: float) -> list[Action]:
+        if isinstance(frame, f.Ping):
+            return [Send(f.reply_frame("pong", frame.ref, time=self._db_time()))]
+        if isinstance(frame, f.Subscribe):
+            return self._subscribe(frame)
+        if isinstance(frame, f.Credit):
+            if self.queue is None and not self.subscribing:
+                raise f.FrameError(f.NOT_SUBSCRIBED, "subscribe to a queue before granting credit", frame.ref)
+            self.credit = frame.credit
+            return [Send(f.reply_frame("credit_set", frame.ref, credit=self.credit)), WakeUp(Wake.CREDIT)]
+        if self.ledger is None:
+            raise f.FrameError(f.NOT_SUBSCRIBED, "subscribe to a queue first", frame.ref)
+        if isinstance(frame, f.Ack):
+            return self._ack(self.ledger, frame)
+        if isinstance(frame, f.Nack):
+            return self._nack(self.ledger, frame)
+        if isinstance(frame, f.Extend):
+            return self._extend(self.ledger, frame)
+        raise AssertionError(frame)  # pragma: no cover
+
+    def _subscribe(self, frame: f.Subscribe) -> list[Action]:
+        if self.queue is not None or self.subscribing:
+            name = repr(self.queue) if self.queue is not None else "a queue"
+            raise f.FrameError(
+                f.ALREADY_SUBSCRIBED,
+                f"this connection is subscribed to {name}; open another connection for another queue",
+                frame.ref,
+            )
+        if self.draining:
+            raise f.FrameError(f.DRAINING, "this manager is draining; connect to another one", frame.ref)
+        if not self.scope.allows_queue(frame.queue):
+            raise f.FrameError(f.FORBIDDEN, f"token {self.scope.name!r} may not read queue {frame.queue!r}", frame.ref)
+        try:
+            tenants = self.scope.allowed_tenants(frame.tenants)
+        except PermissionError as exc:
+            raise f.FrameError(f.FORBIDDEN, str(exc), frame.ref) from None
+        self.subscribing = True
+        return [Resolve(frame.queue, tenants, frame.credit, frame.ref)]
+
+    def subscribed(self, resolve: Resolve, ledger: Ledger) -> list[Action]:
+        """The queue of ``resolve`` exists: the connection now receives its events."""
+        self.subscribing = False
+        self.queue = resolve.queue
+        self.ledger = ledger
+        self.tenants = resolve.tenants
+        if resolve.credit is not None:
+            self.credit = resolve.credit
+        body = {
+            "queue": resolve.queue,
+            "tenants": None if resolve.tenants is None else sorted(resolve.tenants),
+            "credit": self.credit,
+        }
+        return [Send(f.reply_frame("subscribed", resolve.ref, **body)), WakeUp(Wake.SUBSCRIBED)]
+
+    def subscribe_failed(self, resolve: Resolve, code: str, message: str) -> list[Action]:
+        self.subscribing = False
+        self._metrics.frame_refused(code)
+        return [Send(f.error_frame(code, message, resolve.ref))]
+
+    def _claims(self, ledger: Ledger, items: Iterable[tuple[int, int]], errors: list[dict[str, Any]]) -> list[bool]:
+        out = []
+        for ident, attempt in items:
+            found, d = ledger.claim(self.id, ident, attempt)
+            if found is Claim.OK:
+                out.append(True)
+                continue
+            out.append(False)
+            if found is Claim.UNKNOWN:
+                errors.append(f.item_error(ident, attempt, f.UNKNOWN_ID, _NOT_HERE))
+            elif found is Claim.STALE:
+                assert d is not None
+                errors.append(
+                    f.item_error(
+                        ident, attempt, f.STALE, f"attempt {attempt} is not the current delivery (attempt {d.attempt})"
+                    )
+                )
+            else:
+                errors.append(
+                    f.item_error(ident, attempt, f.DUPLICATE, "an ack or nack for this event is already in progress")
+                )
+        return out
+
+    def _ack(self, ledger: Ledger, frame: f.Ack) -> list[Action]:
+        errors: list[dict[str, Any]] = []
+        ok = self._claims(ledger, frame.items, errors)
+        valid = [it for it, good in zip(frame.items, ok, strict=True) if good]
+        if not valid:
+            return [Send(f.result_frame("ack_result", frame.ref, errors, acked=[]))]
+        return [Write(WriteKind.ACK, valid, frame.ref, errors)]
+
+    def _nack(self, ledger: Ledger, frame: f.Nack) -> list[Action]:
+        errors: list[dict[str, Any]] = []
+        ok = self._claims(ledger, ((it.id, it.attempt) for it in frame.items), errors)
+        valid = [
+            (it.id, it.attempt, it.delay, it.error or "nacked by the receiver")
+            for it, good in zip(frame.items, ok, strict=True)
+            if good
+        ]
+        if not valid:
+            return [Send(f.result_frame("nack_result", frame.ref, errors, requeued=[], failed=[]))]
+        return [Write(WriteKind.RELEASE, valid, frame.ref, errors)]
+
+    def _extend(self, ledger: Ledger, frame: f.Extend) -> list[Action]:
+        errors: list[dict[str, Any]] = []
+        valid = []
+        for it in frame.items:
+            found, _ = ledger.lookup(self.id, it.id, it.attempt)
+            if found is Claim.OK:
+                valid.append((it.id, it.attempt, it.seconds))
+            elif found is Claim.UNKNOWN:
+                errors.append(f.item_error(it.id, it.attempt, f.UNKNOWN_ID, "not in flight on this connection"))
+            else:
+                errors.append(
+                    f.item_error(it.id, it.attempt, f.STALE, f"attempt {it.attempt} is not the current delivery")
+                )
+        if not valid:
+            return [Send(f.result_frame("extend_result", frame.ref, errors, extended=[]))]
+        return [Write(WriteKind.EXTEND, valid, frame.ref, errors)]
+
+    # ------------------------------------------------------------------ the database answered
+
+    def settled(self, op: Write, result: Any, now: float) -> list[Action]:
+        """The database committed ``op``; ``result`` is what the writer returned for its kind."""
+        ledger = self.ledger
+        assert ledger is not None and self.queue is not None
+        errors = op.errors
+        if op.kind is WriteKind.ACK:
+            done: set[int] = result
+            acked: list[int] = []
+            latencies = []
+            for ident, attempt in op.items:
+                d = ledger.settle(ident)
+                if ident in done:
+                    acked.append(ident)
+                    if d is not None:
+                        latencies.append(now - d.pushed_at)
+                else:
+                    errors.append(
+                        f.item_error(
+                            ident,
+                            attempt,
+                            f.STALE,
+                            "the event is no longer fired at this attempt (re-fired after its deadline?)",
+                        )
+                    )
+            if acked:
+                self._metrics.acked(self.queue, len(acked), latencies)
+            return [Send(f.result_frame("ack_result", op.ref, errors, acked=acked)), WakeUp(Wake.SETTLED)]
+        if op.kind is WriteKind.RELEASE:
+            moved, dead = result
+            requeued: list[int] = []
+            failed: list[int] = []
+            for ident, attempt, _, _ in op.items:
+                ledger.settle(ident)
+                if ident in dead:
+                    failed.append(ident)
+                elif ident in moved:
+                    requeued.append(ident)
+                else:
+                    errors.append(f.item_error(ident, attempt, f.STALE, "the event is no longer fired at this attempt"))
+            self._metrics.nacked(self.queue, len(requeued), len(failed))
+            frame = f.result_frame("nack_result", op.ref, errors, requeued=requeued, failed=failed)
+            return [Send(frame), WakeUp(Wake.REQUEUED)]
+        deadlines: dict[int, float] = result
+        extended = []
+        for ident, attempt, _ in op.items:
+            if ident in deadlines:
+                extended.append({"id": ident, "ack_deadline": deadlines[ident]})
+            else:
+                errors.append(f.item_error(ident, attempt, f.STALE, "the event is no longer fired at this attempt"))
+        return [Send(f.result_frame("extend_result", op.ref, errors, extended=extended))]
+
+    def write_failed(self, op: Write, reason: str) -> list[Action]:
+        """``op`` was not recorded (database unreachable, term lost): the items may be retried."""
+        ledger = self.ledger
+        errors = op.errors
+        for item in op.items:
+            ident, attempt = item[0], item[1]
+            if op.kind is not WriteKind.EXTEND and ledger is not None:
+                ledger.unclaim(ident)
+            errors.append(f.item_error(ident, attempt, f.UNAVAILABLE, f"not recorded, retry: {reason}"))
+        if op.kind is WriteKind.ACK:
+            return [Send(f.result_frame("ack_result", op.ref, errors, acked=[]))]
+        if op.kind is WriteKind.RELEASE:
+            return [Send(f.result_frame("nack_result", op.ref, errors, requeued=[], failed=[]))]
+        return [Send(f.result_frame("extend_result", op.ref, errors, extended=[]))]
+
+    # ------------------------------------------------------------------ the connection ends
+
+    def closed(self) -> list[Action]:
+        """The connection is gone: its events in hand, other than those being settled, go back."""
+        if self.ledger is None:
+            return []
+        released = self.ledger.release_holder(self.id)
+        if not released:
+            return []
+        return [Release([(d.id, d.attempt, 0.0, "receiver disconnected before acking") for d in released])]
