@@ -20,42 +20,9 @@ from psycopg.rows import dict_row
 from queue_manager.db.errors import translate
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
+from queue_manager.domain.settings import check_settings
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQueueError
-
-#: settings accepted by create/alter, with the Python type each must have
-SETTINGS: Mapping[str, type | tuple[type, ...]] = {
-    "partitions": int,
-    "shuffle": int,
-    "window_seconds": (int, float),
-    "cache_size": int,
-    "ack_timeout_seconds": (int, float),
-    "backoff_min_seconds": (int, float),
-    "backoff_max_seconds": (int, float),
-    "max_attempts": int,
-    "max_qps": (int, float, type(None)),
-    "max_concurrency": (int, type(None)),
-    "retention_seconds": (int, float),
-    "payload_limit_bytes": int,
-    "max_delay_seconds": (int, float),
-    "paused": bool,
-}
-
-
-def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Refuse unknown keys and wrong types before anything reaches a shard."""
-    out = {}
-    for key, value in settings.items():
-        expected = SETTINGS.get(key)
-        if expected is None:
-            raise ConfigurationError(f"unknown queue setting {key!r}; known settings: {', '.join(SETTINGS)}")
-        if isinstance(value, bool) and expected is not bool:
-            raise ConfigurationError(f"queue setting {key!r} must be a number, got {value!r}")
-        if not isinstance(value, expected):
-            raise ConfigurationError(f"queue setting {key!r} has the wrong type: {value!r}")
-        out[key] = value
-    return out
-
 
 def _admin_error(exc: psycopg.Error, queue: str) -> QueueManagerError | psycopg.Error:
     if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "queues"):

@@ -28,25 +28,19 @@ from typing import Any
 import psycopg
 
 from queue_manager import admin
+from queue_manager.domain.settings import SETTINGS
 from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
 from queue_manager.errors import ConfigurationError, QueueManagerError
 
-# option name -> (setting key, type, help)
-_QUEUE_OPTIONS: list[tuple[str, str, Any, str]] = [
-    ("--partitions", "partitions", int, "partitions per shard, N (default 16)"),
-    ("--shuffle", "shuffle", int, "shuffle-shard size k: partitions per tenant (default 4)"),
-    ("--window", "window_seconds", float, "seconds of upcoming events the manager caches (default 30)"),
-    ("--cache-size", "cache_size", int, "most events the manager caches (default 10000)"),
-    ("--ack-timeout", "ack_timeout_seconds", float, "seconds a receiver has to ack (default 30)"),
-    ("--backoff-min", "backoff_min_seconds", float, "first re-fire delay, seconds (default 1)"),
-    ("--backoff-max", "backoff_max_seconds", float, "longest re-fire delay, seconds (default 300)"),
-    ("--max-attempts", "max_attempts", int, "attempts before an event is dead-lettered (default 20)"),
-    ("--max-qps", "max_qps", float, "most events fired per second, all shards together (default unlimited)"),
-    ("--max-concurrency", "max_concurrency", int, "most events in flight (default unlimited)"),
-    ("--retention", "retention_seconds", float, "seconds acked events are kept (default 604800)"),
-    ("--payload-limit", "payload_limit_bytes", int, "largest payload in bytes (default 65536)"),
-    ("--max-delay", "max_delay_seconds", float, "latest fire_at accepted, seconds from now (default 10 years)"),
-]
+def _queue_options() -> list[tuple[str, str, type, str]]:
+    """(flag, setting key, type, help) of ``qm queue create|alter``, from the settings' own metadata."""
+    out = []
+    for key, spec in SETTINGS.items():
+        if spec.flag is None:
+            continue
+        default = "unlimited" if spec.default is None else f"{spec.default:g}"
+        out.append((spec.flag, key, spec.kind, f"{spec.help} (default {default})"))
+    return out
 
 
 def _topology(args: argparse.Namespace) -> Topology:
@@ -57,7 +51,7 @@ def _topology(args: argparse.Namespace) -> Topology:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    out = {key: getattr(args, key) for _, key, _, _ in _QUEUE_OPTIONS if getattr(args, key) is not None}
+    out = {key: getattr(args, key) for _, key, _, _ in _queue_options() if getattr(args, key) is not None}
     if getattr(args, "paused", None) is not None:
         out["paused"] = args.paused
     return out
@@ -289,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     for verb, func in (("create", cmd_queue_create), ("alter", cmd_queue_alter)):
         p = with_topology(queue.add_parser(verb, help=f"{verb} a queue on every shard"))
         p.add_argument("name")
-        for flag, key, typ, help_ in _QUEUE_OPTIONS:
+        for flag, key, typ, help_ in _queue_options():
             p.add_argument(flag, dest=key, type=typ, help=help_)
         p.add_argument("--paused", dest="paused", action="store_const", const=True, help="refuse to dispatch")
         if verb == "create":

@@ -147,8 +147,12 @@ def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigurationError(f"unknown queue setting {key!r}; known settings: {', '.join(SETTINGS)}")
         out[key] = spec.check(key, value)
     if "shuffle" in out and "partitions" in out and out["shuffle"] > out["partitions"]:
-        raise ConfigurationError(f"shuffle ({out['shuffle']}) may not exceed partitions ({out['partitions']})")
+        raise ConfigurationError(
+            f"invalid settings: shuffle ({out['shuffle']}) may not exceed partitions ({out['partitions']})"
+        )
     lo, hi = out.get("backoff_min_seconds"), out.get("backoff_max_seconds")
     if lo is not None and hi is not None and hi < lo:
-        raise ConfigurationError(f"backoff_max_seconds ({hi:g}) may not be below backoff_min_seconds ({lo:g})")
+        raise ConfigurationError(
+            f"invalid settings: backoff_max_seconds ({hi:g}) may not be below backoff_min_seconds ({lo:g})"
+        )
     return out

@@ -353,6 +353,69 @@ async def test_metrics_and_health_endpoints(shard: Shard, queue: str) -> None:
     assert health["role"] == "leader" and health["shard"] == "s0"
 
 
+async def test_every_plain_http_answer_has_one_content_type(shard: Shard, queue: str) -> None:
+    """/health, /metrics and each refusal (401, 404, 503) carry exactly one Content-Type."""
+    import http.client
+
+    def headers(port: int, path: str, extra: dict[str, str]) -> tuple[int, list[str]]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", path, headers=extra)
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status, resp.headers.get_all("Content-Type") or []
+        finally:
+            conn.close()
+
+    upgrade = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Protocol": "qm.v1",
+    }
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_manager(shard.dsn) as standby:
+            cases = [
+                (m.port, "/health", {}, 200, "application/json"),
+                (m.port, "/metrics", {}, 200, "text/plain; version=0.0.4; charset=utf-8"),
+                (m.port, "/nowhere", {}, 404, "text/plain; charset=utf-8"),
+                (m.port, "/", upgrade, 401, "text/plain; charset=utf-8"),
+                (standby.port, "/health/leader", {}, 503, "application/json"),
+                (
+                    standby.port,
+                    "/",
+                    {**upgrade, "Authorization": f"Bearer {SECRET_ORDERS}"},
+                    503,
+                    "text/plain; charset=utf-8",
+                ),
+            ]
+            for port, path, extra, status, content_type in cases:
+                got = await asyncio.to_thread(headers, port, path, extra)  # type: ignore[arg-type]
+                assert got == (status, [content_type]), (path, got)
+
+
+async def test_a_result_for_ten_thousand_refused_items_fits_a_one_mib_client(shard: Shard, queue: str) -> None:
+    """An ack of 10,000 unknown ids is answered within the 1 MiB most clients accept, and the
+    connection stays open (its reply used to be 1.4 MB, and the client closed)."""
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:  # the websockets client accepts 1 MiB messages by default
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(ws, "subscribed")
+            big = 9_000_000_000_000_000_000
+            items = [[big + i, 2_000_000_000] for i in range(10_000)]
+            await ws.send(json.dumps({"type": "ack", "ref": "big", "events": items}))
+            result = await recv_type(ws, "ack_result", timeout=10)
+            assert result["acked"] == [] and len(result["errors"]) == 10_000
+            assert {e["code"] for e in result["errors"]} == {"unknown_id"}
+            assert all("message" in e for e in result["errors"][:100])
+            assert not any("message" in e for e in result["errors"][100:])
+            await ws.send(json.dumps({"type": "ping", "ref": "still"}))
+            assert (await recv_type(ws, "pong"))["ref"] == "still"
+
+
 async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 4)
     async with running_manager(shard.dsn) as m:

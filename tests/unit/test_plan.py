@@ -1,0 +1,153 @@
+"""The dispatcher's plan, the lease and the database clock, as pure functions of state and a pinned time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from queue_manager.clock import DatabaseClock, FakeClock
+from queue_manager.manager import plan
+from queue_manager.manager.config import LEASE_MARGIN
+from queue_manager.manager.plan import IdleState, QueueState, Scan
+from queue_manager.manager.queues import POLL_ENTER_WAKES
+from queue_manager.manager.runtime import Lease
+
+NOW = 100.0
+
+QUIET = QueueState(
+    direct=True,
+    dirty=False,
+    due_hint=False,
+    backlog=False,
+    next_scan=NOW + 1,
+    poll_until=0.0,
+    wake_times=(),
+    needs_refill=False,
+    scanned_future_only=True,
+)
+
+
+def test_a_quiet_queue_does_nothing_until_its_slice_is_due() -> None:
+    r = plan.plan_round(QUIET, NOW)
+    assert (r.scan, r.fire_direct, r.poll_until, r.polling) == (Scan.NONE, False, None, False)
+    r = plan.plan_round(QUIET, NOW + 1)
+    assert (r.scan, r.fire_direct) == (Scan.SLICE, True)  # the safety net fires what it finds due too
+
+
+def test_a_due_wake_up_fires_without_a_rescan_and_a_new_events_one_rescans() -> None:
+    r = plan.plan_round(replace(QUIET, due_hint=True), NOW)
+    assert (r.scan, r.fire_direct) == (Scan.NONE, True)
+    r = plan.plan_round(replace(QUIET, dirty=True), NOW)
+    assert (r.scan, r.future_only, r.fire_direct) == (Scan.FULL, True, True)
+
+
+def test_tenant_filtered_subscribers_take_due_events_through_the_cache() -> None:
+    s = replace(QUIET, direct=False, scanned_future_only=False, due_hint=True)
+    r = plan.plan_round(s, NOW)
+    assert (r.scan, r.future_only, r.fire_direct) == (Scan.FULL, False, False)
+    # switching between direct and filtered subscribers rescans in full
+    assert plan.plan_round(replace(QUIET, scanned_future_only=False), NOW).scan is Scan.FULL
+
+
+def test_a_burst_of_wake_ups_enters_poll_mode_and_a_slow_trickle_does_not() -> None:
+    burst = tuple(NOW - 0.010 + i * 0.001 for i in range(POLL_ENTER_WAKES))
+    r = plan.plan_round(replace(QUIET, wake_times=burst), NOW)
+    assert r.poll_until == NOW + plan.POLL_LINGER and r.polling and r.fire_direct
+    slow = tuple(NOW - 1 + i * 0.1 for i in range(POLL_ENTER_WAKES))
+    assert plan.plan_round(replace(QUIET, wake_times=slow), NOW).poll_until is None
+
+
+def test_a_refill_or_a_backlog_is_worked_on_at_once() -> None:
+    assert plan.plan_round(replace(QUIET, needs_refill=True), NOW).scan is Scan.FULL
+    r = plan.plan_round(replace(QUIET, backlog=True), NOW)
+    assert (r.scan, r.fire_direct) == (Scan.NONE, True)
+
+
+IDLE = IdleState(
+    id=1,
+    backlog=False,
+    polling=False,
+    has_due=False,
+    has_free=True,
+    next_fire_at=None,
+    next_scan=NOW + 0.5,
+    armed=True,
+    waiting=False,
+)
+
+
+def test_an_idle_queue_stays_armed_and_sleeps_until_its_next_slice() -> None:
+    idle = plan.plan_idle([IDLE], NOW, 1e9, 2.0, NOW + 5)
+    assert (idle.disarm, idle.stop_waiting, idle.arm, idle.timeout) == ((), (), (), pytest.approx(0.5))
+
+
+def test_sleep_until_the_next_cached_fire_at_only_with_credit_to_fire_it() -> None:
+    s = replace(IDLE, next_fire_at=1e9 + 0.2)
+    assert plan.plan_idle([s], NOW, 1e9, 2.0, NOW + 5).timeout == pytest.approx(0.2)
+    assert plan.plan_idle([replace(s, has_free=False)], NOW, 1e9, 2.0, NOW + 5).timeout == pytest.approx(0.5)
+
+
+def test_a_busy_queue_gives_its_lock_back_and_an_idle_one_takes_it() -> None:
+    busy = replace(IDLE, has_due=True, has_free=False)
+    assert plan.plan_idle([busy], NOW, 1e9, 2.0, NOW + 5).disarm == (1,)
+    assert plan.plan_idle([replace(IDLE, backlog=True)], NOW, 1e9, 2.0, NOW + 5).disarm == (1,)
+    assert plan.plan_idle([replace(IDLE, armed=False)], NOW, 1e9, 2.0, NOW + 5).arm == (1,)
+
+
+def test_a_waiter_is_kept_through_a_backlog_and_dropped_when_polling() -> None:
+    waiting = replace(IDLE, armed=False, waiting=True)
+    idle = plan.plan_idle([replace(waiting, backlog=True)], NOW, 1e9, 2.0, NOW + 5)
+    assert (idle.disarm, idle.stop_waiting, idle.arm) == ((), (), ())
+    idle = plan.plan_idle([replace(waiting, polling=True)], NOW, 1e9, 2.0, NOW + 5)
+    assert idle.stop_waiting == (1,) and idle.timeout == plan.POLL_INTERVAL
+    assert plan.plan_idle([waiting], NOW, 1e9, 2.0, NOW + 5).arm == ()  # it is not armed twice
+
+
+def test_capacity_is_credit_within_the_batch_and_the_concurrency_cap() -> None:
+    assert plan.capacity([3, 4], 1000, None, 0) == 7
+    assert plan.capacity([3, 4], 5, None, 0) == 5
+    assert plan.capacity([3, 4], 1000, 10, 8) == 2
+    assert plan.capacity([3, 4], 1000, 1, 1) == 0
+
+
+def test_the_chooser_prefers_the_least_busy_subscriber_that_takes_the_tenant() -> None:
+    subs = [("a", 2, None), ("b", 3, frozenset({"acme"})), ("c", 1, frozenset({"globex"}))]
+    choose = plan.chooser(subs, lambda s: s[1], lambda s: s[2])
+    picks = [choose("acme") for _ in range(5)]
+    assert [p[0] if p else None for p in picks] == ["b", "a", "b", "a", "b"]
+    assert choose("acme") is None  # every slot that takes acme is reserved
+    assert choose("globex") == subs[2]
+    assert choose("globex") is None
+
+
+def test_next_scan_covers_every_partition_within_the_interval_or_half_the_window() -> None:
+    assert plan.next_scan_at(NOW, 2.0, 30.0) == pytest.approx(NOW + 0.5)
+    assert plan.next_scan_at(NOW, 2.0, 1.0) == pytest.approx(NOW + 0.125)
+
+
+def test_the_lease_is_trusted_from_the_renewals_start_only() -> None:
+    clock = FakeClock()
+    lease = Lease(ttl=2.0)
+    assert not lease.trusted(clock.monotonic())
+    started = clock.monotonic()
+    clock.advance(1.0)  # the renewal took a second (or the process was paused in it)
+    lease.granted(7, started)
+    assert lease.trusted(clock.monotonic())
+    clock.advance(2.0 - 1.0 - LEASE_MARGIN)
+    assert not lease.trusted(clock.monotonic())  # start + TTL - margin, not answer + TTL
+    lease.dropped()
+    assert lease.term is None and not lease.trusted(clock.monotonic())
+
+
+def test_the_database_clock_keeps_the_tightest_measurement() -> None:
+    clock = FakeClock(wall=1000.0)
+    db = DatabaseClock(clock)
+    db.observe(1010.0, 1000.0, 1000.010)  # rtt 10 ms: skew ~ +9.995
+    assert db.now() == pytest.approx(1009.995)
+    db.observe(1020.0, 1000.0, 1000.5)  # a slow round trip does not win
+    assert db.now() == pytest.approx(1009.995)
+    db.observe(1010.5, 1000.0, 1000.001)  # a tighter one does
+    assert db.now() == pytest.approx(1010.4995)
+    db.lean_later(0.5)
+    assert db.now() == pytest.approx(1009.9995)

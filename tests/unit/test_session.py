@@ -1,0 +1,312 @@
+"""The receiver session and the in-flight ledger, driven with frames and a fake clock: no socket, no database."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from queue_manager.clock import FakeClock
+from queue_manager.manager.auth import Grant
+from queue_manager.wire import frames
+from queue_manager.wire.ledger import Claim, Ledger
+from queue_manager.wire.session import (
+    Action,
+    ReceiverSession,
+    Release,
+    Resolve,
+    Send,
+    Wake,
+    WakeUp,
+    Write,
+    WriteKind,
+)
+
+
+class Counted:
+    """A SessionMetrics that records what it was told."""
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+        self.acks: list[tuple[str, int, list[float]]] = []
+        self.nacks: list[tuple[str, int, int]] = []
+
+    def frame_refused(self, code: str) -> None:
+        self.refused.append(code)
+
+    def acked(self, queue: str, count: int, latencies: list[float]) -> None:
+        self.acks.append((queue, count, latencies))
+
+    def nacked(self, queue: str, requeued: int, failed: int) -> None:
+        self.nacks.append((queue, requeued, failed))
+
+
+ALL = Grant("all", None, None)
+
+
+def msg(**body: Any) -> str:
+    return json.dumps(body)
+
+
+def sent(actions: Iterable[Action]) -> list[dict[str, Any]]:
+    return [json.loads(a.text) for a in actions if isinstance(a, Send)]
+
+
+def only(actions: list[Action], kind: type) -> Any:
+    found = [a for a in actions if isinstance(a, kind)]
+    assert len(found) == 1, actions
+    return found[0]
+
+
+class Harness:
+    """A session subscribed to 'orders' with a shared ledger and a fake clock."""
+
+    def __init__(self, conn_id: int = 1, ledger: Ledger | None = None, credit: int = 10, scope: Grant = ALL) -> None:
+        self.clock = FakeClock()
+        self.metrics = Counted()
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.s = ReceiverSession(conn_id, scope, db_time=lambda: 1234.5, metrics=self.metrics)
+        resolve = only(self.receive(type="subscribe", queue="orders", credit=credit, ref="sub"), Resolve)
+        out = self.s.subscribed(resolve, self.ledger)
+        assert sent(out)[0]["type"] == "subscribed"
+        assert WakeUp(Wake.SUBSCRIBED) in out
+
+    def receive(self, **body: Any) -> list[Action]:
+        return self.s.receive(msg(**body), self.clock.monotonic())
+
+    def deliver(self, *pairs: tuple[int, int]) -> None:
+        """The dispatcher pushed these (id, attempt) to this connection."""
+        for ident, attempt in pairs:
+            self.ledger.hold(self.s.id, ident, attempt, self.clock.monotonic())
+
+
+def test_credit_is_free_until_deliveries_use_it_and_a_credit_frame_replaces_it() -> None:
+    h = Harness(credit=3)
+    assert h.s.free == 3
+    h.deliver((1, 1), (2, 1))
+    assert h.s.free == 1
+    out = h.receive(type="credit", credit=1, ref=7)
+    assert sent(out) == [{"type": "credit_set", "ref": 7, "credit": 1}]
+    assert WakeUp(Wake.CREDIT) in out
+    assert h.s.free == -1  # lowered below what is in hand: nothing is recalled, nothing more is sent
+
+
+def test_an_ack_is_written_then_answered_with_the_latency_on_the_fake_clock() -> None:
+    h = Harness()
+    h.deliver((1, 1), (2, 1))
+    h.clock.advance(0.25)
+    write = only(h.receive(type="ack", ref="a", events=[[1, 1], [2, 1]]), Write)
+    assert (write.kind, write.items, write.errors) == (WriteKind.ACK, [(1, 1), (2, 1)], [])
+    assert h.ledger.get(1).settling  # type: ignore[union-attr]
+    out = h.s.settled(write, {1}, h.clock.monotonic())  # the database acked 1; 2 had been re-fired
+    (result,) = sent(out)
+    assert result["acked"] == [1] and [(e["id"], e["code"]) for e in result["errors"]] == [(2, "stale")]
+    assert WakeUp(Wake.SETTLED) in out
+    assert h.metrics.acks == [("orders", 1, [0.25])]
+    assert len(h.ledger) == 0 and h.s.free == 10
+
+
+def test_unknown_foreign_stale_and_duplicate_acks_never_reach_the_database() -> None:
+    ledger = Ledger()
+    a, b = Harness(1, ledger), Harness(2, ledger)
+    a.deliver((10, 1))
+    b.deliver((20, 3))
+    # b acks a's event (foreign), one never delivered (unknown), its own at a wrong attempt (stale)
+    out = b.receive(type="ack", ref=1, events=[[10, 1], [99, 1], [20, 2]])
+    assert not any(isinstance(x, Write) for x in out)
+    (result,) = sent(out)
+    assert result["acked"] == []
+    assert [(e["id"], e["code"]) for e in result["errors"]] == [(10, "unknown_id"), (99, "unknown_id"), (20, "stale")]
+    assert "attempt 3" in result["errors"][2]["message"]
+    # a's ack twice in one frame, then again while the first is on its way: duplicates
+    write = only(a.receive(type="ack", ref=2, events=[[10, 1], [10, 1]]), Write)
+    assert write.items == [(10, 1)] and [e["code"] for e in write.errors] == ["duplicate"]
+    (again,) = sent(a.receive(type="ack", ref=3, events=[[10, 1]]))
+    assert [e["code"] for e in again["errors"]] == ["duplicate"]
+    assert ledger.get(10).holder == 1 and ledger.get(20).holder == 2  # type: ignore[union-attr]
+
+
+def test_an_unrecorded_write_leaves_the_event_in_hand_to_retry() -> None:
+    h = Harness()
+    h.deliver((5, 1))
+    write = only(h.receive(type="ack", ref="x", events=[[5, 1]]), Write)
+    (result,) = sent(h.s.write_failed(write, "database unreachable"))
+    assert result["errors"][0]["code"] == "unavailable" and "retry" in result["errors"][0]["message"]
+    assert not h.ledger.get(5).settling  # type: ignore[union-attr]
+    assert isinstance(only(h.receive(type="ack", events=[[5, 1]]), Write), Write)  # the retry is accepted
+
+
+def test_nack_with_delay_requeues_and_the_last_attempt_dead_letters() -> None:
+    h = Harness()
+    h.deliver((1, 1), (2, 3))
+    write = only(
+        h.receive(
+            type="nack",
+            ref="n",
+            events=[{"id": 1, "attempt": 1, "delay": 30, "error": "later"}, {"id": 2, "attempt": 3}],
+        ),
+        Write,
+    )
+    assert write.kind is WriteKind.RELEASE
+    assert write.items == [(1, 1, 30.0, "later"), (2, 3, None, "nacked by the receiver")]
+    out = h.s.settled(write, ({1, 2}, {2}), h.clock.monotonic())
+    (result,) = sent(out)
+    assert (result["requeued"], result["failed"], result["errors"]) == ([1], [2], [])
+    assert WakeUp(Wake.REQUEUED) in out
+    assert h.metrics.nacks == [("orders", 1, 1)] and len(h.ledger) == 0
+
+
+def test_extend_keeps_the_event_in_hand_and_reports_stale_ones() -> None:
+    h = Harness()
+    h.deliver((1, 1), (2, 1))
+    write = only(
+        h.receive(
+            type="extend",
+            ref="e",
+            events=[
+                {"id": 1, "attempt": 1, "seconds": 60},
+                {"id": 2, "attempt": 2, "seconds": 60},
+                {"id": 3, "attempt": 1, "seconds": 5},
+            ],
+        ),
+        Write,
+    )
+    assert write.kind is WriteKind.EXTEND and write.items == [(1, 1, 60.0)]
+    assert [e["code"] for e in write.errors] == ["stale", "unknown_id"]
+    (result,) = sent(h.s.settled(write, {1: 1_750_000_060.0}, h.clock.monotonic()))
+    assert result["extended"] == [{"id": 1, "ack_deadline": 1_750_000_060.0}]
+    assert len(h.ledger) == 2  # an extend settles nothing
+
+
+def test_a_disconnect_gives_back_what_is_in_hand_but_not_what_is_being_settled() -> None:
+    h = Harness()
+    h.deliver((1, 1), (2, 1), (3, 2))
+    write = only(h.receive(type="ack", events=[[2, 1]]), Write)
+    (release,) = [a for a in h.s.closed() if isinstance(a, Release)]
+    assert sorted(release.items) == [
+        (1, 1, 0.0, "receiver disconnected before acking"),
+        (3, 2, 0.0, "receiver disconnected before acking"),
+    ]
+    assert list(h.ledger.unsettled()) == [] and 2 in h.ledger  # the ack on its way decides event 2
+    h.s.settled(write, {2}, h.clock.monotonic())
+    assert len(h.ledger) == 0
+
+
+def test_frames_before_subscribe_and_a_second_subscribe_are_refused() -> None:
+    metrics = Counted()
+    s = ReceiverSession(1, ALL, db_time=lambda: 1.0, metrics=metrics)
+    for body, code in (
+        ({"type": "credit", "credit": 1}, "not_subscribed"),
+        ({"type": "ack", "events": [[1, 1]]}, "not_subscribed"),
+        ({"type": "subscribe", "queue": "bad name"}, "bad_frame"),
+    ):
+        (err,) = sent(s.receive(json.dumps(body), 0.0))
+        assert err["code"] == code, body
+    assert isinstance(only(s.receive(msg(type="subscribe", queue="orders"), 0.0), Resolve), Resolve)
+    (err,) = sent(s.receive(msg(type="subscribe", queue="other", ref="b"), 0.0))
+    assert (err["code"], err["ref"]) == ("already_subscribed", "b")
+    assert metrics.refused == ["not_subscribed", "not_subscribed", "bad_frame", "already_subscribed"]
+
+
+def test_scopes_are_checked_before_the_queue_is_looked_up_and_draining_refuses() -> None:
+    scoped = Grant("one", frozenset({"orders"}), frozenset({"acme"}))
+    s = ReceiverSession(1, scoped, db_time=lambda: 1.0, metrics=Counted())
+    (err,) = sent(s.receive(msg(type="subscribe", queue="audit", ref=1), 0.0))
+    assert err["code"] == "forbidden" and "audit" in err["message"]
+    (err,) = sent(s.receive(msg(type="subscribe", queue="orders", tenants=["globex"], ref=2), 0.0))
+    assert err["code"] == "forbidden" and "globex" in err["message"]
+    resolve = only(s.receive(msg(type="subscribe", queue="orders", ref=3), 0.0), Resolve)
+    assert resolve.tenants == frozenset({"acme"})  # no tenants asked: the token's
+    (err,) = sent(s.subscribe_failed(resolve, frames.UNKNOWN_QUEUE, "no queue named 'orders'"))
+    assert (err["code"], err["ref"]) == ("unknown_queue", 3)
+    s.draining = True
+    (err,) = sent(s.receive(msg(type="subscribe", queue="orders"), 0.0))
+    assert err["code"] == "draining"
+
+
+def test_ping_answers_with_the_database_clock() -> None:
+    h = Harness()
+    assert sent(h.receive(type="ping", ref="p")) == [{"type": "pong", "ref": "p", "time": 1234.5}]
+
+
+def test_a_result_for_ten_thousand_errors_stays_under_the_frame_limit() -> None:
+    h = Harness()
+    big = 9_223_372_036_854_775_000
+    (result,) = h.receive(type="ack", ref="r", events=[[big + i % 700, 2_147_483_647] for i in range(10_000)])
+    assert isinstance(result, Send)
+    assert len(result.text.encode()) < 0.75 * frames.MAX_FRAME_BYTES
+    errors = json.loads(result.text)["errors"]
+    assert len(errors) == 10_000 and sum("message" in e for e in errors) == frames.MAX_ERROR_MESSAGES
+
+
+# ------------------------------------------------------------------ the ledger's invariants
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("hold"), st.integers(1, 3), st.integers(1, 8), st.integers(1, 3)),
+        st.tuples(st.just("claim"), st.integers(1, 3), st.integers(1, 8), st.integers(1, 3)),
+        st.tuples(st.just("unclaim"), st.integers(1, 8)),
+        st.tuples(st.just("settle"), st.integers(1, 8)),
+        st.tuples(st.just("drop"), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 3))),
+        st.tuples(st.just("release"), st.integers(1, 3)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_the_ledger_keeps_one_holder_per_event_and_counts_that_agree(steps: list[tuple[Any, ...]]) -> None:
+    """Against a model: each event is held by at most one connection at one attempt; per-holder
+    counts sum to the queue's in-flight count; a claim succeeds once per delivery; a release keeps
+    exactly the deliveries being settled."""
+    ledger = Ledger()
+    model: dict[int, list[Any]] = {}  # id -> [holder, attempt, settling]
+    for step in steps:
+        kind = step[0]
+        if kind == "hold":
+            _, holder, ident, attempt = step
+            ledger.hold(holder, ident, attempt, 0.0)
+            model[ident] = [holder, attempt, False]
+        elif kind == "claim":
+            _, holder, ident, attempt = step
+            found, _ = ledger.claim(holder, ident, attempt)
+            m = model.get(ident)
+            if m is None or m[0] != holder:
+                assert found is Claim.UNKNOWN
+            elif m[1] != attempt:
+                assert found is Claim.STALE
+            elif m[2]:
+                assert found is Claim.DUPLICATE
+            else:
+                assert found is Claim.OK
+                m[2] = True
+        elif kind == "unclaim":
+            ledger.unclaim(step[1])
+            if step[1] in model:
+                model[step[1]][2] = False
+        elif kind == "settle":
+            assert (ledger.settle(step[1]) is not None) == (step[1] in model)
+            model.pop(step[1], None)
+        elif kind == "drop":
+            _, ident, attempt = step
+            m = model.get(ident)
+            hit = m is not None and (attempt is None or m[1] == attempt)
+            assert (ledger.drop(ident, attempt) is not None) == hit
+            if hit:
+                del model[ident]
+        else:
+            holder = step[1]
+            released = {d.id for d in ledger.release_holder(holder)}
+            expected = {i for i, m in model.items() if m[0] == holder and not m[2]}
+            assert released == expected
+            for i in expected:
+                del model[i]
+        ledger.check()
+        assert len(ledger) == len(model)
+        for holder in (1, 2, 3):
+            assert ledger.held_by(holder) == sum(1 for m in model.values() if m[0] == holder)
+        assert {d.id for d in ledger.unsettled()} == {i for i, m in model.items() if not m[2]}
