@@ -23,9 +23,10 @@ test: $(STAMP) ## the whole suite: unit, integration (real PostgreSQL), Spark
 test-fast: $(STAMP) ## without the Spark tests
 	$(BIN)/python -m pytest -q -m "not spark"
 
-lint: $(STAMP) ## ruff and mypy --strict
+lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
 	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench-enqueue: $(STAMP) ## enqueue throughput vs a plain table (JSON on stdout)
 	$(BIN)/python benchmarks/enqueue.py

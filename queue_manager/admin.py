@@ -172,3 +172,30 @@ def retry_failed(topology: Topology, queue: str, ids: list[int] | None = None, t
                 conn.execute(query("events_wake", "manager.sql"), {"queue": queue})
             total += len(rows)
     return total
+
+
+def render_status(data: dict[str, Any]) -> str:
+    """Human-readable form of ``admin.status``."""
+    lines = []
+    for shard in data["shards"]:
+        lines.append(f"shard {shard['shard']} ({shard['range']})")
+        if "error" in shard:
+            lines.append(f"  {shard['error']}")
+            continue
+        if not shard["queues"]:
+            lines.append("  no queues")
+        for q in shard["queues"]:
+            c = q["counts"]
+            age = q["oldest_due_age_seconds"]
+            lines.append(
+                f"  {q['queue']}: length {q['length']}  to_be_fired {c['to_be_fired']}  fired {c['fired']}  "
+                f"acked {c['acked']}  failed {c['failed']}  due {q['due_now']}"
+                f"  oldest due {'-' if age is None else f'{age:.1f}s'}{'  PAUSED' if q['paused'] else ''}"
+            )
+            lines.append(f"    depth by partition: {q['depth']}")
+            if q["partitions_physical"] > q["partitions"]:
+                lines.append(
+                    f"    shrinking {q['partitions_physical']} -> {q['partitions']}: "
+                    f"{q['draining']} live events left in partitions {q['partitions']}..{q['partitions_physical'] - 1}"
+                )
+    return "\n".join(lines)

@@ -41,7 +41,6 @@ def _say(msg: str) -> None:
 
 def run_demo(directory: Path, *, shards: int = 2, tenants: int = 200, events: int = 20) -> int:
     """Run the demo; returns a process exit code."""
-    from queue_manager.cli.main import render_status
     from queue_manager.local.embedded import LocalCluster
 
     _say(f"== 1. starting {shards} embedded PostgreSQL shard(s) in {directory}")
@@ -132,12 +131,12 @@ def run_demo(directory: Path, *, shards: int = 2, tenants: int = 200, events: in
         _say(f"   {n} events loaded in {time.perf_counter() - started:.2f}s")
 
     _say("== 7. qm status")
-    _say(render_status(admin.status(topology)))
+    _say(admin.render_status(admin.status(topology)))
 
     _say("== 8. managers (active + standby per shard) fire everything to websocket receivers")
     ok = asyncio.run(_deliver(topology))
     _say("== 9. qm status")
-    _say(render_status(admin.status(topology)))
+    _say(admin.render_status(admin.status(topology)))
     _say(f"\nthe shards keep running; stop them with: qm local stop --dir {directory}")
     return 0 if ok else 1
 

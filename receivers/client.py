@@ -26,9 +26,9 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
-logger = logging.getLogger("receivers")
+from queue_manager.wire.frames import PROTOCOL
 
-PROTOCOL = "qm.v1"
+logger = logging.getLogger("receivers")
 
 
 @dataclass(frozen=True, slots=True)

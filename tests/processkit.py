@@ -86,6 +86,8 @@ class ManagerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 async def lease(dsn: str) -> tuple[int, int | None]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from queue_manager import admin
+from queue_manager import admin, logs
 from queue_manager.domain.settings import SETTINGS
 from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
 from queue_manager.errors import ConfigurationError, QueueManagerError
@@ -159,39 +159,12 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_status(data: dict[str, Any]) -> str:
-    """Human-readable form of ``admin.status``."""
-    lines = []
-    for shard in data["shards"]:
-        lines.append(f"shard {shard['shard']} ({shard['range']})")
-        if "error" in shard:
-            lines.append(f"  {shard['error']}")
-            continue
-        if not shard["queues"]:
-            lines.append("  no queues")
-        for q in shard["queues"]:
-            c = q["counts"]
-            age = q["oldest_due_age_seconds"]
-            lines.append(
-                f"  {q['queue']}: length {q['length']}  to_be_fired {c['to_be_fired']}  fired {c['fired']}  "
-                f"acked {c['acked']}  failed {c['failed']}  due {q['due_now']}"
-                f"  oldest due {'-' if age is None else f'{age:.1f}s'}{'  PAUSED' if q['paused'] else ''}"
-            )
-            lines.append(f"    depth by partition: {q['depth']}")
-            if q["partitions_physical"] > q["partitions"]:
-                lines.append(
-                    f"    shrinking {q['partitions_physical']} -> {q['partitions']}: "
-                    f"{q['draining']} live events left in partitions {q['partitions']}..{q['partitions_physical'] - 1}"
-                )
-    return "\n".join(lines)
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     data = admin.status(_topology(args))
     if args.queue:
         for shard in data["shards"]:
             shard["queues"] = [q for q in shard.get("queues", []) if q["queue"] == args.queue]
-    print(json.dumps(data, indent=2, default=str) if args.json else render_status(data))
+    print(json.dumps(data, indent=2, default=str) if args.json else admin.render_status(data))
     return 0
 
 
@@ -344,9 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qm`` console command."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s %(message)s"
-    )
+    logs.configure(logging.INFO if args.verbose else logging.WARNING)
     try:
         result: int = args.func(args)
         return result
