@@ -24,6 +24,7 @@ from queue_manager.domain.settings import check_settings
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQueueError
 
+
 def _admin_error(exc: psycopg.Error, queue: str) -> QueueManagerError | psycopg.Error:
     if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "queues"):
         return ConfigurationError(f"queue {queue!r}: invalid settings ({exc.diag.message_primary})")

@@ -32,6 +32,7 @@ from queue_manager.domain.settings import SETTINGS
 from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
 from queue_manager.errors import ConfigurationError, QueueManagerError
 
+
 def _queue_options() -> list[tuple[str, str, type, str]]:
     """(flag, setting key, type, help) of ``qm queue create|alter``, from the settings' own metadata."""
     out = []
