@@ -50,6 +50,7 @@ async def running_manager(dsn: str, store: TokenStore | None = None, **overrides
     """An in-process manager serving on a free port; stopped (drained) on exit."""
     settings = {**FAST, **overrides}
     manager = Manager(ManagerConfig(dsn=dsn, tokens=store or tokens(), **settings))
+    manager.signals.init()
     task = asyncio.create_task(manager.run())
     await asyncio.wait_for(manager.ready.wait(), 10)
     try:
@@ -66,6 +67,22 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: s
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+async def rescanned(manager: Manager, queue: str = "orders", timeout: float = 10.0) -> None:
+    """Wait until scans that started after this call have covered every partition of the queue:
+    whatever the database held before then, the dispatcher has seen (a test signal, no sleep)."""
+    manager.signals.scanned.clear()
+    partitions = set(range(manager.queues[queue].settings.partitions_physical))
+    seen: set[int] = set()
+
+    def covers(scan: tuple[str, tuple[int, ...] | None]) -> bool:
+        name, parts = scan
+        if name == queue:
+            seen.update(partitions if parts is None else parts)
+        return seen >= partitions
+
+    await manager.signals.scanned.wait_for(covers, timeout)
 
 
 async def wait_leader(manager: Manager, timeout: float = 10.0) -> None:

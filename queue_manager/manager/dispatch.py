@@ -63,6 +63,7 @@ class Dispatcher:
         clock = await store.db_now(self.conn)
         rt.db_clock.observe(clock, sent, rt.clock.wall())
         rt.apply_settings(rows)
+        rt.signals.reloaded.emit(None)
 
     async def run(self) -> None:
         rt = self.rt
@@ -218,8 +219,7 @@ class Dispatcher:
             entries.append(Entry(ident, tenant, part, fire_at))
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
         q.next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
-        if parts is None:
-            rt.signals.scanned.emit(q.name)
+        rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))
 
     def _capacity(self, q: QueueRuntime) -> tuple[list[Subscriber], int]:
         """Subscribers with free credit, and how many events may be fired to them now."""

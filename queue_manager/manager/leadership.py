@@ -140,6 +140,7 @@ class Leadership:
             return
         started = rt.clock.monotonic()
         term = await store.acquire(ctl, rt.config.holder, rt.config.lease_ttl)
+        rt.signals.lease_tried.emit(term)
         if term is None:
             await asyncio.sleep(rt.config.standby_poll)
             return

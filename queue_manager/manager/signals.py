@@ -60,8 +60,12 @@ class ManagerSignals:
 
     #: a session of this term started (leadership taken)
     session_started: TestSignal[int] = field(default_factory=TestSignal)
-    #: a full rescan of this queue's window finished
-    scanned: TestSignal[str] = field(default_factory=TestSignal)
+    #: a scan of this queue's window finished: (queue, the partitions it covered, None for all)
+    scanned: TestSignal[tuple[str, tuple[int, ...] | None]] = field(default_factory=TestSignal)
+    #: the queue settings were (re)loaded
+    reloaded: TestSignal[None] = field(default_factory=TestSignal)
+    #: a standby tried to take the lease: the term it got, or None
+    lease_tried: TestSignal[int | None] = field(default_factory=TestSignal)
     #: a fire statement committed for this queue (with or without rows)
     fired: TestSignal[str] = field(default_factory=TestSignal)
     #: the dispatcher found nothing to do and went to sleep

@@ -24,6 +24,7 @@ from tests.managerkit import (
     insert,
     raw_client,
     recv_type,
+    rescanned,
     running_manager,
     running_receiver,
     states,
@@ -64,7 +65,7 @@ async def test_commit_fires_rollback_never(shard: Shard, queue: str) -> None:
             committed = await insert(shard.dsn, [(t, {"n": i}) for i, t in enumerate(tenants)])
             await wait_for(lambda: set(committed) <= set(rec.ids()), what="committed events")
             await wait_for(lambda: receiver.stats.acked >= len(committed), what="acks")
-            await asyncio.sleep(0.5)
+            await rescanned(m)  # the dispatcher has looked at every partition since
             assert sorted(rec.ids()) == sorted(committed)
             assert all(e.payload != {"rolled": True} for e in rec.events)
             assert {e.payload["n"] for e in rec.events} == set(range(5))
@@ -228,7 +229,7 @@ async def test_unauthenticated_or_wrongly_scoped_clients_get_nothing(shard: Shar
         async with running_receiver(url(m), secret=SECRET_TENANT) as (_, scoped):
             ids = await insert(shard.dsn, [(t, {}) for t in tenants])
             await wait_for(lambda: len(scoped.events) >= 1, what="the scoped tenant's event")
-            await asyncio.sleep(0.5)
+            await rescanned(m)
             assert [e.tenant for e in scoped.events] == [tenants[0]]
             async with running_receiver(url(m), secret=SECRET_ORDERS) as (_, rest):
                 await wait_for(lambda: len(rest.events) == len(ids) - 1, what="the other tenants' events")
@@ -441,7 +442,8 @@ async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: st
             assert result["acked"] == [] and result["errors"][0]["code"] == "unavailable"
             await wait_for(lambda: m.role == "standby", timeout=10, what="step down")
         later = await insert(shard.dsn, [(t, {}) for t in tenants[1:]])
-        await asyncio.sleep(1.0)
+        for _ in range(2):  # as a standby now, it tries the lease (the intruder holds it) and fires nothing
+            await m.signals.lease_tried.wait_for(lambda term: term is None)
         assert all(states_ == ("to_be_fired", 0) for i, states_ in (await states(shard.dsn)).items() if i in later)
     assert (await states(shard.dsn))[ident] == ("fired", 1)
 
@@ -451,7 +453,7 @@ async def test_sigterm_drain_hands_over_at_once(shard: Shard, queue: str) -> Non
     async with running_manager(shard.dsn, lease_ttl=30.0) as active:
         await wait_leader(active)
         async with running_manager(shard.dsn, lease_ttl=30.0) as standby:
-            await asyncio.sleep(0.3)
+            await standby.signals.lease_tried.wait_for(lambda term: term is None)
             assert standby.role == "standby"
             async with running_receiver([url(active), url(standby)]) as (receiver, rec):
                 first = await insert(shard.dsn, [(t, {}) for t in tenants[:10]])
@@ -495,7 +497,11 @@ async def test_paused_queue_fires_nothing_until_resumed(shards: Topology, shard:
         async with running_receiver(url(m)) as (_, rec):
             ids = await insert(shard.dsn, [(t, {"i": i}) for i, t in enumerate(tenants)])
             ids += await insert(shard.dsn, [(tenants[0], {"scheduled": True})], fire_in=0.2)
-            await asyncio.sleep(1.5)  # three rescans (FAST rescan_interval 0.5 s) and the fire_at
+            await asyncio.sleep(0.3)  # real time: the scheduled event's fire_at passes
+            m.signals.reloaded.clear()
+            await m.signals.reloaded.wait()  # the dispatcher has read the settings since: still paused
+            m.signals.idle.clear()
+            await m.signals.idle.wait()
             assert rec.events == []
             assert {s for s, _ in (await states(shard.dsn)).values()} == {"to_be_fired"}
             admin.alter_queue(shards, "orders", {"paused": False})
@@ -523,7 +529,9 @@ async def test_max_concurrency_caps_events_in_flight(shards: Topology, shard: Sh
         async with running_receiver(url(m), recorder=Gated(), credit=20, concurrency=20) as (receiver, rec):
             ids = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(12)])
             await wait_for(lambda: len(holding) == 3, what="three events in hand")
-            await asyncio.sleep(1.0)  # rescans and sweeps come and go; still three
+            await rescanned(m)  # rescans and sweeps come and go; still three
+            m.signals.swept.clear()
+            await m.signals.swept.wait()
             assert len(rec.events) == 3
             assert m.queues["orders"].in_flight == 3
             gate.set()
@@ -703,7 +711,8 @@ async def test_retention_purge_deletes_only_acked_events_past_retention(shard: S
                     "UPDATE kept SET state = 'failed', attempts = 1, last_error = 'x' WHERE id = %s", (failed[0],)
                 )
             await wait_for(lambda: m.metrics.purged.get(queue="kept") == 4, what="the purge of the 4 old acked events")
-            await asyncio.sleep(0.5)  # more purge runs: nothing else goes
+            for _ in range(2):  # more purge runs: nothing else goes
+                await m.signals.purged.wait_for(lambda deleted: deleted == 0)
     left = await states(shard.dsn, "kept")
     assert sorted(left) == sorted(old[4:] + pending + failed)
     assert left[pending[0]] == ("to_be_fired", 0) and left[failed[0]] == ("failed", 1)
