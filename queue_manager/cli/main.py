@@ -194,6 +194,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
             sweep_interval=args.sweep_interval,
             purge_interval=args.purge_interval,
             reconcile_interval=args.reconcile_interval,
+            durable_fires=not args.async_fires,
         )
     except ValueError as exc:
         raise ConfigurationError(f"qm manager: {exc}") from None
@@ -296,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge-interval", type=float, default=5.0, help="retention purge period, seconds (default 5)")
     p.add_argument(
         "--reconcile-interval", type=float, default=60.0, help="load counter reconciliation period, s (default 60)"
+    )
+    p.add_argument(
+        "--async-fires",
+        action="store_true",
+        help="fires do not wait for their WAL flush (faster; after a PostgreSQL crash an attempt number may repeat, "
+        "see docs/manager.md)",
     )
     p.set_defaults(func=cmd_manager)
 
