@@ -31,9 +31,8 @@ MAX_OUTBOX = 4096
 MAX_PENDING = 64
 #: on close, how long the connection's writes in progress are waited for before its events go back
 SETTLE_ON_CLOSE = 10.0
-#: a subscribe to an unknown queue reloads the settings and looks again this often, this many times
-_RESOLVE_TRIES = 40
-_RESOLVE_PAUSE = 0.025
+#: a subscribe to an unknown queue has the settings reloaded, waiting at most this long
+RESOLVE_WITHIN = 1.0
 
 _WAKE_REASONS = {
     Wake.CREDIT: Reason.CREDIT,
@@ -168,13 +167,8 @@ class ReceiverConnection:
     async def _resolve(self, resolve: Resolve) -> None:
         rt = self.rt
         q = rt.queues.get(resolve.queue)
-        if q is None and rt.session is not None:
-            rt.session.request_reload()
-            for _ in range(_RESOLVE_TRIES):  # the dispatcher reloads settings within a moment
-                await asyncio.sleep(_RESOLVE_PAUSE)
-                q = rt.queues.get(resolve.queue)
-                if q is not None:
-                    break
+        if q is None and await rt.next_reload(RESOLVE_WITHIN):  # a queue created a moment ago
+            q = rt.queues.get(resolve.queue)
         if q is None:
             message = f"no queue named {resolve.queue!r} on shard {rt.shard_name!r}"
             self._run(self.session.subscribe_failed(resolve, frames.UNKNOWN_QUEUE, message))

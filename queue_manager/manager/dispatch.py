@@ -58,11 +58,13 @@ class Dispatcher:
 
     async def reload(self) -> None:
         rt = self.rt
+        waiters = rt.reload_starts()
         rows = await store.load_queues(self.conn)
         sent = rt.clock.wall()
         clock = await store.db_now(self.conn)
         rt.db_clock.observe(clock, sent, rt.clock.wall())
         rt.apply_settings(rows)
+        rt.reload_done(waiters)
         rt.signals.reloaded.emit(None)
 
     async def run(self) -> None:

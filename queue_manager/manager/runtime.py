@@ -87,6 +87,8 @@ class Runtime:
         self.wake = asyncio.Event()
         #: set by every nudge too, for waiters other than the dispatcher (the drain)
         self._changed = asyncio.Event()
+        #: resolved by the next settings reload
+        self._reload_waiters: list[asyncio.Future[None]] = []
 
     # ------------------------------------------------------------------ leading
 
@@ -127,6 +129,35 @@ class Runtime:
         return None
 
     # ------------------------------------------------------------------ settings
+
+    async def next_reload(self, timeout: float) -> bool:
+        """Ask the session to reload the queue settings and wait for it; False after ``timeout``."""
+        s = self.session
+        if s is None:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reload_waiters.append(fut)
+        s.request_reload()
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+        except TimeoutError:
+            return False
+        finally:
+            if fut in self._reload_waiters:
+                self._reload_waiters.remove(fut)
+        return True
+
+    def reload_starts(self) -> list[asyncio.Future[None]]:
+        """A reload reads the settings now: it answers the waiters registered before this moment."""
+        waiters, self._reload_waiters = self._reload_waiters, []
+        return waiters
+
+    @staticmethod
+    def reload_done(waiters: list[asyncio.Future[None]]) -> None:
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def apply_settings(self, rows: Iterable[QueueSettings]) -> None:
         """Install freshly loaded queue settings; subscribers of dropped queues are told and closed."""

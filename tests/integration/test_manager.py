@@ -417,6 +417,24 @@ async def test_a_result_for_ten_thousand_refused_items_fits_a_one_mib_client(sha
             assert (await recv_type(ws, "pong"))["ref"] == "still"
 
 
+async def test_a_queue_created_a_moment_ago_can_be_subscribed_at_once(
+    shards: Topology, shard: Shard, queue: str
+) -> None:
+    """The subscribe waits for a settings reload (no polling) instead of answering unknown_queue."""
+    async with running_manager(shard.dsn, rescan_interval=30.0) as m:  # no periodic reload soon
+        await wait_leader(m)
+        admin.create_queue(shards, "fresh", {"partitions": 2, "shuffle": 1})
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "fresh", "credit": 1, "ref": "s"}))
+            assert (await recv_type(ws, "subscribed"))["queue"] == "fresh"
+            await ws.send(json.dumps({"type": "subscribe", "queue": "absent", "ref": "a"}))
+            err = await recv_type(ws, "error")
+            assert (err["code"], err["ref"]) == ("already_subscribed", "a")
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "absent", "ref": "a"}))
+            assert (await recv_type(ws, "error"))["code"] == "unknown_queue"
+
+
 async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 4)
     async with running_manager(shard.dsn) as m:
