@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e clean-local
+.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot clean-local
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,9 @@ bench-enqueue: $(STAMP) ## enqueue throughput vs a plain table (JSON on stdout)
 
 bench-e2e: $(STAMP) ## one shard end to end: drain, latency, fire accuracy, vs PgQueuer/Procrastinate (JSON on stdout)
 	$(BIN)/python benchmarks/e2e.py
+
+bench-held-snapshot: $(STAMP) ## dispatch while a long transaction holds back vacuum, 500/s and 2000/s, ~10 min (JSON on stdout)
+	$(BIN)/python benchmarks/held_snapshot.py
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local

@@ -26,9 +26,12 @@ logger = logging.getLogger("bench")
 
 
 @contextlib.contextmanager
-def bench_server(admin_dsn: str | None, prefix: str) -> Iterator[tuple[str, str]]:
+def bench_server(
+    admin_dsn: str | None, prefix: str, settings: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, str]]:
     """(admin DSN, DSN of a fresh database) on the given server, or on a dedicated embedded one
-    with the default durability (fsync and synchronous_commit on); all removed at the end."""
+    with the default durability (fsync and synchronous_commit on) plus ``settings``; all removed
+    at the end."""
     tmpdir: str | None = None
     server: Any = None
     try:
@@ -36,7 +39,7 @@ def bench_server(admin_dsn: str | None, prefix: str) -> Iterator[tuple[str, str]
             from queue_manager.local.embedded import LocalServer
 
             tmpdir = tempfile.mkdtemp(prefix=f"qm-bench-{prefix}-")
-            server = LocalServer(Path(tmpdir) / "pgdata")
+            server = LocalServer(Path(tmpdir) / "pgdata", settings=settings)
             admin_dsn = server.start()
             logger.info("started an embedded PostgreSQL server: %s", admin_dsn)
         name = f"qm_bench_{secrets.token_hex(4)}"
