@@ -140,7 +140,7 @@ class _Placement:
     shard: str
     key_range: KeyRange
     loads: list[int]
-    #: the transaction's now(): the fire_at a column default would give
+    #: the time the placement was read: the fire_at of events that give none, in a batch where others do
     now: datetime
 
 
@@ -160,8 +160,8 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
     All events must belong to this connection's shard (``Router.enqueue_batch`` splits a
     mixed batch by shard). Events whose ``dedup_key`` already exists are skipped. Placement
     caches each tenant's shuffle set. The COPY carries only the columns the batch uses:
-    ``fire_at`` only when some event sets it (the others then get the transaction's
-    ``now()``, what the column default gives them), ``dedup_key`` only when some event has one.
+    ``fire_at`` only when some event sets it (the others then get the current time, as the column
+    default would give them), ``dedup_key`` only when some event has one.
     """
     check_queue_name(queue)
     events = events if isinstance(events, list | tuple) else list(events)

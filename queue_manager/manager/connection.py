@@ -131,7 +131,7 @@ class ReceiverConnection:
             if isinstance(action, Send):
                 self.send(action.text)
             elif isinstance(action, WakeUp):
-                self.rt.nudge(self.queue, _WAKE_REASONS[action.reason])
+                self.rt.nudge(self.queue, _WAKE_REASONS[action.reason], action.since)
             elif isinstance(action, Write):
                 self._spawn(self._write(action))
             elif isinstance(action, Resolve):

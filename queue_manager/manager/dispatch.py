@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
+from queue_manager.manager.floors import HOLDER_CHECK, SAFETY_INTERVAL
 from queue_manager.manager.queues import QueueRuntime, Reason, Subscriber, active
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
@@ -54,7 +55,7 @@ class Dispatcher:
         q = self.rt.queue_by_id(queue_id)
         if q is not None:
             q.waiting = False
-            self.rt.nudge(q, Reason.ARMED)
+            self.rt.nudge(q, Reason.ARMED, since=q.watch.settle())
 
     async def reload(self) -> None:
         rt = self.rt
@@ -81,6 +82,9 @@ class Dispatcher:
                 await self.reload()
                 self.next_reload = now + cfg.rescan_interval
             queues = active(rt.queues.values())
+            watched = [q for q in queues if not q.armed and now >= q.next_holder_check]
+            if watched:
+                await self._read_holders(watched, now)
             progressed = False
             for q in queues:
                 if await self._round(q, now):
@@ -91,8 +95,22 @@ class Dispatcher:
             if await self._idle(queues, now):
                 continue
 
+    async def _read_holders(self, queues: list[QueueRuntime], now: float) -> None:
+        """Producers that hold a queue's wake-up lock did not notify: when one is gone, its rows
+        may lie below the floors (see floors.py)."""
+        holders, at = await store.wake_lock_holders(self.conn, [q.id for q in queues])
+        for q in queues:
+            q.watch.start(at)
+            gone = q.watch.read(holders.get(q.id, {}), at)
+            q.next_holder_check = now + HOLDER_CHECK
+            if gone is not None:
+                self.rt.nudge(q, Reason.DUE, since=gone)
+
     async def _round(self, q: QueueRuntime, now: float) -> bool:
         """One queue's steps; True when events were fired and more may follow at once."""
+        if now >= q.safety_at:
+            q.floors.clear()  # one pick from the start of each partition: a row once locked is found
+            q.safety_at = now + SAFETY_INTERVAL
         dirty, hint = q.take_nudges()
         r = plan.plan_round(
             plan.QueueState(
@@ -155,7 +173,9 @@ class Dispatcher:
         by_id = {q.id: q for q in queues}
         for qid in idle.disarm:
             await store.disarm(self.conn, qid)
-            by_id[qid].armed = False
+            q = by_id[qid]
+            q.armed = False
+            q.watch.start(rt.db_clock.now())  # producers stop notifying from here on
         for qid in idle.stop_waiting:
             await self.waiter.cancel(qid)
             by_id[qid].waiting = False
@@ -164,9 +184,9 @@ class Dispatcher:
             # rescan each queue whose waiter is now seen waiting: what committed before its
             # request was queued notified nobody (see wakeups.py)
             for qid in await self.waiter.confirm(self.conn):
-                q = rt.queue_by_id(qid)
-                if q is not None:
-                    rt.nudge(q, Reason.ARMED)
+                seen = rt.queue_by_id(qid)
+                if seen is not None:
+                    rt.nudge(seen, Reason.ARMED, since=seen.watch.settle())
             if rt.wake.is_set():
                 return True
             retry = self.waiter.unconfirmed()
@@ -176,7 +196,9 @@ class Dispatcher:
                 q = by_id[qid]
                 if qid in got:
                     q.armed = True
-                    q.nudge(Reason.ARMED)
+                    # rows of producers that did not notify, whether seen holding the lock or not
+                    q.nudge(Reason.ARMED, since=q.watch.settle())
+                    q.watch.stop()
                     rt.signals.armed.emit(q.name)
                 elif self.waiter.start(qid):
                     # an open producer transaction holds the lock: wait for it on the side, while
@@ -188,6 +210,9 @@ class Dispatcher:
             if got:
                 return True
         timeout = min(idle.timeout, plan.ARM_RETRY) if retry else idle.timeout
+        for q in queues:
+            if not q.armed:  # producers do not notify: read their locks on schedule
+                timeout = min(timeout, max(0.0, q.next_holder_check - now))
         rt.signals.idle.emit(None)
         if timeout > 0:
             await self._sleep(timeout)
@@ -208,17 +233,26 @@ class Dispatcher:
         holds up the timers of the cached events (a full 2 000-event window took 6 to 10 ms).
         """
         rt = self.rt
+        generation = q.floors.generation
+        used = None if future_only else q.floors.bounds(q.watch.cap)
+        pick_time = rt.db_clock.now()
         sent = rt.clock.wall()
-        rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts)
+        rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
         if parts is None:
             q.scanned_future_only = future_only
         if clock is not None:
             rt.db_clock.observe(clock, sent, rt.clock.wall())
         counts: dict[int, int] = {}
+        firsts: dict[int, float] = {}
         entries = []
         for ident, tenant, part, fire_at in rows:
+            if part not in counts:
+                firsts[part] = fire_at  # rows come in fire_at order per partition
             counts[part] = counts.get(part, 0) + 1
             entries.append(Entry(ident, tenant, part, fire_at))
+        if not future_only:
+            scanned = range(q.settings.partitions_physical) if parts is None else parts
+            q.floors.after_pick(generation, firsts, scanned, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
         q.next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
         rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))
@@ -241,12 +275,24 @@ class Dispatcher:
         subs, limit = self._capacity(q)
         if limit <= 0:
             return 0
-        rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit)
+        floors = q.floors
+        generation = floors.generation
+        pick_time = self.rt.db_clock.now()
+        rows, quota = await store.fire_due(
+            self.conn, q.settings, self.term, q.cursor, limit, floors.bounds(q.watch.cap)
+        )
         self.rt.signals.fired.emit(q.name)
         # more are due if the batch was full or some partition gave its whole quota
         per_part: dict[int, int] = {}
+        tops: dict[int, float] = {}
         for r in rows:
-            per_part[r[2]] = per_part.get(r[2], 0) + 1
+            p = r[2]
+            per_part[p] = per_part.get(p, 0) + 1
+            if r[4] > tops.get(p, float("-inf")):
+                tops[p] = r[4]
+        # short of the limit: every partition was examined, and those that gave nothing have nothing due
+        empty = range(q.settings.partitions_physical) if len(rows) < limit else ()
+        floors.after_pick(generation, tops, empty, pick_time)
         q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
         if rows:
             q.cursor = (rows[-1][2] + 1) % max(1, q.settings.partitions_physical)

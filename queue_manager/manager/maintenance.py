@@ -60,6 +60,9 @@ class _Job:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
+    def _items(self, q: QueueRuntime) -> list[Any]:
+        return []
+
     async def _each(self, result: RunResult, apply: Callable[[QueueRuntime, Any], None]) -> None:
         rt = self.rt
         if not rt.leading():
@@ -67,7 +70,7 @@ class _Job:
             return
         for q in list(rt.queues.values()):
             try:
-                outcome = await rt.submit(self.kind, q, [])
+                outcome = await rt.submit(self.kind, q, self._items(q))
             except Unavailable:
                 rt.metrics.maintenance.inc(job=self.name, outcome="aborted")
                 result.aborted = True
@@ -77,19 +80,45 @@ class _Job:
             apply(q, outcome)
 
 
+#: the collector starts this far before where its last run stopped (deadlines of fires and extends
+#: that committed late are no earlier than their statement's time)
+SWEEP_MARGIN = 5.0
+#: and from the start every this many runs (a row an application kept locked is then found)
+SWEEP_FULL_EVERY = 30
+
+
 class Collector(_Job):
-    """Events left fired past their ack deadline go back to to_be_fired (or failed)."""
+    """Events left fired past their ack deadline go back to to_be_fired (or failed).
+
+    Each queue's sweep starts a little before where the last one stopped, not at the low end of
+    the fired index, whose dead entries (every event acked since the last vacuum) pile up while a
+    transaction holds back vacuum.
+    """
 
     name = "collector"
     kind = OpKind.SWEEP
 
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        self._floors: dict[str, float] = {}
+        self._runs = 0
+
+    def _items(self, q: QueueRuntime) -> list[Any]:
+        floor = self._floors.get(q.name)
+        return [] if floor is None else [floor]
+
     async def run_once(self) -> CollectorResult:
         result = CollectorResult()
+        self._runs += 1
+        if self._runs % SWEEP_FULL_EVERY == 1:
+            self._floors.clear()
 
-        def apply(q: QueueRuntime, outcome: tuple[set[int], set[int], int]) -> None:
-            moved, failed, _pages = outcome
+        def apply(q: QueueRuntime, outcome: tuple[set[int], set[int], int, float | None]) -> None:
+            moved, failed, _pages, at = outcome
+            if at is not None:
+                self._floors[q.name] = at - SWEEP_MARGIN
             if moved:
-                self.rt.refired(q, moved, failed)
+                self.rt.refired(q, moved, failed, at)
                 result.requeued += len(moved - failed)
                 result.dead += len(failed)
 

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from queue_manager.domain.settings import QueueSettings
 from queue_manager.manager.cache import WindowCache
+from queue_manager.manager.floors import Floors, HolderWatch
 from queue_manager.wire.ledger import Ledger
 
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
@@ -98,6 +99,13 @@ class QueueRuntime:
         #: loop times of the latest NOTIFY wake-ups, and poll mode's end
         self.wake_times: deque[float] = deque(maxlen=POLL_ENTER_WAKES)
         self.poll_until = 0.0
+        #: where the picks of each partition start (see floors.py)
+        self.floors = Floors(settings.partitions_physical)
+        #: producers holding the wake-up lock while the queue is not armed
+        self.watch = HolderWatch()
+        #: loop times of the next holder reading and of the next floor reset
+        self.next_holder_check = 0.0
+        self.safety_at = 0.0
 
     @property
     def name(self) -> str:
@@ -111,7 +119,10 @@ class QueueRuntime:
     def in_flight(self) -> int:
         return len(self.ledger)
 
-    def nudge(self, reason: Reason) -> None:
+    def nudge(self, reason: Reason, since: float | None = None) -> None:
+        """``since``: rows with a fire_at from then on (database clock) may have appeared."""
+        if since is not None:
+            self.floors.lower_all(since)
         if reason in RESCAN_REASONS:
             self.dirty = True
         elif reason is Reason.DUE:
@@ -139,8 +150,10 @@ class QueueRuntime:
         return [p for p in range(self.settings.partitions_physical) if p % RESCAN_SLICES == i]
 
     def reset(self) -> None:
-        """A session ended: the cache and the wake-up state are gone; rescan from scratch."""
+        """A session ended: the cache, the floors and the wake-up state are gone; rescan from scratch."""
         self.cache.clear()
+        self.floors.clear()
+        self.watch.stop()
         self.armed = False
         self.waiting = False
         self.nudge(Reason.SESSION)

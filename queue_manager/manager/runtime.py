@@ -105,10 +105,11 @@ class Runtime:
 
     # ------------------------------------------------------------------ the dispatcher's wake-up
 
-    def nudge(self, q: QueueRuntime | None, reason: Reason) -> None:
-        """Make the dispatcher look at ``q`` (or just wake it) again, for ``reason``."""
+    def nudge(self, q: QueueRuntime | None, reason: Reason, since: float | None = None) -> None:
+        """Make the dispatcher look at ``q`` (or just wake it) again, for ``reason``; ``since``:
+        rows due from then on (database clock) may have appeared."""
         if q is not None:
-            q.nudge(reason)
+            q.nudge(reason, since)
         self.wake.set()
         self._changed.set()
 
@@ -170,6 +171,7 @@ class Runtime:
                 continue
             old = q.settings
             q.settings = settings
+            q.floors.resize(settings.partitions_physical)
             if (
                 settings.partitions_physical != old.partitions_physical
                 or settings.window_seconds != old.window_seconds
@@ -200,13 +202,13 @@ class Runtime:
         When no write is possible the collector re-fires them after their ack deadline instead.
         """
         try:
-            moved, failed = await self.submit(OpKind.RELEASE, q, list(items))
+            moved, failed, at = await self.submit(OpKind.RELEASE, q, list(items))
         except Unavailable:
             return
         self.metrics.refired.inc(len(moved - failed), queue=q.name, reason=reason)
         if failed:
             self.metrics.dead.inc(len(failed), queue=q.name)
-        self.nudge(q, Reason.REQUEUED)
+        self.nudge(q, Reason.REQUEUED, since=at)
 
     def release_soon(self, q: QueueRuntime, items: Sequence[ReleaseItem], reason: str) -> None:
         if items:
@@ -214,20 +216,29 @@ class Runtime:
 
     # ------------------------------------------------------------------ events that left their holder
 
-    def settled_by_sql(self, queue: str, ident: int, attempt: int) -> None:
-        """An application settled (ident, attempt) by SQL: its holder's credit slot is free."""
+    def settled_by_sql(self, queue: str, ident: int, attempt: int, partition: int, state: str) -> None:
+        """An application settled (ident, attempt) by SQL (``state``: acked, failed, deleted, or
+        to_be_fired for an event it put back): its holder's credit slot is free, and an event that
+        left the queue counts as done for the producers' load."""
         q = self.queues.get(queue)
         if q is None:
             return
         if q.ledger.drop(ident, attempt) is not None:
             self.metrics.settled_by_sql.inc(queue=queue)
             self.nudge(q, Reason.CREDIT)
+        if state in ("acked", "failed", "deleted"):
+            fut = self.submit(OpKind.SETTLED, q, [partition])
+            # not recorded (no session): the reconciliation re-anchors the count
+            fut.add_done_callback(lambda f: f.exception())
+        else:
+            self.nudge(q, Reason.REQUEUED, since=self.db_clock.now() - 1.0)
 
-    def refired(self, q: QueueRuntime, moved: set[int], failed: set[int]) -> None:
-        """The collector moved these fired events back (or to failed): nobody holds them now."""
+    def refired(self, q: QueueRuntime, moved: set[int], failed: set[int], at: float | None) -> None:
+        """The collector moved these fired events back (or to failed) at database time ``at``:
+        nobody holds them now."""
         for ident in moved:
             q.ledger.drop(ident)
         self.metrics.refired.inc(len(moved - failed), queue=q.name, reason="ack_timeout")
         if failed:
             self.metrics.dead.inc(len(failed), queue=q.name)
-        self.nudge(q, Reason.REQUEUED)
+        self.nudge(q, Reason.REQUEUED, since=at)

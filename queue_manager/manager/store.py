@@ -129,15 +129,23 @@ async def db_now(conn: AsyncConn) -> float:
 
 
 async def scan(
-    conn: AsyncConn, q: QueueSettings, future_only: bool = False, parts: Sequence[int] | None = None
+    conn: AsyncConn,
+    q: QueueSettings,
+    future_only: bool = False,
+    parts: Sequence[int] | None = None,
+    floors: Sequence[float | None] | None = None,
 ) -> tuple[list[tuple[int, str, int, float]], int, float | None]:
     """The queue's window (all partitions, or ``parts``): (id, tenant, partition, fire_at) rows,
-    the per-partition quota and the database clock."""
+    the per-partition quota and the database clock. ``floors`` (by partition) bound the scan below
+    when it is not ``future_only``."""
     quota = max(1, math.ceil(q.cache_size / max(1, q.partitions_physical)))
+    partitions = list(range(q.partitions_physical)) if parts is None else list(parts)
+    lows = [None if floors is None or p >= len(floors) else floors[p] for p in partitions]
     cur = await conn.execute(
         queue_sql("mgr_scan", q.name),
         {
-            "parts": list(range(q.partitions_physical)) if parts is None else list(parts),
+            "parts": partitions,
+            "floors": _array(lows),
             "window": q.window_seconds,
             "quota": quota,
             "future_only": future_only,
@@ -162,14 +170,21 @@ async def fire(
 
 
 async def fire_due(
-    conn: AsyncConn, q: QueueSettings, term: int, start: int, limit: int
+    conn: AsyncConn,
+    q: QueueSettings,
+    term: int,
+    start: int,
+    limit: int,
+    floors: Sequence[float | None] | None = None,
 ) -> tuple[list[tuple[int, str, int, int, float, str]], int]:
-    """Fire up to ``limit`` events due now, round-robin over partitions from ``start``.
+    """Fire up to ``limit`` events due now, round-robin over partitions from ``start``, each
+    partition from its floor (epoch seconds; None or missing = from the start).
 
     Returns the rows (as fire()) and the per-partition quota used.
     """
     partitions = max(1, q.partitions_physical)
     quota = max(1, math.ceil(limit / partitions))
+    lows = [None if floors is None or p >= len(floors) else floors[p] for p in range(partitions)]
     cur = await conn.execute(
         queue_sql("mgr_fire_due", q.name),
         {
@@ -178,6 +193,7 @@ async def fire_due(
             "partitions": partitions,
             "quota": quota,
             "limit": limit,
+            "floors": _array(lows),
             "ack_timeout": q.ack_timeout_seconds,
         },
         prepare=True,
@@ -212,8 +228,9 @@ async def ack(conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tupl
 
 async def release(
     conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int, float | None, str | None]]
-) -> tuple[set[int], set[int]]:
-    """Back to to_be_fired (or failed at max attempts); returns (moved ids, of which dead-lettered)."""
+) -> tuple[set[int], set[int], float]:
+    """Back to to_be_fired (or failed at max attempts); returns (moved ids, of which dead-lettered,
+    the database time of the release: no moved event is due before it)."""
     cur = await conn.execute(
         queue_sql("mgr_release", q.name),
         {
@@ -229,7 +246,8 @@ async def release(
         },
     )
     row = await cur.fetchone()
-    return (set(row[0]), set(row[1])) if row else (set(), set())
+    assert row is not None  # an aggregate: always one row
+    return set(row[0]), set(row[1]), float(row[3])
 
 
 async def extend(
@@ -247,16 +265,21 @@ async def extend(
     return {int(r[0]): float(r[1]) for r in await cur.fetchall()}
 
 
-async def sweep(conn: AsyncConn, q: QueueSettings, term: int, page: int = SWEEP_PAGE) -> tuple[set[int], set[int], int]:
-    """Re-fire events past their ack deadline, page by page; returns (moved, dead-lettered, pages)."""
+async def sweep(
+    conn: AsyncConn, q: QueueSettings, term: int, floor: float | None = None, page: int = SWEEP_PAGE
+) -> tuple[set[int], set[int], int, float | None]:
+    """Re-fire events past their ack deadline (from ``floor`` on, epoch seconds), page by page;
+    returns (moved, dead-lettered, pages, the database time of the first page)."""
     moved: set[int] = set()
     failed: set[int] = set()
     pages = 0
+    at: float | None = None
     while True:
         cur = await conn.execute(
             queue_sql("mgr_sweep", q.name),
             {
                 "term": term,
+                "floor": floor,
                 "limit": page,
                 "max_attempts": q.max_attempts,
                 "backoff_min": q.backoff_min_seconds,
@@ -268,12 +291,32 @@ async def sweep(conn: AsyncConn, q: QueueSettings, term: int, page: int = SWEEP_
         pages += 1
         if row is None:
             break
+        if at is None:
+            at = float(row[4])
         moved.update(row[0])
         failed.update(row[1])
         # a full page of candidates means more may wait; rows it could not lock were skipped
         if int(row[3]) < page or not row[0]:
             break
-    return moved, failed, pages
+    return moved, failed, pages, at
+
+
+async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[int]) -> None:
+    """Count events settled by SQL as done (one partition entry each)."""
+    await conn.execute(queue_sql("mgr_settled", q.name), {"term": term, "queue_id": q.id, "parts": _ints(parts)})
+
+
+async def wake_lock_holders(conn: AsyncConn, queue_ids: Sequence[int]) -> tuple[dict[int, dict[int, float]], float]:
+    """Per queue, the producer transactions holding its wake-up lock (pid -> transaction start,
+    epoch seconds), and the database time of the reading."""
+    cur = await conn.execute(_static("mgr_wake_lock_holders"), {"ids": list(queue_ids)}, prepare=True)
+    out: dict[int, dict[int, float]] = {qid: {} for qid in queue_ids}
+    at = 0.0
+    for qid, pid, start, clock in await cur.fetchall():
+        at = float(clock)
+        if qid is not None:
+            out[int(qid)][int(pid)] = float(start)
+    return out, at
 
 
 async def reconcile(conn: AsyncConn, q: QueueSettings, term: int) -> int:

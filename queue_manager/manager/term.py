@@ -121,11 +121,14 @@ class TermSession:
         except BaseException as exc:
             self.fail(exc)
 
-    def _on_wake(self, queue: str, due: bool, now: float) -> None:
-        q = self.rt.queues.get(queue)
+    def _on_wake(self, queue: str, due: bool, since: float | None, now: float) -> None:
+        rt = self.rt
+        q = rt.queues.get(queue)
         if q is not None:
             q.wake_times.append(now)
-            self.rt.nudge(q, Reason.DUE if due else Reason.NOTIFIED)
+            if since is None:  # a notice without a time (an operator's): look a second back
+                since = rt.db_clock.now() - 1.0
+            rt.nudge(q, Reason.DUE if due else Reason.NOTIFIED, since)
 
     def _wake_lock_granted(self, queue_id: int) -> None:
         if not self.ended and self._dispatcher is not None:

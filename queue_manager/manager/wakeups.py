@@ -53,8 +53,8 @@ class Listener:
         self,
         conn: AsyncConn,
         *,
-        on_wake: Callable[[str, bool, float], None],
-        on_settled: Callable[[str, int, int], None],
+        on_wake: Callable[[str, bool, float | None, float], None],
+        on_settled: Callable[[str, int, int, int, str], None],
         on_unknown: Callable[[], None],
         known: Callable[[str], bool],
         loop_time: Callable[[], float],
@@ -78,19 +78,24 @@ class Listener:
                 await self.conn.execute("SELECT 1")
 
     def handle(self, payload: str) -> None:
-        name, _, rest = payload.partition(" ")
+        """``'<queue> due|at <earliest fire_at, epoch us>'`` from a producer (``'<queue>'`` from an
+        older producer or an operator), ``'<queue> settled <id> <attempt> <partition> <state>'``
+        from a queue table's qm_settled trigger."""
+        name, *words = payload.split(" ")
         if not self._known(name):
             self._on_unknown()  # a queue we do not know yet: reload settings
             return
-        kind, _, args = rest.partition(" ")
-        if kind == "settled":
-            ident, _, attempt = args.partition(" ")
-            try:
-                self._on_settled(name, int(ident), int(attempt))
-            except ValueError:
-                logger.warning("malformed settled notice", extra={"action": "listen", "payload": payload[:200]})
+        kind = words[0] if words else ""
+        try:
+            if kind == "settled":
+                ident, attempt, partition, state = words[1:5]
+                self._on_settled(name, int(ident), int(attempt), int(partition), state)
+                return
+            since = int(words[1]) / 1e6 if len(words) > 1 else None
+        except ValueError:
+            logger.warning("malformed notice", extra={"action": "listen", "payload": payload[:200]})
             return
-        self._on_wake(name, kind == "due", self._time())
+        self._on_wake(name, kind == "due", since, self._time())
 
 
 class Waiter:

@@ -33,6 +33,9 @@ class OpKind(Enum):
     ACK = "ack"
     RELEASE = "release"
     EXTEND = "extend"
+    #: events an application settled by SQL: count them done (items: their partitions)
+    SETTLED = "settled"
+    #: items: the collector's floor for this queue (one item, or none)
     SWEEP = "sweep"
     PURGE = "purge"
     RECONCILE = "reconcile"
@@ -46,7 +49,8 @@ _CALLS: dict[OpKind, _StoreCall] = {
     OpKind.ACK: lambda conn, q, term, items: store.ack(conn, q, term, items),
     OpKind.RELEASE: lambda conn, q, term, items: store.release(conn, q, term, items),
     OpKind.EXTEND: lambda conn, q, term, items: store.extend(conn, q, term, items),
-    OpKind.SWEEP: lambda conn, q, term, _: store.sweep(conn, q, term),
+    OpKind.SETTLED: lambda conn, q, term, items: store.settled(conn, q, term, items),
+    OpKind.SWEEP: lambda conn, q, term, items: store.sweep(conn, q, term, min(items, default=None)),
     OpKind.PURGE: lambda conn, q, term, _: store.purge(conn, q, term),
     OpKind.RECONCILE: lambda conn, q, term, _: store.reconcile(conn, q, term),
 }

@@ -108,6 +108,8 @@ class Release:
 @dataclass(slots=True)
 class WakeUp:
     reason: Wake
+    #: events due from this database time on may have appeared (a nack's release)
+    since: float | None = None
 
 
 Action = Send | Resolve | Write | Release | WakeUp
@@ -298,7 +300,7 @@ class ReceiverSession:
                 self._metrics.acked(self.queue, len(acked), latencies)
             return [Send(f.result_frame("ack_result", op.ref, errors, acked=acked)), WakeUp(Wake.SETTLED)]
         if op.kind is WriteKind.RELEASE:
-            moved, dead = result
+            moved, dead, released_at = result
             requeued: list[int] = []
             failed: list[int] = []
             for ident, attempt, _, _ in op.items:
@@ -311,7 +313,7 @@ class ReceiverSession:
                     errors.append(f.item_error(ident, attempt, f.STALE, "the event is no longer fired at this attempt"))
             self._metrics.nacked(self.queue, len(requeued), len(failed))
             frame = f.result_frame("nack_result", op.ref, errors, requeued=requeued, failed=failed)
-            return [Send(frame), WakeUp(Wake.REQUEUED)]
+            return [Send(frame), WakeUp(Wake.REQUEUED, released_at)]
         deadlines: dict[int, float] = result
         extended = []
         for ident, attempt, _ in op.items:

@@ -604,10 +604,10 @@ async def test_wake_ups_fire_without_waiting_for_a_rescan(
     full_scans = 0
     real_scan = store.scan
 
-    async def counting_scan(conn, q, future_only=False, parts=None):  # type: ignore[no-untyped-def]
+    async def counting_scan(conn, q, future_only=False, parts=None, floors=None):  # type: ignore[no-untyped-def]
         nonlocal full_scans
         full_scans += parts is None
-        return await real_scan(conn, q, future_only, parts)
+        return await real_scan(conn, q, future_only, parts, floors)
 
     monkeypatch.setattr(store, "scan", counting_scan)
     tenants = tenants_of(shard, 4)
@@ -686,9 +686,18 @@ def test_fire_and_sweep_statements_probe_the_primary_key(shard: Shard, queue: st
         c.execute(f"ANALYZE {queue}")
         c.execute("SET plan_cache_mode = force_custom_plan")
         params: dict[str, dict[str, object]] = {
-            "mgr_fire_due": {"term": 1, "start": 0, "partitions": 4, "quota": 125, "limit": 500, "ack_timeout": 30.0},
+            "mgr_fire_due": {
+                "term": 1,
+                "start": 0,
+                "partitions": 4,
+                "quota": 125,
+                "limit": 500,
+                "ack_timeout": 30.0,
+                "floors": "{NULL,NULL,NULL,NULL}",
+            },
             "mgr_sweep": {
                 "term": 1,
+                "floor": None,
                 "limit": 1000,
                 "max_attempts": 3,
                 "backoff_min": 0.1,

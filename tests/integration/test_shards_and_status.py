@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from alembic.script import ScriptDirectory
 
 from queue_manager import admin
 from queue_manager.cli.main import main
+from queue_manager.db.migrate import alembic_config
 from queue_manager.domain import routing
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.producer import Router
@@ -195,7 +199,8 @@ def test_migrate_is_idempotent_and_sets_identity(new_database: Any, tmp_path: Pa
     assert main(["migrate", "--topology", str(topo)]) == 0
     with psycopg.connect(dsn) as c:
         assert c.execute("SELECT name, range_start, range_end FROM qm.shard").fetchone() == ("only", "", "")
-        assert c.execute("SELECT version_num FROM qm.alembic_version").fetchone() == ("0002",)
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        assert c.execute("SELECT version_num FROM qm.alembic_version").fetchone() == (head,)
 
 
 def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) -> None:
@@ -208,25 +213,34 @@ def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) 
         prod.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
         assert list(manager.notifies(timeout=0.3, stop_after=1)) == []
 
-        manager.execute("SELECT pg_advisory_lock(29037, %s)", (qid,))  # the manager arms itself
+        manager.execute("SELECT pg_advisory_lock(qm.wake_lock_key(), %s)", (qid,))  # the manager arms itself
         with prod.transaction():
             prod.execute("INSERT INTO orders (tenant) SELECT %s FROM generate_series(1, 1000)", (t,))
             prod.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
-        got = list(manager.notifies(timeout=2, stop_after=5))
-        # folded: one per transaction, not per row; "due": every row is due now, no rescan needed
-        assert [n.payload for n in got] == ["orders due"]
+        got = [n.payload for n in manager.notifies(timeout=2, stop_after=5)]
+        # folded: one per transaction, not per row; "due": every row is due now, no rescan needed;
+        # then the transaction's start in epoch microseconds (no row of it has an earlier fire_at)
+        assert len(got) == 1 and re.fullmatch(r"orders due \d{16}", got[0]), got
+        assert abs(int(got[0].split()[2]) / 1e6 - time.time()) < 60
         prod.execute(
             "INSERT INTO orders (tenant, fire_at) VALUES (%s, now()), (%s, now() + interval '1 minute')", (t, t)
         )
-        assert [n.payload for n in manager.notifies(timeout=2, stop_after=1)] == ["orders"]  # one for later
-        manager.execute("SELECT pg_advisory_unlock(29037, %s)", (qid,))
+        got = [n.payload for n in manager.notifies(timeout=2, stop_after=1)]
+        assert len(got) == 1 and re.fullmatch(r"orders at \d{16}", got[0]), got  # one for later: rescan
+        manager.execute("SELECT pg_advisory_unlock(qm.wake_lock_key(), %s)", (qid,))
+
+        # no manager waits, but a row older than its insert is announced with its fire_at: the
+        # manager's picks start at what it already fired and would not look that far back
+        prod.execute("INSERT INTO orders (tenant, fire_at) VALUES (%s, '2020-01-01T00:00:00Z')", (t,))
+        got = [n.payload for n in manager.notifies(timeout=2, stop_after=1)]
+        assert got == [f"orders due {1577836800 * 1_000_000}"], got
 
         # a producer mid-transaction holds the shared lock: the manager cannot arm until it ends
         with prod.transaction():
             prod.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
-            armed = manager.execute("SELECT pg_try_advisory_lock(29037, %s)", (qid,)).fetchone()
+            armed = manager.execute("SELECT pg_try_advisory_lock(qm.wake_lock_key(), %s)", (qid,)).fetchone()
             assert armed == (False,)
-        assert manager.execute("SELECT pg_try_advisory_lock(29037, %s)", (qid,)).fetchone() == (True,)
+        assert manager.execute("SELECT pg_try_advisory_lock(qm.wake_lock_key(), %s)", (qid,)).fetchone() == (True,)
 
 
 def test_cli_manager_refuses_bad_maintenance_intervals(

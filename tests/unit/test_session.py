@@ -152,10 +152,10 @@ def test_nack_with_delay_requeues_and_the_last_attempt_dead_letters() -> None:
     )
     assert write.kind is WriteKind.RELEASE
     assert write.items == [(1, 1, 30.0, "later"), (2, 3, None, "nacked by the receiver")]
-    out = h.s.settled(write, ({1, 2}, {2}), h.clock.monotonic())
+    out = h.s.settled(write, ({1, 2}, {2}, 1_750_000_000.5), h.clock.monotonic())
     (result,) = sent(out)
     assert (result["requeued"], result["failed"], result["errors"]) == ([1], [2], [])
-    assert WakeUp(Wake.REQUEUED) in out
+    assert WakeUp(Wake.REQUEUED, 1_750_000_000.5) in out  # due events may appear from the release on
     assert h.metrics.nacks == [("orders", 1, 1)] and len(h.ledger) == 0
 
 

@@ -1,38 +1,100 @@
-"""How notifications become nudges, without a database."""
+"""How notices become nudges, and where picks start (floors), without a database."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from queue_manager.manager.floors import EMPTY_MARGIN, EPSILON, Floors, HolderWatch
 from queue_manager.manager.wakeups import Listener
 
 
 def listener(calls: list[tuple[Any, ...]]) -> Listener:
     return Listener(
         conn=None,  # type: ignore[arg-type]  # handle() does no I/O
-        on_wake=lambda q, due, t: calls.append(("wake", q, due, t)),
-        on_settled=lambda q, i, a: calls.append(("settled", q, i, a)),
+        on_wake=lambda q, due, since, t: calls.append(("wake", q, due, since, t)),
+        on_settled=lambda q, i, a, p, s: calls.append(("settled", q, i, a, p, s)),
         on_unknown=lambda: calls.append(("unknown",)),
         known={"orders", "audit"}.__contains__,
         loop_time=lambda: 42.0,
     )
 
 
-def test_wake_ups_due_or_not_settled_notices_and_unknown_queues() -> None:
+def test_notices_from_producers_operators_and_the_settled_trigger() -> None:
     calls: list[tuple[Any, ...]] = []
     lst = listener(calls)
-    for payload in ("orders", "orders due", "audit settled 9223372036854775807 3", "newqueue", "newqueue due"):
+    for payload in (
+        "orders due 1750000000123456",
+        "orders at 1750000000000000",
+        "orders",  # an operator's NOTIFY, or an older producer: no time
+        "orders due",
+        "audit settled 9223372036854775807 3 15 acked",
+        "audit settled 7 1 0 deleted",
+        "newqueue due 1",
+    ):
         lst.handle(payload)
     assert calls == [
-        ("wake", "orders", False, 42.0),
-        ("wake", "orders", True, 42.0),
-        ("settled", "audit", 9223372036854775807, 3),
-        ("unknown",),
+        ("wake", "orders", True, 1750000000.123456, 42.0),
+        ("wake", "orders", False, 1750000000.0, 42.0),
+        ("wake", "orders", False, None, 42.0),
+        ("wake", "orders", True, None, 42.0),
+        ("settled", "audit", 9223372036854775807, 3, 15, "acked"),
+        ("settled", "audit", 7, 1, 0, "deleted"),
         ("unknown",),
     ]
 
 
-def test_a_malformed_settled_notice_is_ignored() -> None:
+def test_a_malformed_notice_is_ignored() -> None:
     calls: list[tuple[Any, ...]] = []
-    listener(calls).handle("orders settled x 1")
+    lst = listener(calls)
+    for payload in ("orders settled x 1 0 acked", "orders settled 1 1", "orders due soon"):
+        lst.handle(payload)
     assert calls == []
+
+
+def test_floors_rise_after_picks_and_fall_for_whatever_may_lie_below() -> None:
+    f = Floors(4)
+    assert f.bounds() == [None] * 4
+    g = f.generation
+    # a pick fired rows in partitions 0 and 2, examined every partition, found 1 and 3 empty
+    f.after_pick(g, {0: 100.0, 2: 103.0}, range(4), pick_time=110.0)
+    assert f.bounds() == [100.0 - EPSILON, 110.0 - EMPTY_MARGIN, 103.0 - EPSILON, 110.0 - EMPTY_MARGIN]
+    # never falls from a pick
+    f.after_pick(f.generation, {0: 50.0}, (), pick_time=0.0)
+    assert f[0] == 100.0 - EPSILON
+    # a notice of rows from t on: nothing stays above t
+    f.lower_all(101.0)
+    assert f.bounds() == [100.0 - EPSILON, 101.0 - EPSILON, 101.0 - EPSILON, 101.0 - EPSILON]
+    # the cap of a disarmed queue: no pick starts above the previous holder reading
+    assert f.bounds(cap=100.5) == [100.0 - EPSILON, 100.5, 100.5, 100.5]
+
+
+def test_a_pick_that_started_before_a_fall_raises_nothing() -> None:
+    f = Floors(2)
+    f.after_pick(f.generation, {}, range(2), pick_time=100.0)
+    g = f.generation
+    f.lower_all(50.0)  # a late commit announced while the pick ran
+    f.after_pick(g, {0: 120.0, 1: 130.0}, (), pick_time=140.0)
+    assert f.bounds() == [50.0 - EPSILON, 50.0 - EPSILON]
+    f.clear()
+    assert f.bounds() == [None, None]
+    f.resize(3)
+    assert f.bounds() == [None, None, None]
+
+
+def test_the_holder_watch_reports_the_earliest_start_of_those_gone() -> None:
+    w = HolderWatch()
+    assert w.cap is None
+    w.start(10.0)  # the queue lost its wake-up lock at 10.0
+    assert w.cap == 10.0 - EPSILON
+    assert w.read({7: 5.0, 8: 9.0}, at=10.01) is None  # two producers hold it
+    assert w.cap == 10.0 - EPSILON and w.last_reading == 10.01
+    assert w.read({8: 9.0}, at=10.02) == 5.0  # 7 committed: its rows may be as old as its start
+    assert w.cap == 10.01
+    assert w.read({8: 9.0, 9: 10.015}, at=10.03) is None
+    assert w.read({}, at=10.04) == 9.0
+    # a pid reused by a new transaction counts as gone
+    w.read({11: 10.035}, at=10.05)
+    assert w.read({11: 10.045}, at=10.06) == 10.035
+    assert w.settle() == 10.045  # the lock is taken: every holder known (11) is gone too
+    w.stop()
+    assert w.cap is None and w.last_reading is None and w.settle() is None

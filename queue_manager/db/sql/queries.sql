@@ -4,14 +4,14 @@
 -- enqueue --
 -- One event in the caller's transaction; the database picks the partition. No row back = dedup hit.
 INSERT INTO {queue} (tenant, payload, fire_at, dedup_key)
-VALUES (%(tenant)s, %(payload)s, coalesce(%(fire_at)s, now()), %(dedup_key)s)
+VALUES (%(tenant)s, %(payload)s, coalesce(%(fire_at)s, clock_timestamp()), %(dedup_key)s)
 RETURNING id
 
 -- queue_routing_info --
 -- What a bulk loader needs to place events itself: N, k, the shard's range, current loads (one per
--- physical partition, so at least N), and the transaction's now() for events without fire_at.
+-- physical partition, so at least N), and the time for events without fire_at (the column default's).
 SELECT q.partitions, q.shuffle, q.payload_limit_bytes, s.name AS shard_name, s.range_start, s.range_end,
-       qm.partition_loads(q.name) AS loads, now() AS now
+       qm.partition_loads(q.name) AS loads, clock_timestamp() AS now
   FROM qm.queues q
   LEFT JOIN qm.shard s ON true
  WHERE q.name = %(queue)s
@@ -27,7 +27,7 @@ CREATE TEMP TABLE IF NOT EXISTS qm_staging (
 
 -- insert_from_staging --
 INSERT INTO {queue} (tenant, partition, payload, fire_at, dedup_key)
-SELECT tenant, partition, payload, coalesce(fire_at, now()), dedup_key FROM qm_staging
+SELECT tenant, partition, payload, coalesce(fire_at, clock_timestamp()), dedup_key FROM qm_staging
 ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 
 -- truncate_staging --
