@@ -15,8 +15,8 @@ moment the producer's INSERT returned; same machine, same ``time.time()``), the 
 1-second window (median and worst), the queue depth (committed, not yet received; max and at
 the end), PostgreSQL's CPU seconds per 1 000 events (the server's processes, from /proc), the
 manager's CPU per 1 000 events, ``pg_stat_statements`` for the manager's statements (calls, buffer
-hits per call, ms per call), the size of the due-index and the dead tuples of the queue table and
-of ``qm.queue_load`` at the phase's end. ``recovered_after_s``: seconds after the release until
+hits per call, ms per call), the size of the due-index, the dead tuples of the queue table (and of
+``qm.queue_load`` where it exists) and the share of HOT updates at the phase's end. ``recovered_after_s``: seconds after the release until
 the 1-second p99 stays within 2x the clean phase's p99.
 
 Targets (issue "Dispatch that stays fast while a long transaction holds back vacuum"), per rate:
@@ -125,10 +125,11 @@ def table_stats(dsn: str) -> dict[str, Any]:
             "SELECT pg_relation_size(%s), pg_relation_size(%s), pg_relation_size(%s)",
             (f"{QUEUE}_due", f"{QUEUE}_fired", f"{QUEUE}_pkey"),
         ).fetchone()
+        # qm.queue_load (the done counters' row until revision 0004) where it still exists
         dead = dict(
             conn.execute(
                 "SELECT relname, n_dead_tup FROM pg_stat_user_tables "
-                "WHERE relid IN (%s::regclass, 'qm.queue_load'::regclass)",
+                "WHERE relid = %s::regclass OR relid = to_regclass('qm.queue_load')",
                 (QUEUE,),
             ).fetchall()
         )

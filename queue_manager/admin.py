@@ -134,6 +134,18 @@ def shard_status(shard: Shard) -> list[QueueStatus]:
     return out
 
 
+#: a transaction holding back vacuum for longer than this is reported as a warning (seconds)
+XMIN_WARN_SECONDS = 60.0
+
+
+def xmin_horizon(shard: Shard) -> dict[str, Any] | None:
+    """The oldest transaction, prepared transaction or replication slot holding back vacuum on the
+    shard's database (the queue's dead rows stay until it ends), or None."""
+    with psycopg.connect(shard.dsn, autocommit=True, row_factory=dict_row) as conn:
+        row = conn.execute(query("xmin_horizon")).fetchone()
+    return None if row is None else dict(row)
+
+
 def status(topology: Topology) -> dict[str, Any]:
     """Status of every queue on every shard, as plain data (what ``qm status --json`` prints)."""
     shards = []
@@ -141,11 +153,21 @@ def status(topology: Topology) -> dict[str, Any]:
         entry: dict[str, Any] = {"shard": shard.name, "range": str(shard.key_range)}
         try:
             qs = shard_status(shard)
+            horizon = xmin_horizon(shard)
         except psycopg.OperationalError as exc:
             entry["error"] = f"unreachable: {exc}".strip()
             shards.append(entry)
             continue
         entry["queues"] = [{**asdict(s), "length": s.length} for s in qs]
+        entry["xmin_horizon"] = horizon
+        warnings = []
+        age = None if horizon is None else horizon.get("age_seconds")
+        if horizon is not None and age is not None and age > XMIN_WARN_SECONDS:
+            warnings.append(
+                f"{horizon['kind']} {horizon['holder']!r} (pid {horizon['pid']}, {horizon['state']}) has held back "
+                f"vacuum for {age:.0f} s: dead rows pile up until it ends"
+            )
+        entry["warnings"] = warnings
         shards.append(entry)
     return {"shards": shards}
 
@@ -183,6 +205,15 @@ def render_status(data: dict[str, Any]) -> str:
         if "error" in shard:
             lines.append(f"  {shard['error']}")
             continue
+        horizon = shard.get("xmin_horizon")
+        if horizon is not None:
+            age = horizon.get("age_seconds")
+            lines.append(
+                f"  oldest xmin: {horizon['kind']} {horizon['holder']!r} pid {horizon['pid']} "
+                f"{horizon['state'] or ''} age {'-' if age is None else f'{age:.1f}s'} ({horizon['xid_age']} xids)"
+            )
+        for warning in shard.get("warnings", []):
+            lines.append(f"  WARNING: {warning}")
         if not shard["queues"]:
             lines.append("  no queues")
         for q in shard["queues"]:

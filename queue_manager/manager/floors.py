@@ -39,11 +39,21 @@ from collections.abc import Iterable, Mapping
 HOLDER_CHECK = 0.01
 #: every floor is dropped this often, for rows that no rule above accounts for (a locked row)
 SAFETY_INTERVAL = 30.0
-#: kept below every time a floor is set from: float rounding of epoch seconds, clock readings
+#: kept below every time a floor is set from: float rounding of epoch seconds
 EPSILON = 0.001
+#: qm.backdated_ms() / 1000: a row whose fire_at is older than the moment its statement took the
+#: wake-up lock by more than this is always announced; any other row's fire_at is at most this
+#: much older than that moment (a row's default fire_at is taken when the row is formed, a moment
+#: before its statement's trigger tries the lock)
+BACKDATED = 0.010
+#: how far the manager's estimate of the database clock may run ahead of it (it is measured from
+#: round trips; on one machine the two clocks are one)
+CLOCK_SLACK = 0.005
 #: an empty partition's floor rises to the estimated database time of the pick minus this much
-#: (the estimate may run a little ahead of the database's own clock)
-EMPTY_MARGIN = 0.005
+EMPTY_MARGIN = 0.020
+#: what a holder reading (or the moment the lock was given back) bounds: rows of producers that
+#: took the lock after it have a fire_at no earlier than it minus this
+HOLDER_MARGIN = BACKDATED + CLOCK_SLACK
 
 
 class Floors:
@@ -108,7 +118,10 @@ class Floors:
 
 
 class HolderWatch:
-    """Producer transactions that hold a queue's wake-up lock (and so did not notify)."""
+    """Producer transactions that hold a queue's wake-up lock (and so did not notify).
+
+    Times kept here are already lowered by HOLDER_MARGIN: they bound rows' fire_at directly.
+    """
 
     __slots__ = ("_holders", "_last", "_previous")
 
@@ -119,7 +132,7 @@ class HolderWatch:
 
     @property
     def cap(self) -> float | None:
-        """No pick may start above this (the reading before the latest), None when not watching."""
+        """No pick may start above this (from the reading before the latest), None when not watching."""
         return self._previous
 
     @property
@@ -130,7 +143,7 @@ class HolderWatch:
         """The queue lost its wake-up lock at ``now``: producers may stop notifying from here on."""
         if self._last is None:
             self._holders = {}
-            self._previous = self._last = now - EPSILON
+            self._previous = self._last = now - HOLDER_MARGIN
 
     def settle(self) -> float | None:
         """Every holder known is gone (the wake-up lock was taken, or granted to the waiter): the
@@ -138,7 +151,7 @@ class HolderWatch:
         the last reading, may lie. None when not watching."""
         if self._last is None:
             return None
-        return min([self._last, *self._holders.values()])
+        return min([self._last, *(start - HOLDER_MARGIN for start in self._holders.values())])
 
     def stop(self) -> None:
         """The queue is armed again: producers notify."""
@@ -146,9 +159,10 @@ class HolderWatch:
         self._last = self._previous = None
 
     def read(self, holders: Mapping[int, float], at: float) -> float | None:
-        """A reading at database time ``at``: pid -> transaction start. Returns the earliest start
-        among holders gone since the last reading (they committed or rolled back), or None."""
+        """A reading at database time ``at``: pid -> transaction start. Returns the earliest time
+        rows of the holders gone since the last reading (they committed or rolled back) may have."""
         gone = [start for pid, start in self._holders.items() if holders.get(pid) != start]
         self._holders = dict(holders)
-        self._previous, self._last = (self._last if self._last is not None else at), at
-        return min(gone) if gone else None
+        low = at - HOLDER_MARGIN
+        self._previous, self._last = (self._last if self._last is not None else low), low
+        return min(gone) - HOLDER_MARGIN if gone else None

@@ -38,6 +38,53 @@ logger = logging.getLogger(__name__)
 RECONNECT_DELAY = 0.25
 #: a dispatcher that starts no round for this long is stuck: its session is failed
 STALL_AFTER = 30.0
+#: while the database stays unreachable, a reminder is logged this often, seconds
+OUTAGE_REMINDER = 30.0
+
+
+class OutageLog:
+    """One line when the database is lost, a reminder every OUTAGE_REMINDER seconds, one line when
+    it is back: not a line per reconnection attempt (four a second)."""
+
+    def __init__(self, log: logging.Logger, clock: Callable[[], float]) -> None:
+        self._log = log
+        self._clock = clock
+        self._since: float | None = None
+        self._reminded = 0.0
+        self._attempts = 0
+
+    @property
+    def down(self) -> bool:
+        return self._since is not None
+
+    def failed(self, error: str) -> None:
+        now = self._clock()
+        self._attempts += 1
+        if self._since is None:
+            self._since = self._reminded = now
+            self._attempts = 1
+            self._log.warning("shard database unreachable", extra={"action": "db_lost", "error": error[:300]})
+        elif now - self._reminded >= OUTAGE_REMINDER:
+            self._reminded = now
+            self._log.warning(
+                "shard database still unreachable",
+                extra={
+                    "action": "db_still_lost",
+                    "down_s": round(now - self._since, 1),
+                    "attempts": self._attempts,
+                    "error": error[:300],
+                },
+            )
+
+    def succeeded(self) -> None:
+        if self._since is None:
+            return
+        down = self._clock() - self._since
+        self._log.warning(
+            "shard database reachable again",
+            extra={"action": "db_back", "down_s": round(down, 1), "attempts": self._attempts},
+        )
+        self._since = None
 
 
 class LeaderSession(Protocol):
@@ -78,6 +125,7 @@ class Leadership:
         self._unhealthy_since: float | None = None
         #: after giving the lease up, do not compete again before this monotonic time
         self._cool_off_until = 0.0
+        self.outage = OutageLog(logger, rt.clock.monotonic)
 
     async def run(self) -> None:
         rt = self.rt
@@ -87,6 +135,7 @@ class Leadership:
         while True:
             try:
                 ctl = await self._control()
+                self.outage.succeeded()
                 if lease.term is None:
                     await self._compete(ctl)
                     continue
@@ -104,9 +153,7 @@ class Leadership:
             except asyncio.CancelledError:
                 raise
             except (psycopg.Error, OSError) as exc:
-                logger.warning(
-                    "shard database unreachable", extra={"action": "db_unreachable", "error": str(exc).strip()[:300]}
-                )
+                self.outage.failed(str(exc).strip())
                 await self._drop_control()
                 await self._end_session()
                 if lease.term is not None and not lease.trusted(clock.monotonic()):

@@ -574,3 +574,12 @@ def test_done_counters_live_in_the_sequences_routing_reads(shard: Shard, make_qu
         assert c.execute("SELECT to_regclass('qm.queue_load')").fetchone() == (None,)
         assert c.execute("SELECT qm.reconcile_load('orders')").fetchone() == live
         assert c.execute("SELECT qm.partition_loads('orders')").fetchone() == live
+
+
+def test_the_backdated_threshold_is_the_one_the_dispatcher_assumes(shard: Shard) -> None:
+    """The verify trigger announces rows older than qm.backdated_ms() (floors.BACKDATED); the
+    dispatcher's floors rely on every other row being at most that old."""
+    from queue_manager.manager.floors import BACKDATED
+
+    with psycopg.connect(shard.dsn) as c:
+        assert c.execute("SELECT qm.backdated_ms()").fetchone() == (round(BACKDATED * 1000),)

@@ -132,6 +132,33 @@ def test_status_counts_depth_and_oldest_due(shards: Topology, make_queue: Any) -
     assert data["shards"][1]["queues"][0]["length"] == 0
 
 
+def test_status_names_what_holds_back_vacuum_and_warns_past_the_threshold(
+    shards: Topology, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_queue("orders", partitions=4, shuffle=2)
+    s0 = shards.shards[0]
+    with psycopg.connect(s0.dsn, application_name="report-job") as holder:
+        holder.execute("SELECT txid_current()")  # then idle in transaction
+        data = admin.status(shards)
+        horizon = data["shards"][0]["xmin_horizon"]
+        assert (horizon["kind"], horizon["holder"], horizon["state"]) == (
+            "session",
+            "report-job",
+            "idle in transaction",
+        )
+        assert horizon["pid"] == holder.info.backend_pid and 0 <= horizon["age_seconds"] < 60
+        assert data["shards"][0]["warnings"] == []
+        assert data["shards"][1]["xmin_horizon"] is None  # the other shard's database is not held
+        monkeypatch.setattr(admin, "XMIN_WARN_SECONDS", 0.0)
+        data = admin.status(shards)
+        (warning,) = data["shards"][0]["warnings"]
+        assert "'report-job'" in warning and "held back vacuum" in warning
+        text = admin.render_status(data)
+        assert "oldest xmin: session 'report-job'" in text and "WARNING:" in text
+        holder.rollback()
+    assert admin.status(shards)["shards"][0]["xmin_horizon"] is None
+
+
 def test_status_reports_an_unreachable_shard(shards: Topology, make_queue: Any) -> None:
     make_queue("orders")
     broken = Topology(

@@ -29,3 +29,30 @@ def test_a_record_without_extra_is_the_plain_line_and_odd_values_are_quoted() ->
     assert f.format(record()).endswith("WARNING queue_manager.manager.leadership stepping down")
     line = f.format(record(error='a "quoted" = thing', tasks=["qm-dispatch"], port=None))
     assert line.endswith('error="a \\"quoted\\" = thing" port=null tasks=["qm-dispatch"]')
+
+
+def test_an_outage_is_logged_once_then_every_30_s_then_when_it_ends() -> None:
+    from queue_manager.clock import FakeClock
+    from queue_manager.manager.leadership import OUTAGE_REMINDER, OutageLog
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    log = logging.getLogger("test.outage")
+    log.addHandler(Keep())
+    log.propagate = False
+    clock = FakeClock()
+    outage = OutageLog(log, clock.monotonic)
+    outage.succeeded()  # nothing was lost: nothing to say
+    for _ in range(4 * 65):  # 65 s of attempts every 0.25 s
+        outage.failed("connection refused")
+        clock.advance(0.25)
+    assert [getattr(r, "action") for r in records] == ["db_lost", "db_still_lost", "db_still_lost"]
+    assert getattr(records[1], "down_s") == OUTAGE_REMINDER
+    outage.succeeded()
+    outage.succeeded()
+    assert [getattr(r, "action") for r in records][3:] == ["db_back"]
+    assert getattr(records[3], "attempts") == 260 and not outage.down

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_manager.manager.floors import EMPTY_MARGIN, EPSILON, Floors, HolderWatch
+from queue_manager.manager.floors import EMPTY_MARGIN, EPSILON, HOLDER_MARGIN, Floors, HolderWatch
 from queue_manager.manager.wakeups import Listener
 
 
@@ -82,19 +82,20 @@ def test_a_pick_that_started_before_a_fall_raises_nothing() -> None:
 
 
 def test_the_holder_watch_reports_the_earliest_start_of_those_gone() -> None:
+    m = HOLDER_MARGIN  # every bound is lowered by what a row's fire_at may lag its lock
     w = HolderWatch()
     assert w.cap is None
     w.start(10.0)  # the queue lost its wake-up lock at 10.0
-    assert w.cap == 10.0 - EPSILON
+    assert w.cap == 10.0 - m
     assert w.read({7: 5.0, 8: 9.0}, at=10.01) is None  # two producers hold it
-    assert w.cap == 10.0 - EPSILON and w.last_reading == 10.01
-    assert w.read({8: 9.0}, at=10.02) == 5.0  # 7 committed: its rows may be as old as its start
-    assert w.cap == 10.01
+    assert (w.cap, w.last_reading) == (10.0 - m, 10.01 - m)
+    assert w.read({8: 9.0}, at=10.02) == 5.0 - m  # 7 committed: its rows may be as old as its start
+    assert w.cap == 10.01 - m
     assert w.read({8: 9.0, 9: 10.015}, at=10.03) is None
-    assert w.read({}, at=10.04) == 9.0
+    assert w.read({}, at=10.04) == 9.0 - m
     # a pid reused by a new transaction counts as gone
     w.read({11: 10.035}, at=10.05)
-    assert w.read({11: 10.045}, at=10.06) == 10.035
-    assert w.settle() == 10.045  # the lock is taken: every holder known (11) is gone too
+    assert w.read({11: 10.045}, at=10.06) == 10.035 - m
+    assert w.settle() == 10.045 - m  # the lock is taken: every holder known (11) is gone too
     w.stop()
     assert w.cap is None and w.last_reading is None and w.settle() is None

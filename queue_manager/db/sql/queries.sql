@@ -64,3 +64,27 @@ SELECT extract(epoch FROM now() - min(fire_at))::double precision AS oldest_due_
        count(*) AS due_now
   FROM {queue}
  WHERE state = 'to_be_fired' AND fire_at <= now()
+
+-- xmin_horizon --
+-- What holds back vacuum in this database: the oldest of the sessions' transactions and snapshots,
+-- the prepared transactions and the replication slots (one row each kind at most, oldest first).
+SELECT kind, holder, pid, application_name, state, age_seconds, xid_age FROM (
+    SELECT 'session' AS kind, coalesce(nullif(a.application_name, ''), a.backend_type) AS holder, a.pid,
+           a.application_name, a.state,
+           extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.backend_start))::double precision AS age_seconds,
+           age(coalesce(a.backend_xmin, a.backend_xid))::bigint AS xid_age
+      FROM pg_stat_activity a
+     WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL) AND a.pid <> pg_backend_pid()
+       AND a.datname = current_database()
+    UNION ALL
+    SELECT 'prepared', p.gid, NULL, NULL, NULL,
+           extract(epoch FROM clock_timestamp() - p.prepared)::double precision, age(p.transaction)::bigint
+      FROM pg_prepared_xacts p
+     WHERE p.database = current_database()
+    UNION ALL
+    SELECT 'slot', s.slot_name, s.active_pid, NULL, NULL, NULL, age(coalesce(s.xmin, s.catalog_xmin))::bigint
+      FROM pg_replication_slots s
+     WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
+) h
+ORDER BY xid_age DESC NULLS LAST
+LIMIT 1

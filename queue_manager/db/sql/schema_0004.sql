@@ -23,7 +23,7 @@ RETURN 29037;
 
 CREATE FUNCTION qm.backdated_ms() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 50;
+RETURN 10;
 
 -- publish the transactional done counters a last time: the sequences become the only copy
 DO $$
