@@ -16,8 +16,9 @@ moment the producer's INSERT returned; same machine, same ``time.time()``), the 
 the end), PostgreSQL's CPU seconds per 1 000 events (the server's processes, from /proc), the
 manager's CPU per 1 000 events, ``pg_stat_statements`` for the manager's statements (calls, buffer
 hits per call, ms per call), the size of the due-index, the dead tuples of the queue table (and of
-``qm.queue_load`` where it exists) and the share of HOT updates at the phase's end. ``recovered_after_s``: seconds after the release until
-the 1-second p99 stays within 2x the clean phase's p99.
+``qm.queue_load`` where it exists) and the share of HOT updates at the phase's end.
+``recovered_after_s``: seconds after the release until the 1-second p99 stays within 2x the clean
+phase's p99.
 
 Targets (issue "Dispatch that stays fast while a long transaction holds back vacuum"), per rate:
 held p99 <= 2x clean p99 (and < 20 ms at 500/s); PostgreSQL CPU per event held <= 1.5x clean;

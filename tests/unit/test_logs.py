@@ -50,9 +50,9 @@ def test_an_outage_is_logged_once_then_every_30_s_then_when_it_ends() -> None:
     for _ in range(4 * 65):  # 65 s of attempts every 0.25 s
         outage.failed("connection refused")
         clock.advance(0.25)
-    assert [getattr(r, "action") for r in records] == ["db_lost", "db_still_lost", "db_still_lost"]
-    assert getattr(records[1], "down_s") == OUTAGE_REMINDER
+    assert [r.action for r in records] == ["db_lost", "db_still_lost", "db_still_lost"]
+    assert records[1].down_s == OUTAGE_REMINDER
     outage.succeeded()
     outage.succeeded()
-    assert [getattr(r, "action") for r in records][3:] == ["db_back"]
-    assert getattr(records[3], "attempts") == 260 and not outage.down
+    assert [r.action for r in records][3:] == ["db_back"]
+    assert records[3].attempts == 260 and not outage.down
