@@ -46,10 +46,13 @@ def _logging() -> None:
     import faulthandler
     import signal
 
+    from queue_manager.logs import ExtraFormatter
+
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <pid>: stacks on stderr
-    logging.basicConfig(
-        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(processName)s %(name)s %(message)s"
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    # the records' extra fields (action, term, error, ...) are kept in the line
+    handler.setFormatter(ExtraFormatter("%(asctime)s %(processName)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 
 async def _wait_mp_event(ev: Any, poll: float = 0.01) -> None:
