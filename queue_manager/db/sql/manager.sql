@@ -1,6 +1,12 @@
 -- Named queries of the manager (loaded by queue_manager.db.sqlfiles.queries("manager.sql")).
 -- {queue} is a queue table name checked against the allow-list. Every statement that changes an
 -- event's state calls qm.fence(term) first (see schema_0002.sql): a deposed manager's writes fail.
+--
+-- Statements that change rows named by id guard their state as text (q.state::text = 'fired'):
+-- the comparison guards the same, but it does not prove a partial index's predicate, so the
+-- planner finds the rows by primary key. With state = 'fired' it could answer from the partial
+-- index <queue>_fired and filter by id, which walks every dead entry of that index: measured under
+-- a held snapshot, 2 969 buffer hits for 20 acks (3 per row by primary key).
 
 -- mgr_queues --
 -- The queues of this shard with the settings the manager needs.
@@ -73,7 +79,7 @@ UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM (SELECT qm.fence(%(term)s) AS term) f
- WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state = 'to_be_fired' AND q.fire_at <= now()
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
 
 -- mgr_fire_due --
@@ -104,7 +110,7 @@ UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM f
- WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state = 'to_be_fired'
+ WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state::text = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
 
 -- mgr_ack --
@@ -115,7 +121,7 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
      done AS (
         UPDATE {queue} q SET state = 'acked', acked_at = now(), ack_deadline = NULL
           FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
-         WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+         WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state::text = 'fired'
         RETURNING q.id, q.partition)
 SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), qm.add_done(%(queue_id)s, coalesce(array_agg(partition), ARRAY[]::smallint[]))::text FROM done
 
@@ -131,7 +137,7 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
                ack_deadline = NULL, last_error = a.error
           FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::double precision[], %(errors)s::text[])
                AS a(id, attempt, delay, error)
-         WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+         WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state::text = 'fired'
         RETURNING q.id, q.partition, q.state)
 SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER (WHERE state = 'failed'), ARRAY[]::bigint[]),
        qm.add_done(%(queue_id)s, coalesce(array_agg(partition) FILTER (WHERE state = 'failed'), ARRAY[]::smallint[]))::text,
@@ -163,7 +169,7 @@ SELECT NULL, NULL, NULL, extract(epoch FROM clock_timestamp())::double precision
 WITH f AS (SELECT qm.fence(%(term)s) AS term)
 UPDATE {queue} q SET ack_deadline = now() + make_interval(secs => a.seconds)
   FROM f, unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(seconds)s::double precision[]) AS a(id, attempt, seconds)
- WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state = 'fired'
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state::text = 'fired'
 RETURNING q.id, extract(epoch FROM q.ack_deadline)::double precision
 
 -- mgr_sweep --
@@ -189,7 +195,7 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
                ack_deadline = NULL,
                last_error = 'no ack before the deadline (attempt ' || q.attempts || ')'
           FROM f
-         WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state = 'fired' AND q.ack_deadline <= now()
+         WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state::text = 'fired' AND q.ack_deadline <= now()
         RETURNING q.id, q.partition, q.state)
 SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER (WHERE state = 'failed'), ARRAY[]::bigint[]),
        qm.add_done(%(queue_id)s, coalesce(array_agg(partition) FILTER (WHERE state = 'failed'), ARRAY[]::smallint[]))::text,
@@ -221,7 +227,7 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
            FOR UPDATE SKIP LOCKED),
      gone AS (
         DELETE FROM {queue} q USING f
-         WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state = 'acked'
+         WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state::text = 'acked'
         RETURNING q.id)
 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM cand)
 
