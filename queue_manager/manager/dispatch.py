@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
-from queue_manager.manager.floors import HOLDER_CHECK, SAFETY_INTERVAL
+from queue_manager.manager.floors import FULL_RESET, HOLDER_CHECK, SAFETY_INTERVAL, SAFETY_LOOKBACK
 from queue_manager.manager.queues import QueueRuntime, Reason, Subscriber, active
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
@@ -108,9 +108,15 @@ class Dispatcher:
 
     async def _round(self, q: QueueRuntime, now: float) -> bool:
         """One queue's steps; True when events were fired and more may follow at once."""
-        if now >= q.safety_at:
-            q.floors.clear()  # one pick from the start of each partition: a row once locked is found
-            q.safety_at = now + SAFETY_INTERVAL
+        if now >= q.reset_at:
+            q.floors.clear()  # one pick from the start of each partition
+            q.reset_at = now + FULL_RESET
+        elif now >= q.safety_at:
+            # a row an application kept locked while a pick passed: look back a while, one partition in turn
+            partitions = max(1, q.settings.partitions_physical)
+            q.floors.lower_one(q.safety_partition % partitions, SAFETY_LOOKBACK)
+            q.safety_partition = (q.safety_partition + 1) % partitions
+            q.safety_at = now + SAFETY_INTERVAL / partitions
         dirty, hint = q.take_nudges()
         r = plan.plan_round(
             plan.QueueState(
@@ -233,8 +239,7 @@ class Dispatcher:
         holds up the timers of the cached events (a full 2 000-event window took 6 to 10 ms).
         """
         rt = self.rt
-        generation = q.floors.generation
-        used = None if future_only else q.floors.bounds(q.watch.cap)
+        used = None if future_only else q.floors.begin(q.watch.cap)
         pick_time = rt.db_clock.now()
         sent = rt.clock.wall()
         rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
@@ -252,7 +257,7 @@ class Dispatcher:
             entries.append(Entry(ident, tenant, part, fire_at))
         if not future_only:
             scanned = range(q.settings.partitions_physical) if parts is None else parts
-            q.floors.after_pick(generation, firsts, scanned, pick_time)
+            q.floors.after_pick(firsts, scanned, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
         q.next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
         rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))
@@ -276,11 +281,9 @@ class Dispatcher:
         if limit <= 0:
             return 0
         floors = q.floors
-        generation = floors.generation
+        used = floors.begin(q.watch.cap)
         pick_time = self.rt.db_clock.now()
-        rows, quota = await store.fire_due(
-            self.conn, q.settings, self.term, q.cursor, limit, floors.bounds(q.watch.cap)
-        )
+        rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used)
         self.rt.signals.fired.emit(q.name)
         # more are due if the batch was full or some partition gave its whole quota
         per_part: dict[int, int] = {}
@@ -292,7 +295,7 @@ class Dispatcher:
                 tops[p] = r[4]
         # short of the limit: every partition was examined, and those that gave nothing have nothing due
         empty = range(q.settings.partitions_physical) if len(rows) < limit else ()
-        floors.after_pick(generation, tops, empty, pick_time)
+        floors.after_pick(tops, empty, pick_time)
         q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
         if rows:
             q.cursor = (rows[-1][2] + 1) % max(1, q.settings.partitions_physical)

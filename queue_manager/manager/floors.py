@@ -25,10 +25,14 @@ puts an event back, or when an application lock made the pick skip a row. So flo
   fall to its transaction's start. A transaction that took and released the lock between two
   readings inserted after the first reading, and its rows' fire_at (default: the insert's time)
   are no earlier than that reading: picks never start above the previous reading's time;
-- to the time of a release the manager made (nack, disconnect, collector), and to the time of the
-  last holder reading when the queue is armed again;
-- to nothing (no floor) when a session starts and every SAFETY_INTERVAL (a row an application
-  kept locked is then found).
+- to the time of a release the manager made (nack, disconnect, collector), to the time an
+  application's update made an event due (the queue table's ``qm_rescheduled`` trigger announces
+  it, like a producer's notice), and to the time of the last holder reading when the queue is
+  armed again;
+- for a row an application kept locked while a pick passed (``SKIP LOCKED``): one partition at a
+  time, in turn, its floor falls by SAFETY_LOOKBACK every SAFETY_INTERVAL / partitions, and every
+  floor is dropped every FULL_RESET and when a session starts. (A full reset under a held
+  snapshot walks every dead entry once; a partition's lookback only a minute of one partition's.)
 """
 
 from __future__ import annotations
@@ -37,8 +41,12 @@ from collections.abc import Iterable, Mapping
 
 #: how often the holders of a disarmed queue's wake-up lock are read, seconds
 HOLDER_CHECK = 0.01
-#: every floor is dropped this often, for rows that no rule above accounts for (a locked row)
+#: every partition's floor falls by SAFETY_LOOKBACK once in this many seconds (one partition at a
+#: time), for a row an application kept locked while a pick passed
 SAFETY_INTERVAL = 30.0
+SAFETY_LOOKBACK = 60.0
+#: and every floor is dropped this often
+FULL_RESET = 600.0
 #: kept below every time a floor is set from: float rounding of epoch seconds
 EPSILON = 0.001
 #: qm.backdated_ms() / 1000: a row whose fire_at is older than the moment its statement took the
@@ -57,13 +65,21 @@ HOLDER_MARGIN = BACKDATED + CLOCK_SLACK
 
 
 class Floors:
-    """Per-partition floors (epoch seconds, database clock); None = no floor."""
+    """Per-partition floors (epoch seconds, database clock); None = no floor.
 
-    __slots__ = ("_f", "generation")
+    A pick brackets its statement with :meth:`begin` and :meth:`after_pick`; picks of one queue
+    never overlap (the dispatcher awaits each), but notices and holder readings may lower the
+    floors while one runs. Those rows may have committed after the pick's snapshot, so the pick
+    raises no floor above the lowest point any floor fell to meanwhile.
+    """
+
+    __slots__ = ("_f", "_fell_to", "generation")
 
     def __init__(self, partitions: int) -> None:
         self._f: list[float | None] = [None] * partitions
-        #: moves whenever a floor falls: a pick that started before a fall raises nothing
+        #: the lowest point floors fell to since the last begin(); None: they did not fall
+        self._fell_to: float | None = None
+        #: moves whenever a floor falls
         self.generation = 0
 
     def __len__(self) -> int:
@@ -72,21 +88,33 @@ class Floors:
     def __getitem__(self, p: int) -> float | None:
         return self._f[p]
 
+    def _fell(self, t: float) -> None:
+        self.generation += 1
+        self._fell_to = t if self._fell_to is None else min(self._fell_to, t)
+
     def resize(self, partitions: int) -> None:
         """A partition count change: new partitions start without a floor."""
         if partitions != len(self._f):
             self._f = (self._f + [None] * partitions)[:partitions]
-            self.generation += 1
+            self._fell(float("-inf"))
 
     def clear(self) -> None:
         self._f = [None] * len(self._f)
-        self.generation += 1
+        self._fell(float("-inf"))
+
+    def lower_one(self, p: int, by: float) -> None:
+        """Partition ``p``'s floor falls by ``by`` seconds (the rotating safety net)."""
+        if p < len(self._f):
+            f = self._f[p]
+            if f is not None:
+                self._f[p] = f - by
+                self._fell(f - by)
 
     def lower_all(self, t: float) -> None:
         """Rows with fire_at >= t may have appeared anywhere: no floor stays above t - EPSILON."""
         t -= EPSILON
         self._f = [f if f is None or f <= t else t for f in self._f]
-        self.generation += 1
+        self._fell(t)
 
     def bounds(self, cap: float | None = None) -> list[float | None]:
         """The floors a pick uses, none above ``cap`` (the previous holder reading, when disarmed)."""
@@ -94,22 +122,29 @@ class Floors:
             return list(self._f)
         return [f if f is None or f <= cap else cap for f in self._f]
 
-    def after_pick(self, generation: int, tops: Mapping[int, float], empty: Iterable[int], pick_time: float) -> None:
-        """A pick (or a scan) that started at ``generation`` found nothing visible below ``tops``
-        (partition -> fire_at: the latest row a pick fired, the earliest row a scan saw), and
-        nothing due at all in the ``empty`` partitions, as of ``pick_time`` (the estimated
-        database time when it started). Floors rise accordingly, never fall. Nothing rises if a
-        floor fell while the pick ran: rows that committed meanwhile may lie below what it saw."""
-        if generation != self.generation:
+    def begin(self, cap: float | None = None) -> list[float | None]:
+        """A pick starts: the floors it uses (see :meth:`bounds`)."""
+        self._fell_to = None
+        return self.bounds(cap)
+
+    def after_pick(self, tops: Mapping[int, float], empty: Iterable[int], pick_time: float) -> None:
+        """The pick that last called :meth:`begin` found nothing visible below ``tops`` (partition ->
+        fire_at: the latest row a pick fired, the earliest row a scan saw), and nothing due at all
+        in the ``empty`` partitions, as of ``pick_time`` (the estimated database time when it
+        started). Floors rise accordingly, never fall, and never above where they fell to while
+        the pick ran."""
+        ceiling = float("inf") if self._fell_to is None else self._fell_to
+        self._fell_to = None
+        if ceiling == float("-inf"):  # cleared while the pick ran
             return
         f = self._f
         for p, t in tops.items():
             if p < len(f):
-                target = t - EPSILON
+                target = min(t - EPSILON, ceiling)
                 current = f[p]
                 if current is None or target > current:
                     f[p] = target
-        target = pick_time - EMPTY_MARGIN
+        target = min(pick_time - EMPTY_MARGIN, ceiling)
         for p in empty:
             if p < len(f) and p not in tops:
                 current = f[p]

@@ -85,8 +85,9 @@ class _Job:
 #: short statement), and the deadlines of events fired ack_timeout ago, all acked, are dead index
 #: entries the sweep would walk again (5 s of them cost 25 000 buffer hits per sweep at 2 000/s)
 SWEEP_MARGIN = 1.0
-#: and from the start every this many runs (a row an application kept locked is then found)
-SWEEP_FULL_EVERY = 30
+#: and from the start every this many runs (a row an application kept locked is then found; under
+#: a held snapshot such a run walks every dead entry of the fired index once)
+SWEEP_FULL_EVERY = 300
 
 
 class Collector(_Job):

@@ -103,9 +103,12 @@ class QueueRuntime:
         self.floors = Floors(settings.partitions_physical)
         #: producers holding the wake-up lock while the queue is not armed
         self.watch = HolderWatch()
-        #: loop times of the next holder reading and of the next floor reset
+        #: loop times of the next holder reading, of the next safety lookback and of the next reset
         self.next_holder_check = 0.0
         self.safety_at = 0.0
+        self.reset_at = 0.0
+        #: the partition whose floor the next safety lookback lowers
+        self.safety_partition = 0
 
     @property
     def name(self) -> str:

@@ -350,3 +350,30 @@ async def test_a_late_commit_is_delivered_at_once_after_a_burst(shard: Shard, ma
             latency = time.monotonic() - committed_at
             assert last["id"] == late_id
             assert latency < LATE_WITHIN, f"late commit (busy manager): {latency:.3f}s"
+
+
+async def test_an_event_an_application_makes_due_is_delivered_at_once(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    """An UPDATE that makes an event due (a reschedule into the past, below where the picks start;
+    a retry of a dead letter) is announced at commit like an insert."""
+    make_queue("orders", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 20)
+    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1000}))
+            await recv_type(ws, "subscribed")
+            [later] = await insert(shard.dsn, [(tenants[0], {"later": True})], fire_in=3600)
+            # a burst moves every floor past now
+            got = 0
+            burst = await insert(shard.dsn, [(tenants[1 + i % 19], {"i": i}) for i in range(100)])
+            while got < len(burst):
+                frame = await recv_type(ws, "deliver")
+                got += len(frame["events"])
+                await ws.send(json.dumps({"type": "ack", "events": [[e["id"], e["attempt"]] for e in frame["events"]]}))
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as app:
+                await app.execute("UPDATE orders SET fire_at = '2020-01-01T00:00:00Z' WHERE id = %s", (later,))
+                committed_at = time.monotonic()
+            ev = (await recv_type(ws, "deliver", timeout=10))["events"][0]
+            latency = time.monotonic() - committed_at
+            assert ev["id"] == later
+            assert latency < LATE_WITHIN, f"a rescheduled event: {latency:.3f}s"

@@ -53,13 +53,13 @@ def test_a_malformed_notice_is_ignored() -> None:
 
 def test_floors_rise_after_picks_and_fall_for_whatever_may_lie_below() -> None:
     f = Floors(4)
-    assert f.bounds() == [None] * 4
-    g = f.generation
+    assert f.begin() == [None] * 4
     # a pick fired rows in partitions 0 and 2, examined every partition, found 1 and 3 empty
-    f.after_pick(g, {0: 100.0, 2: 103.0}, range(4), pick_time=110.0)
+    f.after_pick({0: 100.0, 2: 103.0}, range(4), pick_time=110.0)
     assert f.bounds() == [100.0 - EPSILON, 110.0 - EMPTY_MARGIN, 103.0 - EPSILON, 110.0 - EMPTY_MARGIN]
     # never falls from a pick
-    f.after_pick(f.generation, {0: 50.0}, (), pick_time=0.0)
+    f.begin()
+    f.after_pick({0: 50.0}, (), pick_time=0.0)
     assert f[0] == 100.0 - EPSILON
     # a notice of rows from t on: nothing stays above t
     f.lower_all(101.0)
@@ -68,17 +68,25 @@ def test_floors_rise_after_picks_and_fall_for_whatever_may_lie_below() -> None:
     assert f.bounds(cap=100.5) == [100.0 - EPSILON, 100.5, 100.5, 100.5]
 
 
-def test_a_pick_that_started_before_a_fall_raises_nothing() -> None:
-    f = Floors(2)
-    f.after_pick(f.generation, {}, range(2), pick_time=100.0)
-    g = f.generation
-    f.lower_all(50.0)  # a late commit announced while the pick ran
-    f.after_pick(g, {0: 120.0, 1: 130.0}, (), pick_time=140.0)
-    assert f.bounds() == [50.0 - EPSILON, 50.0 - EPSILON]
+def test_a_pick_rises_no_higher_than_where_floors_fell_while_it_ran() -> None:
+    f = Floors(3)
+    f.begin()
+    f.after_pick({}, range(3), pick_time=100.0)
+    f.begin()
+    f.lower_all(50.0)  # a late commit announced while the pick ran: its rows may be unseen
+    f.after_pick({0: 120.0, 1: 130.0}, (2,), pick_time=140.0)
+    assert f.bounds() == [50.0 - EPSILON] * 3
+    f.begin()  # the next pick, with no fall meanwhile, rises freely
+    f.after_pick({0: 120.0}, (1,), pick_time=140.0)
+    assert f.bounds() == [120.0 - EPSILON, 140.0 - EMPTY_MARGIN, 50.0 - EPSILON]
     f.clear()
-    assert f.bounds() == [None, None]
-    f.resize(3)
     assert f.bounds() == [None, None, None]
+    f.begin()
+    f.clear()  # cleared while a pick ran: nothing rises
+    f.after_pick({0: 1.0}, (1,), pick_time=2.0)
+    assert f.bounds() == [None, None, None]
+    f.resize(4)
+    assert f.bounds() == [None] * 4
 
 
 def test_the_holder_watch_reports_the_earliest_start_of_those_gone() -> None:

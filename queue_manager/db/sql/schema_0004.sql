@@ -10,9 +10,12 @@
 --   qm.reconcile_load()     sets the done sequences directly
 --   qm.notify_settled()     the queue tables' qm_settled triggers: an event in hand that anyone
 --                           but the manager settles (an ack by SQL, a delete) is announced at commit
+--   qm.notify_rescheduled() the qm_rescheduled triggers: an event an application makes due (a
+--                           retry, a reschedule) is announced at commit
 --   qm.apply_queue()        generates the same routing and verify code, except that the verify
 --                           trigger's NOTIFY carries the earliest fire_at of the statement, and
---                           adds the qm_settled triggers and fire_at DEFAULT clock_timestamp()
+--                           adds the qm_settled and qm_rescheduled triggers and fire_at DEFAULT
+--                           clock_timestamp()
 --
 -- Applied to every existing queue at the end. qm.queue_load and qm.publish_done are dropped, after
 -- their values are published one last time.
@@ -80,6 +83,18 @@ $$;
 
 DROP FUNCTION qm.publish_done(integer, smallint[]);
 DROP TABLE qm.queue_load;
+
+-- The qm_rescheduled trigger's function: an application made an event due (a retry of a dead
+-- letter, a reschedule): '<queue> at <fire_at or the transaction's start, epoch microseconds>',
+-- delivered at commit, as a producer's notice would be; the manager's floors fall to it.
+CREATE FUNCTION qm.notify_rescheduled() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('qm_wake', TG_TABLE_NAME || ' at '
+                                 || (extract(epoch FROM least(NEW.fire_at, now())) * 1000000)::bigint);
+    RETURN NULL;
+END
+$$;
 
 -- The qm_settled triggers' function: '<queue> settled <id> <attempt> <partition> <new state or
 -- deleted>' on qm_wake, delivered when the settling transaction commits (never when it rolls back).
@@ -300,6 +315,13 @@ $verify$$f$, format('q%s_verify', q.id), q.id, q.name, n, k, verify_body);
     EXECUTE format('CREATE TRIGGER qm_settled_delete AFTER DELETE ON %s FOR EACH ROW '
                    'WHEN (OLD.state = ''fired'' AND current_setting(''qm.role'', true) IS DISTINCT FROM ''manager'') '
                    'EXECUTE FUNCTION qm.notify_settled()', t);
+
+    -- An event an application makes due again or reschedules (qm events retry, an UPDATE of
+    -- fire_at) is announced like an insert: the manager's picks start after what it has fired.
+    EXECUTE format('DROP TRIGGER IF EXISTS qm_rescheduled ON %s', t);
+    EXECUTE format('CREATE TRIGGER qm_rescheduled AFTER UPDATE OF state, fire_at ON %s FOR EACH ROW '
+                   'WHEN (NEW.state = ''to_be_fired'' AND current_setting(''qm.role'', true) IS DISTINCT FROM ''manager'') '
+                   'EXECUTE FUNCTION qm.notify_rescheduled()', t);
 
     EXECUTE format('DROP TRIGGER IF EXISTS qm_route ON %s', t);
     EXECUTE format('CREATE TRIGGER qm_route BEFORE INSERT ON %s FOR EACH ROW WHEN (NEW.partition IS NULL) '
