@@ -189,7 +189,9 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
             raise MisroutedTenantError(
                 f"event #{i}: tenant {tenant!r} does not belong to shard {place.shard!r} ({place.key_range})"
             )
-        candidates = sets[tenant] = routing.shuffle_set_from_hash(h, place.partitions, place.shuffle)
+        candidates = sets[tenant] = routing.shuffle_set_from_hash(
+            routing.draw_hash(tenant), place.partitions, place.shuffle
+        )
         return candidates
 
     def rows() -> Iterator[tuple[Any, ...]]:

@@ -1,14 +1,15 @@
 """Keyspace routing and shuffle sharding as Spark SQL column expressions.
 
 This is :mod:`queue_manager.domain.routing` rewritten with Spark SQL built-in functions only
-(``md5``, ``substring``, ``conv``, ``pmod``, ``div``), so a job can route or check millions of
+(``md5``, ``sha2``, ``substring``, ``conv``, ``pmod``, ``div``), so a job can route or check millions of
 rows without a Python UDF. Every function takes and returns :class:`pyspark.sql.Column`
 expressions; the shuffle-set shape (``n`` partitions, ``k`` per tenant) is a pair of Python
 ints, validated with :func:`queue_manager.domain.routing.check_shuffle_params`, so the
 per-group constants are folded into the expression when it is built.
 
-Let ``h = md5(cast(tenant as binary))``: Spark casts a string to its UTF-8 bytes, which is
-what the Python (``hashlib``) and PostgreSQL (``md5(text)`` on a UTF-8 database) sides hash.
+Let ``h = md5(cast(tenant as binary))`` and ``g = sha2(cast(tenant as binary), 256)``: Spark
+casts a string to its UTF-8 bytes, which is what the Python (``hashlib``) and PostgreSQL
+(``md5(text)``, ``sha256(convert_to(text, 'UTF8'))``) sides hash.
 All results are NULL for a NULL tenant (and :func:`in_shuffle_set` for a NULL partition).
 The test vectors in ``tests/vectors/routing_vectors.json`` pin the behaviour.
 """
@@ -22,7 +23,14 @@ from pathlib import Path
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
-from queue_manager.domain.routing import KEYSPACE_HEX_DIGITS, check_shuffle_params, draw_width, group_bounds
+from queue_manager.domain.routing import (
+    DRAW_WORD_HEX_DIGITS,
+    KEYSPACE_HEX_DIGITS,
+    check_shuffle_params,
+    draw_offset,
+    draw_width,
+    group_bounds,
+)
 from queue_manager.errors import ConfigurationError, TopologyError
 
 #: Debian/Ubuntu's ``libpostgresql-jdbc-java`` installs the driver here
@@ -36,6 +44,11 @@ _BOUND_RE = re.compile(r"^(?:[0-9a-f]{16})?$")
 def tenant_md5(tenant: Column) -> Column:
     """The 32 lowercase hex digits of md5 over the tenant's UTF-8 bytes."""
     return F.md5(tenant.cast("binary"))
+
+
+def tenant_sha256(tenant: Column) -> Column:
+    """The 64 lowercase hex digits of sha256 over the tenant's UTF-8 bytes (the draws' hash)."""
+    return F.sha2(tenant.cast("binary"), 256)
 
 
 def _keyspace_hex_of(h: Column) -> Column:
@@ -57,13 +70,15 @@ def _hex_to_int(digits: Column, width: int) -> Column:
     return F.conv(digits, 16, 10).cast("decimal(20,0)" if width >= KEYSPACE_HEX_DIGITS else "bigint")
 
 
-def _draw(h: Column, k: int, j: int | Column) -> Column:
-    """Group ``j``'s draw: ``w = 16 div k`` hex digits of ``h`` from 0-based digit ``16 + j*w``."""
+def _draw(g: Column, k: int, j: int | Column) -> Column:
+    """Group ``j``'s draw: ``w`` hex digits of ``g`` from 0-based digit ``draw_offset(k, j)``."""
     width = draw_width(k)
     if isinstance(j, int):
-        return _hex_to_int(h.substr(KEYSPACE_HEX_DIGITS + j * width + 1, width), width)
-    start = F.lit(KEYSPACE_HEX_DIGITS + 1) + j * F.lit(width)
-    return _hex_to_int(h.substr(start, F.lit(width)), width)
+        return _hex_to_int(g.substr(draw_offset(k, j) + 1, width), width)
+    per_word = DRAW_WORD_HEX_DIGITS // width
+    word = _div(j, F.lit(per_word))
+    start = F.lit(1) + word * F.lit(DRAW_WORD_HEX_DIGITS) + F.pmod(j, F.lit(per_word)) * F.lit(width)
+    return _hex_to_int(g.substr(start, F.lit(width)), width)
 
 
 def _div(a: Column, b: Column) -> Column:
@@ -78,11 +93,11 @@ def shuffle_set(tenant: Column, n: int, k: int) -> Column:
     Raises ConfigurationError for an invalid shape.
     """
     check_shuffle_params(n, k)
-    h = tenant_md5(tenant)
+    g = tenant_sha256(tenant)
     picks = []
     for j in range(k):
         lo, hi = group_bounds(n, k, j)
-        pick = F.lit(lo) + F.pmod(_draw(h, k, j), F.lit(hi - lo))
+        pick = F.lit(lo) + F.pmod(_draw(g, k, j), F.lit(hi - lo))
         picks.append(pick.cast("int"))
     return F.array(*picks)
 
@@ -96,11 +111,11 @@ def in_shuffle_set(tenant: Column, partition: Column, n: int, k: int) -> Column:
     """
     check_shuffle_params(n, k)
     p = partition.cast("bigint")
-    h = tenant_md5(tenant)
+    g = tenant_sha256(tenant)
     j = _div((p + F.lit(1)) * F.lit(k) - F.lit(1), F.lit(n))
     lo = _div(j * F.lit(n), F.lit(k))
     hi = _div((j + F.lit(1)) * F.lit(n), F.lit(k))
-    pick = lo + F.pmod(_draw(h, k, j), hi - lo)
+    pick = lo + F.pmod(_draw(g, k, j), hi - lo)
     in_range = (p >= F.lit(0)) & (p < F.lit(n))
     # ``when`` keeps out-of-range partitions away from the draw (a negative j would read bad digits)
     return F.when(in_range, p == pick).when(p.isNotNull(), F.lit(False))

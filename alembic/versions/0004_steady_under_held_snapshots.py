@@ -13,7 +13,7 @@ from alembic import op
 from queue_manager.db.sqlfiles import read_sql, run_script
 
 revision = "0004"
-down_revision = "0002"  # re-pointed to 0003 when the routing revision lands
+down_revision = "0002"  # 0003 was never landed (the routing fix became 0005)
 branch_labels = None
 depends_on = None
 

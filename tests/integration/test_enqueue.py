@@ -59,7 +59,7 @@ def test_sql_routing_matches_vectors(conn: psycopg.Connection[Any], make_queue: 
             assert got == (expected,), (v["tenant"], shape)
 
 
-@pytest.mark.parametrize(("n", "k"), [(16, 4), (10, 3), (7, 2), (5, 5)])
+@pytest.mark.parametrize(("n", "k"), [(16, 4), (10, 3), (7, 2), (5, 5), (64, 16), (40, 9)])
 def test_check_constraint_membership_matches_python(shard: Shard, make_queue: Any, n: int, k: int) -> None:
     """Every (tenant, partition) pair: the CHECK accepts exactly the Python shuffle set."""
     make_queue("orders", partitions=n, shuffle=k)
@@ -583,3 +583,30 @@ def test_the_backdated_threshold_is_the_one_the_dispatcher_assumes(shard: Shard)
 
     with psycopg.connect(shard.dsn) as c:
         assert c.execute("SELECT qm.backdated_ms()").fetchone() == (round(BACKDATED * 1000),)
+
+
+@pytest.mark.parametrize(("n", "k"), [(512, 16), (300, 10), (1024, 8)])
+def test_routing_trigger_reaches_every_partition_of_wide_groups(shard: Shard, make_queue: Any, n: int, k: int) -> None:
+    """Rows routed by the database land in their Python shuffle sets and use every partition.
+
+    Before revision 0005, (512, 16) and (300, 10) left half the partitions unused (a draw of
+    one hex digit for groups of 32 and 30)."""
+    make_queue("orders", partitions=n, shuffle=k)
+    tenants = tenants_of(shard, 6 * n)
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO orders (tenant, payload) SELECT t, '{}' FROM unnest(%s::text[]) AS t",
+            (tenants,),
+        )
+        rows = c.execute("SELECT tenant, partition FROM orders").fetchall()
+        sql_sets = dict(
+            c.execute(
+                "SELECT t, qm.shuffle_set(t, %s, %s) FROM unnest(%s::text[]) AS t", (n, k, tenants[:50])
+            ).fetchall()
+        )
+    assert len(rows) == len(tenants)
+    for tenant, partition in rows:
+        assert partition in routing.shuffle_set(tenant, n, k), (tenant, partition)
+    for tenant, sql_set in sql_sets.items():
+        assert tuple(sql_set) == routing.shuffle_set(tenant, n, k)
+    assert {p for _, p in rows} == set(range(n))

@@ -33,13 +33,14 @@ def test_vectors_file_is_not_trivial() -> None:
 def test_python_reproduces_vectors(vec: dict[str, Any]) -> None:
     t = vec["tenant"]
     assert routing.tenant_hash(t) == vec["md5"] == hashlib.md5(t.encode("utf-8")).hexdigest()
+    assert routing.draw_hash(t) == vec["sha256"] == hashlib.sha256(t.encode("utf-8")).hexdigest()
     assert routing.keyspace_hex(t) == vec["keyspace_hex"]
     assert str(routing.keyspace_id(t)) == vec["keyspace_id"]
     assert set(vec["shuffle"]) == {f"{n}/{k}" for n, k in SHAPES}
     for n, k in SHAPES:
         expected = vec["shuffle"][f"{n}/{k}"]
         assert list(routing.shuffle_set(t, n, k)) == expected
-        assert list(routing.shuffle_set_from_hash(vec["md5"], n, k)) == expected
+        assert list(routing.shuffle_set_from_hash(vec["sha256"], n, k)) == expected
         members = [p for p in range(n) if routing.in_shuffle_set(t, p, n, k)]
         assert members == expected
 
@@ -80,6 +81,60 @@ def test_in_shuffle_set_matches_shuffle_set(tenant: str, shape: tuple[int, int])
         assert routing.in_shuffle_set(tenant, p, n, k) is (p in s)
     assert not routing.in_shuffle_set(tenant, -1, n, k)
     assert not routing.in_shuffle_set(tenant, n, n, k)
+
+
+#: the stated tolerance: a partition's share of uniform tenants is within 0.2 % of its group's
+#: ideal share (docs/design.md, routing.py)
+SHARE_TOLERANCE = 0.002
+
+
+def test_every_shape_reaches_every_partition_with_equal_shares() -> None:
+    """Exhaustive over all (N, k): each group fits its draw's range, so the worst share error is
+    size / 16**w; and the draws of one set never overlap and stay inside the 64-digit hash."""
+    shapes_checked = 0
+    for n in range(1, routing.MAX_PARTITIONS + 1):
+        for k in range(1, min(n, routing.MAX_SHUFFLE) + 1):
+            w = routing.draw_width(k)
+            offsets = [routing.draw_offset(k, j) for j in range(k)]
+            assert all(offsets[i] + w <= offsets[i + 1] for i in range(k - 1)), (n, k)
+            assert offsets[-1] + w <= routing.DRAW_HASH_HEX_DIGITS, (n, k)
+            # a draw stays inside one 16-digit word (the SQL route code shifts within a bigint)
+            assert all(o // 16 == (o + w - 1) // 16 for o in offsets), (n, k)
+            biggest = max(hi - lo for lo, hi in (routing.group_bounds(n, k, j) for j in range(k)))
+            assert biggest / 16**w <= SHARE_TOLERANCE, (n, k)
+            shapes_checked += 1
+    assert shapes_checked == sum(min(n, 16) for n in range(1, 1025))
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=shapes(), data=st.data())
+def test_share_bounds_are_exact_and_within_tolerance(shape: tuple[int, int], data: st.DataObject) -> None:
+    n, k = shape
+    p = data.draw(st.integers(min_value=0, max_value=n - 1))
+    share, ideal = routing.share_bounds(n, k, p)
+    assert share > 0  # reachable
+    assert abs(share / ideal - 1) <= SHARE_TOLERANCE
+    j = ((p + 1) * k - 1) // n
+    lo, hi = routing.group_bounds(n, k, j)
+    # the shares of one group add up to 1
+    assert sum(routing.share_bounds(n, k, q)[0] for q in range(lo, hi)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("n", "k"), [(1024, 16), (256, 10), (1000, 9), (1024, 9), (1024, 1), (64, 16)])
+def test_wide_groups_reach_every_partition_in_practice(n: int, k: int) -> None:
+    """Real tenants' hashes: every partition is used and no partition is far from its share.
+
+    With ``tenants * k / n`` expected per partition (at least 400 here), a count below half or
+    above twice the mean would be a 10-sigma event for a fair rule; the old md5 draws used only
+    256 of 1 024 partitions at (1024, 16) and failed this test."""
+    tenants_n = max(20_000, 400 * n // k)
+    counts = [0] * n
+    for i in range(tenants_n):
+        for p in routing.shuffle_set(f"tenant-{i}", n, k):
+            counts[p] += 1
+    mean = tenants_n * k / n
+    assert min(counts) > mean / 2, (n, k, min(counts), mean)
+    assert max(counts) < mean * 2, (n, k, max(counts), mean)
 
 
 @settings(max_examples=300, deadline=None)

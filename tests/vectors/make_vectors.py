@@ -33,7 +33,25 @@ TENANTS = [
     "zz-top",
     "tenant-999",
 ]
-SHAPES = [(1, 1), (2, 1), (16, 4), (16, 3), (16, 16), (10, 3), (64, 8), (7, 2), (1024, 5), (5, 5)]
+SHAPES = [
+    (1, 1),
+    (2, 1),
+    (16, 4),
+    (16, 3),
+    (16, 16),
+    (10, 3),
+    (64, 8),
+    (7, 2),
+    (1024, 5),
+    (5, 5),
+    # wide groups (revision 0005): every partition must be reachable
+    (1024, 16),
+    (256, 10),
+    (1000, 9),
+    (1024, 1),
+    (100, 12),
+    (1024, 8),
+]
 
 
 def main() -> None:
@@ -43,6 +61,7 @@ def main() -> None:
             {
                 "tenant": t,
                 "md5": routing.tenant_hash(t),
+                "sha256": routing.draw_hash(t),
                 "keyspace_hex": routing.keyspace_hex(t),
                 "keyspace_id": str(routing.keyspace_id(t)),
                 "shuffle": {f"{n}/{k}": list(routing.shuffle_set(t, n, k)) for n, k in SHAPES},

@@ -1,0 +1,80 @@
+"""Schema revisions applied to a shard that already holds queues and events."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from queue_manager import admin
+from queue_manager.db.migrate import set_identity, upgrade
+from queue_manager.domain import routing
+from queue_manager.domain.topology import KeyRange, Shard, Topology
+from tests import pgtest
+
+
+def _old_shuffle_set(tenant: str, n: int, k: int) -> tuple[int, ...]:
+    """The rule before revision 0005: draws of 16 div k digits of md5's second half."""
+    h = hashlib.md5(tenant.encode("utf-8")).hexdigest()
+    w = min(16 // k, 7)
+    return tuple(
+        (j * n) // k + int(h[16 + j * w : 16 + (j + 1) * w], 16) % (((j + 1) * n) // k - (j * n) // k) for j in range(k)
+    )
+
+
+@pytest.fixture
+def shard_at_0004(pg_admin_dsn: str) -> Iterator[Shard]:
+    name = f"qm_m_{uuid.uuid4().hex[:12]}"
+    dsn = pgtest.fresh_database(pg_admin_dsn, None, name)
+    upgrade(dsn, "0004")
+    shard = Shard("s0", dsn, KeyRange.parse("-"))
+    set_identity(dsn, shard, Topology((shard,)))
+    yield shard
+    pgtest.drop_database(pg_admin_dsn, name)
+
+
+def test_0005_regenerates_routing_and_keeps_stored_events(shard_at_0004: Shard) -> None:
+    n, k = 512, 16
+    topology = Topology((shard_at_0004,))
+    admin.create_queue(topology, "orders", {"partitions": n, "shuffle": k})
+    tenants = [f"tenant-{i}" for i in range(2000)]
+    with psycopg.connect(shard_at_0004.dsn, autocommit=True) as c:
+        c.execute("INSERT INTO orders (tenant, payload) SELECT t, '{}' FROM unnest(%s::text[]) AS t", (tenants,))
+        before: dict[int, tuple[str, int]] = {
+            r[0]: (r[1], r[2]) for r in c.execute("SELECT id, tenant, partition FROM orders").fetchall()
+        }
+        # the old rule: only one partition in two is ever used
+        assert all(p in _old_shuffle_set(t, n, k) for t, p in before.values())
+        assert len({p for _, p in before.values()}) <= n // 2
+        # one event in hand, so that the upgrade meets every state
+        c.execute("UPDATE orders SET state = 'fired', fired_at = now(), attempts = 1 WHERE id = %s", (min(before),))
+
+    upgrade(shard_at_0004.dsn)
+
+    with psycopg.connect(shard_at_0004.dsn, autocommit=True) as c:
+        rev = c.execute("SELECT version_num FROM qm.alembic_version").fetchone()
+        assert rev == ("0005",)
+        after = {r[0]: (r[1], r[2]) for r in c.execute("SELECT id, tenant, partition FROM orders").fetchall()}
+        assert after == before  # nothing refused, nothing moved
+        c.execute("INSERT INTO orders (tenant, payload) SELECT t, '{}' FROM unnest(%s::text[]) AS t", (tenants,))
+        new = c.execute("SELECT tenant, partition FROM orders WHERE id > %s", (max(before),)).fetchall()
+        # a tenant's old partition that is not in its new set is refused for new rows
+        moved = next((t, p) for t, p in before.values() if p not in routing.shuffle_set(t, n, k))
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            c.execute("INSERT INTO orders (tenant, partition, payload) VALUES (%s, %s, '{}')", moved)
+        assert refused.value.diag.constraint_name == "orders_partition_in_shuffle_set"
+    assert len(new) == len(tenants)
+    assert all(p in routing.shuffle_set(t, n, k) for t, p in new)
+    # the partitions the old rule never used take the new rows (they are the least loaded)
+    unused_before = set(range(n)) - {p for _, p in before.values()}
+    assert unused_before <= {p for _, p in new}
+
+
+def test_head_is_0005(shard: Shard) -> None:
+    with psycopg.connect(shard.dsn) as c:
+        row: Any = c.execute("SELECT version_num FROM qm.alembic_version").fetchone()
+    assert row == ("0005",)
