@@ -308,10 +308,21 @@ async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[
 
 async def wake_lock_holders(conn: AsyncConn, queue_ids: Sequence[int]) -> tuple[dict[int, dict[int, float]], float]:
     """Per queue, the producer transactions holding its wake-up lock (pid -> transaction start,
-    epoch seconds), and the database time of the reading."""
-    cur = await conn.execute(_static("mgr_wake_lock_holders"), {"ids": list(queue_ids)}, prepare=True)
+    epoch seconds), and the database time of the reading.
+
+    A cheap probe first (a try of each lock, given back at once); the lock table is read only for
+    the queues whose lock is held, which a drain without producers never pays."""
+    cur = await conn.execute(_static("mgr_wake_lock_probe"), {"ids": list(queue_ids)}, prepare=True)
     out: dict[int, dict[int, float]] = {qid: {} for qid in queue_ids}
+    held = []
     at = 0.0
+    for qid, is_held, clock in await cur.fetchall():
+        at = float(clock)
+        if is_held:
+            held.append(int(qid))
+    if not held:
+        return out, at
+    cur = await conn.execute(_static("mgr_wake_lock_holders"), {"ids": held}, prepare=True)
     for qid, pid, start, clock in await cur.fetchall():
         at = float(clock)
         if qid is not None:
