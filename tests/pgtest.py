@@ -30,6 +30,8 @@ TEST_SETTINGS = {
     "synchronous_commit": "off",
     "full_page_writes": "off",
     "max_connections": "300",
+    # the Spark loader's two-phase runs (--atomic) prepare one transaction per shard
+    "max_prepared_transactions": "20",
 }
 
 _lock = threading.Lock()

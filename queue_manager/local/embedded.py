@@ -56,7 +56,11 @@ DEFAULT_OS_USER = "qm_pg"
 #: database created on every server of a :class:`LocalCluster`
 CLUSTER_DATABASE = "qm"
 #: settings applied unless overridden by the caller
-DEFAULT_SETTINGS: Mapping[str, str] = {"max_connections": "200"}
+DEFAULT_SETTINGS: Mapping[str, str] = {
+    "max_connections": "200",
+    # two-phase Spark loads (qm spark enqueue --atomic) prepare one transaction per shard
+    "max_prepared_transactions": "20",
+}
 #: settings this module controls itself; callers may not override them
 RESERVED_SETTINGS = frozenset({"port", "listen_addresses", "unix_socket_directories"})
 #: shutdown modes accepted by ``pg_ctl stop -m``
