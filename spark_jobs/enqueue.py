@@ -1,63 +1,89 @@
 """Bulk enqueue from Spark: all-or-nothing per shard (or across shards), safe to re-run.
 
-A run moves a DataFrame of events into one queue on every shard in five steps:
+A run moves a DataFrame of events into one queue on every shard:
 
-1. **route and check** (Spark SQL only, no Python UDF): each row gets its shard (keyspace range of
-   the tenant's md5) and a partition of its tenant's shuffle set, spread over the set by a hash of
-   the row's key; rows that break a rule of the queue get a reason;
-2. **materialise** the keyed rows once, as Parquet under the run's work directory. A re-run of the
-   run id reads them back instead of the source, so its row keys are the same, whatever the source
-   or Spark's recomputation does;
-3. **rejects**: rows with a reason go to a Parquet output with it; by default the run then stops
-   before anything is written to a shard (``bad_rows="skip"`` publishes the good rows);
-4. **stage** each shard's rows through the JDBC driver into ``qm.spark_staging`` (UNLOGGED), with
-   a few tasks per shard. Spark commits each task on its own, and a retried or speculative task
-   writes its rows again: the staging table keeps duplicates, the publish drops them by row key;
-5. **publish**, one transaction per shard: ``qm.publish_run`` inserts the run's distinct rows into
-   the queue table with one ``INSERT ... SELECT`` (the queue's verify trigger checks every row and
-   wakes the manager once), bumps the load counters, marks the run published in the shard's ledger
-   (``qm.spark_runs``) and deletes the staging rows. A shard whose ledger says published is
-   skipped, so a re-run adds nothing. With ``atomic=True`` every shard's publish is prepared
-   (``PREPARE TRANSACTION``), a decision is recorded on the coordinating shard (the topology's
-   first), and only then is each committed: :func:`recover` finishes a run left prepared (decision
-   recorded: commit; none: roll back), and every atomic run starts by recovering its own run id.
+1. **route and check** (Spark SQL only, no Python UDF): each row gets a row key, its shard (keyspace
+   range of the tenant's md5) and a partition of its tenant's shuffle set, spread over the set by a
+   hash of the row key; a row that breaks a rule of the queue gets a reason. The row keys must not
+   change when Spark recomputes a task: they come from ``monotonically_increasing_id`` over the
+   source itself when its plan is a deterministic scan (files, a table, a range, a local
+   collection, with projections and filters), else the keyed rows are **materialised** once as
+   Parquet under the run's work directory and read back (``materialize``);
+2. **stage** each shard's rows, good and rejected, through the JDBC driver into a stage table of the
+   run's own on that shard (``qm.stage_run``: UNLOGGED, no index), a few tasks per shard. Spark
+   commits each task on its own and a retried or speculative task writes its rows again: the stage
+   table may hold a row twice, the publish keeps one per row key;
+3. **validate**: the shards count what was staged (``qm.staged_run``: good rows, rejected rows by
+   reason, rows written twice); rejected rows are read back and written to a Parquet output with
+   their reason. By default the run then stops before anything is published (its staging dropped);
+   ``bad_rows="skip"`` publishes the good rows;
+4. **publish**, one transaction per shard: ``qm.publish_run`` inserts the run's good rows into the
+   queue table with one ``INSERT ... SELECT`` (the queue's verify trigger checks every row, so a row
+   that slipped past the checks fails the whole shard, and wakes the manager once), bumps the load
+   counters, marks the run published in the shard's ledger (``qm.spark_runs``) and drops the stage
+   table. A shard whose ledger says published is skipped, so a re-run adds nothing; a run staged
+   completely and then interrupted is published by the next run of its id without Spark.
+   With ``atomic=True`` every shard's publish is prepared (``PREPARE TRANSACTION``), the decision is
+   recorded on the coordinating shard (the topology's first), and only then is each part committed;
+   :func:`recover` finishes a run left prepared (decision recorded: commit; none: record an abort,
+   roll back), and every atomic run starts by recovering its own run id.
 
 See docs/spark.md for the options, the guarantees and the measured figures.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+if __package__ in (None, ""):  # run as a file (spark-submit spark_jobs/enqueue.py): import the project from here
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import psycopg
+from psycopg import sql
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from queue_manager.db.errors import translate
+from queue_manager.db.sqlfiles import query
+from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.topology import Shard, Topology
-from queue_manager.errors import ConfigurationError, InvalidEventError, UnknownQueueError
+from queue_manager.errors import ConfigurationError, EnqueueError, InvalidEventError, UnknownQueueError
 from spark_jobs import routing as sr
 from spark_jobs.jdbc import shard_jdbc_target
 
-#: a run id names the run in ledgers, staging rows, paths and prepared transactions
+logger = logging.getLogger(__name__)
+
+#: a run id names the run in ledgers, paths and prepared transactions
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: the prefix of a two-phase run's prepared transactions: qm-run:<queue>:<run>:<shard>
 GID_PREFIX = "qm-run:"
 #: the earliest fire_at any queue accepts (the database's rule)
 EARLIEST_FIRE_AT = "2000-01-01 00:00:00+00"
-#: the columns the job writes into qm.spark_staging
-STAGING_COLUMNS = ("run_id", "queue", "row_key", "tenant", "partition", "payload", "fire_at", "dedup_key")
+#: the columns of a stage table, in the order Spark writes them
+STAGE_COLUMNS = ("row_key", "tenant", "partition", "payload", "fire_at_us", "dedup_key", "reason")
+#: a recovery without a run id leaves alone the prepared parts younger than this (a job may still
+#: be between its prepares and its decision)
+RECOVER_MIN_AGE_SECONDS = 60.0
+#: staging left unfinished for longer than this is dropped at the start of every run
+STAGING_TTL_SECONDS = 24 * 3600.0
+#: plan nodes whose output (rows and their order within each Spark partition) is the same when Spark
+#: recomputes them, as long as the input files do not change
+_DETERMINISTIC_NODES = frozenset(
+    {"Project", "Filter", "LogicalRelation", "HiveTableRelation", "Range", "LocalRelation"}
+)
 
-Stage = Literal["validated", "staged"]
+Stage = Literal["staged", "validated"]
 ProgressCallback = Callable[[str, str, int], None]
-#: a test's hook, called at (step, shard): "staged", "prepared", "decided"; it may raise
+#: a test's hook, called at (step, shard): "staged", "prepared", "decided", "committed"; it may raise
 FaultHook = Callable[[str, str], None]
+_SQL = "spark.sql"
 
 
 class BadRowsError(InvalidEventError):
@@ -65,22 +91,34 @@ class BadRowsError(InvalidEventError):
 
     def __init__(self, count: int, rejects: str, reasons: Mapping[str, int]) -> None:
         listed = ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items()))
-        super().__init__(f"{count} rows were rejected ({listed}); nothing was published; see {rejects}")
+        super().__init__(
+            f"{count} rows were rejected ({listed}); nothing was published; see {rejects} "
+            "(fix the source and run again, or pass bad_rows='skip' / --bad-rows skip to publish the good rows)"
+        )
         self.count = count
         self.rejects = rejects
         self.reasons = dict(reasons)
 
 
+class RunAbortedError(EnqueueError):
+    """A recovery aborted this two-phase run before its decision was recorded; nothing was published."""
+
+
 @dataclass(frozen=True)
 class Columns:
-    """Which source columns hold what. ``payload`` may be a JSON string column or a struct (or map,
-    or array) column, which is turned into JSON; ``fire_at`` a timestamp or a string (NULL: now);
-    ``dedup_key`` optional."""
+    """Which source columns hold what.
+
+    ``payload`` may be a JSON string column or a struct, map or array column (turned into JSON with
+    ``to_json``); ``payload_cols``, when given, instead builds the payload as a JSON object of those
+    columns. ``fire_at`` (optional) a timestamp, date or string column (NULL: now); ``dedup_key``
+    optional.
+    """
 
     tenant: str = "tenant"
     payload: str = "payload"
     fire_at: str | None = None
     dedup_key: str | None = None
+    payload_cols: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,30 +133,46 @@ class QueueShape:
 
 @dataclass
 class ShardResult:
+    """What a run did on one shard."""
+
     shard: str
-    #: the run's good rows routed to this shard
+    #: the run's good rows on this shard (distinct row keys)
     rows: int = 0
+    #: the run's rejected rows staged on this shard
+    rejected: int = 0
+    #: rows written twice by retried or speculative tasks (kept once)
+    duplicates: int = 0
     #: events inserted by this call's publish; None when the shard had the run already
     published: int | None = None
+    #: pending, staged, prepared, published, already published, abandoned
     state: str = "pending"
 
 
 @dataclass
 class LoadResult:
+    """What a run did: the counts, where the rejects went and each shard's part."""
+
     run_id: str
     queue: str
-    rows: int
-    rejected: int
-    rejects_path: str | None
+    #: good rows over every shard
+    rows: int = 0
+    rejected: int = 0
+    #: rejected rows by reason
+    reasons: dict[str, int] = field(default_factory=dict)
+    rejects_path: str | None = None
+    #: the keyed rows were materialised (written once as Parquet) before staging
+    materialized: bool = False
     shards: list[ShardResult] = field(default_factory=list)
 
     @property
     def published(self) -> int:
+        """Events inserted by this call, over every shard."""
         return sum(s.published or 0 for s in self.shards)
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID_RE.match(run_id):
+    """``run_id`` if it is a valid run id, else ConfigurationError."""
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
         raise ConfigurationError(
             f"run id {run_id!r} must be 1 to 64 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -127,7 +181,7 @@ def check_run_id(run_id: str) -> str:
 
 
 def read_source(spark: SparkSession, source: str, fmt: str, options: Mapping[str, str] | None = None) -> DataFrame:
-    """A DataFrame from a Parquet, CSV or JSON path, or from a table name (``fmt="table"``)."""
+    """A DataFrame from a Parquet, CSV (with a header), JSON or ORC path, or a table (``fmt="table"``)."""
     reader = spark.read.options(**dict(options or {}))
     if fmt == "table":
         return spark.table(source)
@@ -141,41 +195,46 @@ def read_source(spark: SparkSession, source: str, fmt: str, options: Mapping[str
 # ----------------------------------------------------------------------------------- the shards
 
 
-def queue_shape(dsn: str, shard: str, queue: str) -> QueueShape:
+def _connect(shard: Shard, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    return psycopg.connect(shard.dsn, autocommit=autocommit, application_name="qm-spark-enqueue")
+
+
+def queue_shape(shard: Shard, queue: str) -> QueueShape:
     """The queue's settings on one shard; UnknownQueueError if it has no such queue, and
     ConfigurationError if the database is another shard than the topology says."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        ident = conn.execute("SELECT name FROM qm.shard").fetchone()
-        if ident is None or ident[0] != shard:
+    with _connect(shard) as conn:
+        ident = conn.execute(query("shard_name", _SQL)).fetchone()
+        if ident is None or ident[0] != shard.name:
             raise ConfigurationError(
-                f"the database of shard {shard!r} says it is {None if ident is None else ident[0]!r}: wrong topology?"
+                f"the database of shard {shard.name!r} says it is {None if ident is None else ident[0]!r}: "
+                "wrong topology file, or run 'qm migrate --topology <file>'"
             )
-        row = conn.execute(
-            "SELECT partitions, shuffle, payload_limit_bytes, max_delay_seconds FROM qm.queues WHERE name = %s",
-            (queue,),
-        ).fetchone()
+        row = conn.execute(query("queue_shape", _SQL), {"queue": queue}).fetchone()
     if row is None:
-        raise UnknownQueueError(f"no queue named {queue!r} on shard {shard!r}")
+        raise UnknownQueueError(f"no queue named {queue!r} on shard {shard.name!r}: create it with 'qm queue create'")
     return QueueShape(int(row[0]), int(row[1]), int(row[2]), float(row[3]))
-
-
-def _ledger_state(dsn: str, run_id: str, queue: str) -> str | None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT state FROM qm.spark_runs WHERE run_id = %s AND queue = %s", (run_id, queue)
-        ).fetchone()
-    return None if row is None else str(row[0])
 
 
 def _require_two_phase(shards: Sequence[Shard]) -> None:
     for s in shards:
-        with psycopg.connect(s.dsn, autocommit=True) as conn:
-            row = conn.execute("SHOW max_prepared_transactions").fetchone()
+        with _connect(s) as conn:
+            row = conn.execute(query("max_prepared_transactions", _SQL)).fetchone()
         if row is None or int(row[0]) <= 0:
             raise ConfigurationError(
                 f"--atomic needs two-phase commit, but shard {s.name!r} has max_prepared_transactions = 0: "
-                "set it (for example to 10) in postgresql.conf and restart the server"
+                "set it (for example to 10) in postgresql.conf and restart the server, or run without --atomic"
             )
+
+
+def cleanup(topology: Topology, *, older_than: float = STAGING_TTL_SECONDS) -> dict[str, int]:
+    """Drop the staging of runs left unfinished for more than ``older_than`` seconds, on every shard.
+    Returns {shard: runs abandoned}."""
+    out = {}
+    for shard in topology.shards:
+        with _connect(shard) as conn:
+            row = conn.execute(query("cleanup_runs", _SQL), {"older_than": older_than}).fetchone()
+        out[shard.name] = int(row[0]) if row else 0
+    return out
 
 
 # ----------------------------------------------------------------------------------- routing
@@ -203,52 +262,70 @@ def _per_shard(shard: Column, shapes: Mapping[str, QueueShape], value: Callable[
 
 
 def _partition(tenant: Column, row_key: Column, shape: QueueShape) -> Column:
-    """A partition of the tenant's shuffle set: its rows are spread over the set by row key."""
+    """A partition of the tenant's shuffle set: a tenant's rows are spread evenly over its set by a
+    hash of their row keys."""
     pick = F.pmod(F.xxhash64(row_key), F.lit(shape.shuffle)) + F.lit(1)
     return F.element_at(sr.shuffle_set(tenant, shape.partitions, shape.shuffle), pick.cast("int"))
 
 
-def _payload_json(df: DataFrame, name: str) -> Column:
-    dtype = df.schema[name].dataType.typeName()
-    col = F.col(name)
+def _payload_json(df: DataFrame, columns: Columns) -> Column:
+    if columns.payload_cols:
+        return F.to_json(F.struct(*[F.col(c) for c in columns.payload_cols]))
+    dtype = df.schema[columns.payload].dataType.typeName()
+    col = F.col(columns.payload)
     if dtype == "string":
         return col
     if dtype in ("struct", "map", "array"):
         return F.to_json(col)
-    raise ConfigurationError(f"payload column {name!r} is {dtype}: give a JSON string, struct, map or array column")
+    raise ConfigurationError(
+        f"payload column {columns.payload!r} is {dtype}: give a JSON string, struct, map or array column "
+        "(or several columns with payload_cols / --payload-cols)"
+    )
+
+
+def _fire_at(df: DataFrame, name: str) -> Column:
+    col = F.col(name)
+    dtype = df.schema[name].dataType.typeName()
+    if dtype in ("timestamp", "timestamp_ntz", "date"):
+        return col.cast("timestamp")
+    if dtype == "string":
+        return F.try_to_timestamp(col)
+    raise ConfigurationError(f"fire_at column {name!r} is {dtype}: give a timestamp, date or ISO-8601 string column")
+
+
+def _check_columns(df: DataFrame, columns: Columns) -> None:
+    named = [("tenant", columns.tenant), ("fire_at", columns.fire_at), ("dedup key", columns.dedup_key)]
+    named += [("payload", c) for c in columns.payload_cols] if columns.payload_cols else [("payload", columns.payload)]
+    for what, name in named:
+        if name is not None and name not in df.columns:
+            raise ConfigurationError(f"the source has no {what} column {name!r} (it has {', '.join(df.columns)})")
 
 
 def route_and_check(df: DataFrame, topology: Topology, shapes: Mapping[str, QueueShape], columns: Columns) -> DataFrame:
-    """The source rows with a row key, their shard and partition, and a ``reason`` (NULL: good).
+    """The source rows with their row key, shard and partition, and a ``reason`` (NULL: good).
 
     Columns: row_key, tenant, payload (JSON text), fire_at (timestamp or NULL), dedup_key, shard,
-    partition, reason. Raises ConfigurationError for a column the source does not have.
+    partition, reason. A row with no shard (no tenant) is given the topology's first shard, where it
+    is staged as a reject. The row key is ``monotonically_increasing_id()`` over ``df`` (or ``df``'s
+    own ``row_key`` column when it has one). Raises ConfigurationError for a column the source does
+    not have or cannot be used.
     """
-    for what, name in (
-        ("tenant", columns.tenant),
-        ("payload", columns.payload),
-        ("fire_at", columns.fire_at),
-        ("dedup key", columns.dedup_key),
-    ):
-        if name is not None and name not in df.columns:
-            raise ConfigurationError(f"the source has no {what} column {name!r} (it has {', '.join(df.columns)})")
-    tenant = F.col(columns.tenant).cast("string")
-    raw_fire = F.col(columns.fire_at) if columns.fire_at else F.lit(None)
-    fire_at = raw_fire.try_cast("timestamp") if columns.fire_at else F.lit(None).cast("timestamp")
+    _check_columns(df, columns)
+    row_key = F.col("row_key") if "row_key" in df.columns else F.monotonically_increasing_id()
+    fire_at = _fire_at(df, columns.fire_at) if columns.fire_at else F.lit(None).cast("timestamp")
     keyed = df.select(
-        F.monotonically_increasing_id().alias("row_key"),
-        tenant.alias("tenant"),
-        _payload_json(df, columns.payload).alias("payload"),
+        row_key.alias("row_key"),
+        F.col(columns.tenant).cast("string").alias("tenant"),
+        _payload_json(df, columns).alias("payload"),
         fire_at.alias("fire_at"),
-        raw_fire.isNotNull().alias("_fire_given"),
+        (F.col(columns.fire_at).isNotNull() if columns.fire_at else F.lit(False)).alias("_fire_given"),
         (F.col(columns.dedup_key).cast("string") if columns.dedup_key else F.lit(None).cast("string")).alias(
             "dedup_key"
         ),
     )
     t = F.col("tenant")
-    shard = _shard_of(t, topology)
-    keyed = keyed.withColumn("shard", shard)
-    s = F.col("shard")
+    routed = keyed.withColumn("_shard", _shard_of(t, topology))
+    s = F.col("_shard")
     limit = _per_shard(s, shapes, lambda q: F.lit(q.payload_limit_bytes))
     max_delay = _per_shard(s, shapes, lambda q: F.lit(int(q.max_delay_seconds)))
     payload = F.col("payload")
@@ -257,10 +334,10 @@ def route_and_check(df: DataFrame, topology: Topology, shapes: Mapping[str, Queu
         F.when(t.isNull() | (t == ""), F.lit("missing tenant"))
         .when(s.isNull(), F.lit("no shard owns the tenant"))
         .when(payload.isNull(), F.lit("missing payload"))
+        .when(F.octet_length(payload) > limit, F.lit("payload too large for the queue"))
         .when(
             F.get_json_object(payload, "$").isNull() & (F.trim(payload) != "null"), F.lit("payload is not valid JSON")
         )
-        .when(F.octet_length(payload) > limit, F.lit("payload too large for the queue"))
         .when(F.col("_fire_given") & fire.isNull(), F.lit("invalid fire_at"))
         .when(
             fire.isNotNull()
@@ -272,11 +349,52 @@ def route_and_check(df: DataFrame, topology: Topology, shapes: Mapping[str, Queu
         )
     )
     partition = _per_shard(s, shapes, lambda q: _partition(t, F.col("row_key"), q))
-    return (
-        keyed.withColumn("reason", reason)
-        .withColumn("partition", F.when(F.col("reason").isNull(), partition))
-        .drop("_fire_given")
+    return routed.select(
+        "row_key",
+        "tenant",
+        "payload",
+        "fire_at",
+        "dedup_key",
+        F.coalesce(s, F.lit(topology.shards[0].name)).alias("shard"),
+        partition.cast("short").alias("partition"),
+        reason.alias("reason"),
     )
+
+
+def is_deterministic_scan(df: DataFrame) -> bool:
+    """Whether Spark recomputes ``df`` with the same rows in the same order in each partition: its
+    optimised plan has only scans, projections and filters, and no non-deterministic expression.
+    Row keys from ``monotonically_increasing_id`` over such a plan survive task retries."""
+    plan: Any = df._jdf.queryExecution().optimizedPlan()
+    if not plan.deterministic():
+        return False
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        if node.nodeName() not in _DETERMINISTIC_NODES:
+            return False
+        children = node.children()
+        stack.extend(children.apply(i) for i in range(children.size()))
+    return True
+
+
+# ----------------------------------------------------------------------------------- file system
+
+
+def _hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    jvm: Any = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    return hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hpath
+
+
+def _exists(spark: SparkSession, path: str) -> bool:
+    fs, hpath = _hadoop_path(spark, path)
+    return bool(fs.exists(hpath))
+
+
+def _delete(spark: SparkSession, path: str) -> None:
+    fs, hpath = _hadoop_path(spark, path)
+    fs.delete(hpath, True)
 
 
 # ----------------------------------------------------------------------------------- the run
@@ -284,6 +402,32 @@ def route_and_check(df: DataFrame, topology: Topology, shapes: Mapping[str, Queu
 
 class _Crash(BaseException):
     """Raised by a test's fault hook to stop a run where it stands, as a killed process would."""
+
+
+@dataclass
+class _Plan:
+    """One run's fixed parts: where things go and how the shards are reached."""
+
+    spark: SparkSession
+    topology: Topology
+    queue: str
+    run_id: str
+    run_dir: str
+    rejects_path: str
+    say: ProgressCallback
+    fault: FaultHook | None
+    tasks: int
+    batch: int
+    #: rejected rows by reason, per shard (as counted by the shard)
+    reasons: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def rows_path(self) -> str:
+        return f"{self.run_dir}/rows"
+
+    def hook(self, step: str, shard: str) -> None:
+        if self.fault is not None:
+            self.fault(step, shard)
 
 
 def load_events(
@@ -296,9 +440,11 @@ def load_events(
     bad_rows: Literal["fail", "skip"] = "fail",
     rejects: str | None = None,
     work_dir: str | None = None,
+    materialize: bool | None = None,
     atomic: bool = False,
     tasks_per_shard: int = 2,
     batch_size: int = 10_000,
+    staging_ttl: float = STAGING_TTL_SECONDS,
     stop_after: Stage | None = None,
     progress: ProgressCallback | None = None,
     fault: FaultHook | None = None,
@@ -306,250 +452,350 @@ def load_events(
     """Enqueue every row of ``df`` into ``queue`` on the shards of ``topology``, once.
 
     ``run_id`` names the run: a re-run with the same id finishes an interrupted run and adds
-    nothing to a finished one. ``bad_rows``: ``"fail"`` (default) raises BadRowsError before any
-    shard is written when a row breaks a rule; ``"skip"`` publishes the good rows. ``rejects``:
-    where the bad rows go (Parquet, with a ``reason``), default ``<work_dir>/rejects``.
-    ``work_dir``: where the run's keyed rows are kept (a path every executor can read; default a
-    directory under the system's temporary directory). ``atomic``: the run is visible on every
-    shard or on none (two-phase commit; needs ``max_prepared_transactions > 0``). ``stop_after``:
-    stop after ``"validated"`` (a dry run: rejects written, nothing staged) or ``"staged"``.
+    nothing to a finished one. ``bad_rows``: ``"fail"`` (default) raises BadRowsError before
+    anything is published when a row breaks a rule; ``"skip"`` publishes the good rows. ``rejects``:
+    where the rejected rows go (Parquet, with a ``reason``), default ``<work_dir>/<queue>/<run>/rejects``.
+    ``work_dir``: the run's directory (rejects, materialised rows): a path the driver and every
+    executor can read (default: under the system's temporary directory). ``materialize``: write the
+    keyed rows once as Parquet before staging (None: only when ``df`` is not a deterministic scan,
+    see :func:`is_deterministic_scan`). ``atomic``: the run is visible on every shard or on none
+    (two-phase commit; needs ``max_prepared_transactions > 0``). ``tasks_per_shard``: JDBC write
+    tasks (connections) per shard; ``batch_size``: rows per JDBC batch. ``staging_ttl``: seconds
+    after which staging left by dead runs is dropped (at the start of the run). ``stop_after``: stop
+    after ``"staged"`` (as a job killed before publishing) or ``"validated"`` (a dry run: counts and
+    rejects, nothing published; a later run of the id publishes without staging again).
+    ``progress(stage, shard, rows)`` is called at each step.
     """
     check_run_id(run_id)
+    check_queue_name(queue)
     columns = columns or Columns()
     if tasks_per_shard < 1 or batch_size < 1:
         raise ConfigurationError("tasks_per_shard and batch_size must be at least 1")
-    say = progress or (lambda stage, shard, n: None)
-    shapes = {s.name: queue_shape(s.dsn, s.name, queue) for s in topology.shards}
+    if bad_rows not in ("fail", "skip"):
+        raise ConfigurationError(f"bad_rows must be 'fail' or 'skip', got {bad_rows!r}")
+    _check_columns(df, columns)
+    shapes = {s.name: queue_shape(s, queue) for s in topology.shards}
     if atomic:
         _require_two_phase(topology.shards)
-        recover(topology, run_id=run_id)
-    spark = df.sparkSession
-    base = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / "qm-spark-enqueue"
-    run_dir = base / queue / run_id
-    rows_path = str(run_dir / "rows")
-    rejects_path = rejects or str(run_dir / "rejects")
-
-    if not (run_dir / "rows" / "_SUCCESS").exists():
-        route_and_check(df, topology, shapes, columns).write.mode("overwrite").parquet(rows_path)
-    rows = spark.read.parquet(rows_path)
-    bad = rows.filter(F.col("reason").isNotNull())
-    reasons = {str(r["reason"]): int(r["count"]) for r in bad.groupBy("reason").count().collect()}
-    rejected = sum(reasons.values())
-    if rejected:
-        bad.drop("partition").write.mode("overwrite").parquet(rejects_path)
-    good = rows.filter(F.col("reason").isNull())
-    per_shard = {str(r["shard"]): int(r["count"]) for r in good.groupBy("shard").count().collect()}
-    result = LoadResult(
-        run_id,
+        recover(topology, run_id=run_id, min_age=0.0)
+        with _connect(topology.shards[0]) as conn:
+            conn.execute(query("forget_decision", _SQL), {"run": run_id, "queue": queue})
+    cleanup(topology, older_than=staging_ttl)
+    base = (work_dir or str(Path(tempfile.gettempdir()) / "qm-spark-enqueue")).rstrip("/")
+    run_dir = f"{base}/{queue}/{run_id}"
+    plan = _Plan(
+        df.sparkSession,
+        topology,
         queue,
-        sum(per_shard.values()),
-        rejected,
-        rejects_path if rejected else None,
-        [ShardResult(s.name, per_shard.get(s.name, 0)) for s in topology.shards],
+        run_id,
+        run_dir,
+        rejects or f"{run_dir}/rejects",
+        progress or (lambda stage, shard, n: None),
+        fault,
+        tasks_per_shard,
+        batch_size,
     )
-    say("validated", "*", result.rows)
-    if rejected:
-        say("rejected", "*", rejected)
-        if bad_rows == "fail":
-            raise BadRowsError(rejected, rejects_path, reasons)
+    plan.reasons = {s.name: {} for s in topology.shards}
+    result = LoadResult(run_id, queue, shards=[ShardResult(s.name) for s in topology.shards])
+
+    tables = _begin(plan, result)
+    if tables:
+        routed, result.materialized = _routed(plan, df, shapes, columns, materialize)
+        for shard, part in zip(topology.shards, result.shards, strict=True):
+            if shard.name in tables:
+                _stage(plan, routed, shard, tables[shard.name])
+                _count(plan, shard, part)
+                plan.say("staged", shard.name, part.rows + part.rejected)
+                plan.hook("staged", shard.name)
+    if stop_after == "staged":
+        return result
+
+    _validate(plan, result)
+    if result.rejected and bad_rows == "fail":
+        _abandon(plan)
+        raise BadRowsError(result.rejected, plan.rejects_path, result.reasons)
     if stop_after == "validated":
         return result
 
-    by_name = {s.name: s for s in topology.shards}
-    todo = []
-    for sr_ in result.shards:
-        state = _ledger_state(by_name[sr_.shard].dsn, run_id, queue)
-        if state in ("published", "prepared"):
-            sr_.state = "published"
-            say("already published", sr_.shard, sr_.rows)
-            continue
-        todo.append(sr_)
-    for sr_ in todo:
-        _stage(good, by_name[sr_.shard], queue, run_id, sr_.rows, tasks_per_shard, batch_size)
-        sr_.state = "staged"
-        say("staged", sr_.shard, sr_.rows)
-        if fault:
-            fault("staged", sr_.shard)
-    if stop_after == "staged":
-        return result
     if atomic:
-        _publish_atomic(topology, queue, run_id, todo, say, fault)
+        _publish_atomic(plan, result)
     else:
-        for sr_ in todo:
-            with psycopg.connect(by_name[sr_.shard].dsn) as conn:
-                row = conn.execute("SELECT qm.publish_run(%s, %s)", (run_id, queue)).fetchone()
-                conn.commit()
-            sr_.published = None if row is None or row[0] is None else int(row[0])
-            sr_.state = "published"
-            say("published", sr_.shard, sr_.published or 0)
+        _publish(plan, result)
+    if _exists(plan.spark, plan.rows_path):
+        _delete(plan.spark, plan.rows_path)  # every shard has the run: the keyed rows are not needed again
     return result
 
 
-def _stage(good: DataFrame, shard: Shard, queue: str, run_id: str, expected: int, tasks: int, batch: int) -> None:
-    """Write the shard's rows into qm.spark_staging (after removing any left by an earlier try),
-    then check that every row key arrived."""
-    with psycopg.connect(shard.dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM qm.spark_staging WHERE run_id = %s AND queue = %s", (run_id, queue))
-    if expected:
+def _begin(plan: _Plan, result: LoadResult) -> dict[str, str]:
+    """Begin or resume the run on every shard; returns {shard: stage table} of the shards to stage."""
+    tables = {}
+    for shard, part in zip(plan.topology.shards, result.shards, strict=True):
+        with _connect(shard) as conn:
+            row = conn.execute(query("stage_run", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchone()
+        assert row is not None
+        state, table = str(row[0]), row[1]
+        if state == "staging":
+            tables[shard.name] = str(table)
+        part.state = state
+    return tables
+
+
+def _routed(
+    plan: _Plan, df: DataFrame, shapes: Mapping[str, QueueShape], columns: Columns, materialize: bool | None
+) -> tuple[DataFrame, bool]:
+    """The routed and checked rows to stage, materialised first when the keys could change."""
+    if materialize is None:
+        materialize = not is_deterministic_scan(df)
+    if not materialize:
+        if _exists(plan.spark, plan.rows_path):  # an earlier attempt of this run materialised its rows
+            return plan.spark.read.parquet(plan.rows_path), True
+        return route_and_check(df, plan.topology, shapes, columns), False
+    if not _exists(plan.spark, f"{plan.rows_path}/_SUCCESS"):
+        route_and_check(df, plan.topology, shapes, columns).write.mode("overwrite").partitionBy("shard").parquet(
+            plan.rows_path
+        )
+    plan.say("materialized", "*", 0)
+    return plan.spark.read.parquet(plan.rows_path), True
+
+
+def _stage(plan: _Plan, routed: DataFrame, shard: Shard, table: str) -> None:
+    """Write the shard's rows into its stage table through the JDBC driver."""
+    target = shard_jdbc_target(shard.dsn)
+    props = {
+        **target.properties,
+        "batchsize": str(plan.batch),
+        "reWriteBatchedInserts": "true",
+        "ApplicationName": "qm-spark-enqueue",
+    }
+    rows = routed.filter(F.col("shard") == shard.name).select(
+        "row_key",
+        "tenant",
+        "partition",
+        "payload",
+        F.unix_micros("fire_at").alias("fire_at_us"),
+        "dedup_key",
+        "reason",
+    )
+    # fewer tasks without a shuffle when the source has more partitions; more with one otherwise
+    parts = rows.rdd.getNumPartitions()
+    rows = rows.coalesce(plan.tasks) if parts >= plan.tasks else rows.repartition(plan.tasks)
+    rows.write.jdbc(target.url, f"qm.{table}", mode="append", properties=props)
+
+
+def _count(plan: _Plan, shard: Shard, part: ShardResult) -> None:
+    """The shard's counts of the run: from its ledger once published, else from its stage table
+    (``qm.staged_run`` marks the run staged)."""
+    with _connect(shard) as conn:
+        if part.state == "published":
+            row = conn.execute(query("ledger", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchone()
+            assert row is not None
+            part.rows, part.rejected, part.duplicates = int(row[5] or 0), int(row[6] or 0), int(row[7] or 0)
+            part.state = "already published"
+            return
+        counts = conn.execute(query("staged_run", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchall()
+    part.rows = part.rejected = part.duplicates = 0
+    for reason, distinct, written in counts:
+        if reason is None:
+            part.rows = int(distinct)
+        else:
+            part.rejected += int(distinct)
+            plan.reasons[shard.name][str(reason)] = int(distinct)
+        part.duplicates += int(written) - int(distinct)
+    part.state = "staged"
+
+
+def _validate(plan: _Plan, result: LoadResult) -> None:
+    """Count what every shard staged (or published before), and write the rejects."""
+    for shard, part in zip(plan.topology.shards, result.shards, strict=True):
+        if part.state not in ("staged", "already published"):
+            _count(plan, shard, part)
+    result.rows = sum(p.rows for p in result.shards)
+    result.rejected = sum(p.rejected for p in result.shards)
+    for by_reason in plan.reasons.values():
+        for reason, n in by_reason.items():
+            result.reasons[reason] = result.reasons.get(reason, 0) + n
+    plan.say("validated", "*", result.rows)
+    if result.rejected:
+        plan.say("rejected", "*", result.rejected)
+    pairs = zip(plan.topology.shards, result.shards, strict=True)
+    with_rejects = [shard for shard, part in pairs if part.rejected and part.state == "staged"]
+    if with_rejects:
+        _write_rejects(plan, with_rejects)
+    if result.rejected:
+        result.rejects_path = plan.rejects_path
+
+
+def _write_rejects(plan: _Plan, shards: Sequence[Shard]) -> None:
+    """Read the rejected rows back from the stage tables and write them, with their reason, as Parquet."""
+    parts = []
+    for shard in shards:
+        with _connect(shard) as conn:
+            row = conn.execute(query("ledger", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchone()
+        assert row is not None and row[3] is not None
+        stage = sql.Identifier("qm", str(row[3])).as_string(None)
         target = shard_jdbc_target(shard.dsn)
-        props = {
-            **target.properties,
-            "batchsize": str(batch),
-            "reWriteBatchedInserts": "true",
-            # payload (JSON text) and fire_at (ISO text) are cast by the server: jsonb, timestamptz
-            "stringtype": "unspecified",
-        }
-        (
-            good.filter(F.col("shard") == shard.name)
-            .select(
-                F.lit(run_id).alias("run_id"),
-                F.lit(queue).alias("queue"),
-                "row_key",
-                "tenant",
-                F.col("partition").cast("short").alias("partition"),
-                "payload",
-                F.date_format("fire_at", "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX").alias("fire_at"),
-                "dedup_key",
+        select = query("rejected_rows", _SQL).replace("{stage}", stage)
+        parts.append(
+            plan.spark.read.jdbc(target.url, f"({select}) rejected", properties=target.properties).withColumn(
+                "shard", F.lit(shard.name)
             )
-            .repartition(tasks)
-            .write.jdbc(target.url, "qm.spark_staging", mode="append", properties=props)
         )
-    with psycopg.connect(shard.dsn, autocommit=True) as conn:
+    rejected = parts[0]
+    for other in parts[1:]:
+        rejected = rejected.unionByName(other)
+    rejected.coalesce(1).write.mode("overwrite").parquet(plan.rejects_path)
+
+
+def _abandon(plan: _Plan) -> None:
+    """Drop the run's staging on every shard, and its materialised rows, so that a run of the same id
+    after the source is fixed starts again."""
+    for shard in plan.topology.shards:
+        with _connect(shard) as conn:
+            conn.execute(query("abandon_run", _SQL), {"run": plan.run_id, "queue": plan.queue})
+    if _exists(plan.spark, plan.rows_path):
+        _delete(plan.spark, plan.rows_path)
+
+
+def _publish_one(plan: _Plan, conn: psycopg.Connection[Any], *, two_phase: bool) -> int | None:
+    """``qm.publish_run`` in the connection's transaction; a row the database refuses (the queue's
+    verify trigger) becomes the error tree's InvalidEventError or MisroutedTenantError."""
+    try:
         row = conn.execute(
-            "SELECT count(DISTINCT row_key) FROM qm.spark_staging WHERE run_id = %s AND queue = %s", (run_id, queue)
+            query("publish_run", _SQL), {"run": plan.run_id, "queue": plan.queue, "two_phase": two_phase}
         ).fetchone()
-        staged = 0 if row is None else int(row[0])
-        if staged != expected:
-            raise RuntimeError(f"shard {shard.name!r}: {staged} rows staged for run {run_id!r}, {expected} expected")
-        conn.execute(
-            "INSERT INTO qm.spark_runs (run_id, queue, state, staged_rows) VALUES (%s, %s, 'staged', %s) "
-            "ON CONFLICT (run_id, queue) DO UPDATE SET state = 'staged', staged_rows = excluded.staged_rows, "
-            "updated_at = clock_timestamp()",
-            (run_id, queue, staged),
-        )
+    except psycopg.Error as exc:
+        raise translate(exc, queue=plan.queue) from exc
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _publish(plan: _Plan, result: LoadResult) -> None:
+    """One transaction per shard: each shard gets all of the run's good rows or none."""
+    for shard, part in zip(plan.topology.shards, result.shards, strict=True):
+        if part.state == "already published":
+            plan.say("already published", shard.name, part.rows)
+            continue
+        with _connect(shard, autocommit=False) as conn:
+            part.published = _publish_one(plan, conn, two_phase=False)
+            conn.commit()
+        part.state = "published"
+        plan.say("published", shard.name, part.published or 0)
 
 
 def _gid(queue: str, run_id: str, shard: str) -> str:
     return f"{GID_PREFIX}{queue}:{run_id}:{shard}"
 
 
-def _publish_atomic(
-    topology: Topology,
-    queue: str,
-    run_id: str,
-    todo: list[ShardResult],
-    say: ProgressCallback,
-    fault: FaultHook | None,
-) -> None:
-    """Prepare every shard's publish, record the decision on the coordinator, commit each."""
-    by_name = {s.name: s for s in topology.shards}
+def _publish_atomic(plan: _Plan, result: LoadResult) -> None:
+    """Prepare every shard's publish, record the decision on the coordinator, commit every part."""
+    by_name = {s.name: s for s in plan.topology.shards}
+    todo = [p for p in result.shards if p.state != "already published"]
     prepared: list[str] = []
     try:
-        for sr_ in todo:
-            with psycopg.connect(by_name[sr_.shard].dsn) as conn:
-                row = conn.execute("SELECT qm.publish_run(%s, %s, 'prepared')", (run_id, queue)).fetchone()
-                sr_.published = None if row is None or row[0] is None else int(row[0])
-                conn.execute(f"PREPARE TRANSACTION '{_gid(queue, run_id, sr_.shard)}'")
-            prepared.append(sr_.shard)
-            sr_.state = "prepared"
-            say("prepared", sr_.shard, sr_.published or 0)
-            if fault:
-                fault("prepared", sr_.shard)
+        for part in todo:
+            gid = _gid(plan.queue, plan.run_id, part.shard)
+            with _connect(by_name[part.shard], autocommit=False) as conn:
+                part.published = _publish_one(plan, conn, two_phase=True)
+                conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+            prepared.append(part.shard)
+            part.state = "prepared"
+            plan.say("prepared", part.shard, part.published or 0)
+            plan.hook("prepared", part.shard)
+        outcome = _decide(plan.topology, plan.queue, plan.run_id, "commit", prepared)
     except Exception:
         for name in prepared:
-            _finish(by_name[name].dsn, _gid(queue, run_id, name), commit=False)
+            _finish(by_name[name], _gid(plan.queue, plan.run_id, name), commit=False)
         raise
-    coordinator = topology.shards[0]
-    with psycopg.connect(coordinator.dsn, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO qm.spark_decisions (run_id, queue, shards) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-            (run_id, queue, prepared),
+    if outcome != "commit":
+        for name in prepared:
+            _finish(by_name[name], _gid(plan.queue, plan.run_id, name), commit=False)
+        raise RunAbortedError(
+            f"run {plan.run_id!r}: a recovery aborted it before its decision was recorded; nothing was published "
+            "(run it again)"
         )
-    say("decided", coordinator.name, len(prepared))
-    if fault:
-        fault("decided", coordinator.name)
-    for sr_ in todo:
-        _finish(by_name[sr_.shard].dsn, _gid(queue, run_id, sr_.shard), commit=True)
-        sr_.state = "published"
-        say("published", sr_.shard, sr_.published or 0)
-
-
-def _finish(dsn: str, gid: str, *, commit: bool) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if commit:
-            conn.execute(f"COMMIT PREPARED '{gid}'")
-            parts = gid[len(GID_PREFIX) :].split(":")
-            conn.execute(
-                "UPDATE qm.spark_runs SET state = 'published', updated_at = clock_timestamp() "
-                "WHERE queue = %s AND run_id = %s AND state = 'prepared'",
-                (parts[0], parts[1]),
+    plan.say("decided", plan.topology.shards[0].name, len(prepared))
+    plan.hook("decided", plan.topology.shards[0].name)
+    for part in todo:
+        if not _finish(by_name[part.shard], _gid(plan.queue, plan.run_id, part.shard), commit=True):
+            raise RunAbortedError(
+                f"run {plan.run_id!r}: the prepared part on shard {part.shard!r} is gone (another job of the same "
+                "run id recovered it?): check the shards' ledgers (qm.spark_runs) and run it again"
             )
-        else:
-            conn.execute(f"ROLLBACK PREPARED '{gid}'")
+        part.state = "published"
+        plan.say("published", part.shard, part.published or 0)
+        plan.hook("committed", part.shard)
 
 
-def recover(topology: Topology, *, run_id: str | None = None) -> dict[str, str]:
-    """Finish the two-phase runs left prepared (all of them, or ``run_id``'s): a run whose decision
-    is recorded on the coordinating shard (the topology's first) is committed on every shard, any
-    other is rolled back. Returns {prepared transaction: "committed" | "rolled back"}.
+def _decide(topology: Topology, queue: str, run_id: str, outcome: str, shards: Sequence[str]) -> str:
+    """Record the outcome of a two-phase run on the coordinating shard unless one is there; return
+    the one that stands (the first recorded)."""
+    with _connect(topology.shards[0]) as conn:
+        row = conn.execute(
+            query("decide", _SQL), {"run": run_id, "queue": queue, "shards": list(shards), "outcome": outcome}
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
 
-    Do not run it for a run id whose job is still running (it would roll back a publish in flight).
+
+def _finish(shard: Shard, gid: str, *, commit: bool) -> bool:
+    """COMMIT (then wake the manager) or ROLLBACK a prepared part; False if it was no longer there."""
+    with _connect(shard) as conn:
+        try:
+            conn.execute(sql.SQL("COMMIT PREPARED {}" if commit else "ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        except psycopg.errors.UndefinedObject:
+            return False
+        if commit:
+            queue, run, _ = gid[len(GID_PREFIX) :].split(":", 2)
+            conn.execute(query("wake_after_publish", _SQL), {"run": run, "queue": queue})
+    return True
+
+
+def recover(
+    topology: Topology, *, run_id: str | None = None, min_age: float = RECOVER_MIN_AGE_SECONDS
+) -> dict[str, str]:
+    """Finish the two-phase runs left prepared (all of them, or ``run_id``'s): a run whose decision is
+    commit is committed on every shard; for any other an abort is recorded on the coordinating shard
+    (the topology's first) and its parts are rolled back. Returns {prepared transaction: "committed" |
+    "rolled back"}.
+
+    Without ``run_id``, parts prepared less than ``min_age`` seconds ago are left alone (their job
+    may still be about to decide). An abort recorded for a job that is still running makes that job
+    roll back and fail with RunAbortedError: never a partial run.
     """
-    coordinator = topology.shards[0]
     done: dict[str, str] = {}
     for shard in topology.shards:
-        with psycopg.connect(shard.dsn, autocommit=True) as conn:
-            gids = [
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE %s",
-                    (GID_PREFIX + "%",),
-                ).fetchall()
-            ]
-        for gid in gids:
-            queue, run, _ = gid[len(GID_PREFIX) :].split(":", 2)
-            if run_id is not None and run != run_id:
+        with _connect(shard) as conn:
+            found = conn.execute(query("prepared_runs", _SQL), {"prefix": GID_PREFIX}).fetchall()
+        for gid, age in found:
+            queue, run, _ = str(gid)[len(GID_PREFIX) :].split(":", 2)
+            if (run_id is not None and run != run_id) or (run_id is None and float(age) < min_age):
                 continue
-            with psycopg.connect(coordinator.dsn, autocommit=True) as conn:
-                decided = conn.execute(
-                    "SELECT 1 FROM qm.spark_decisions WHERE run_id = %s AND queue = %s", (run, queue)
-                ).fetchone()
-            _finish(shard.dsn, gid, commit=decided is not None)
-            done[gid] = "committed" if decided is not None else "rolled back"
+            outcome = _decide(topology, queue, run, "abort", [])
+            if _finish(shard, str(gid), commit=outcome == "commit"):
+                done[str(gid)] = "committed" if outcome == "commit" else "rolled back"
+    if done:
+        logger.info("recovered prepared runs", extra={"action": "spark.recover", "parts": len(done)})
     return done
 
 
 # ----------------------------------------------------------------------------------- entry points
 
 
-@contextmanager
-def job_session(app_name: str, jdbc_jar: str | None = None) -> Iterator[SparkSession]:
-    """The Spark session of a command-line run, stopped at the end if this call started it.
-
-    Under ``spark-submit`` its ``--master`` and ``--jars`` stand; otherwise a local session
-    (:func:`spark_jobs.routing.spark_session`). A session already running is used and left running.
-    """
-    import os
-
-    existing = SparkSession.getActiveSession()
-    if existing is not None:
-        session = existing
-    elif os.environ.get("PYSPARK_GATEWAY_PORT"):
-        session = SparkSession.builder.appName(app_name).getOrCreate()
-    else:
-        session = sr.spark_session(app_name, jdbc_jar=jdbc_jar)
-    try:
-        yield session
-    finally:
-        if existing is None:
-            session.stop()
-
-
 def run_cli(args: Any, emit: Callable[[str], None]) -> int:
-    """``qm spark enqueue`` (see queue_manager.cli): one line per stage and shard."""
+    """``qm spark enqueue`` (see queue_manager.cli.main): one line per stage and shard."""
+    from spark_jobs.session import job_session
+
     topology = Topology.load(args.topology)
-    columns = Columns(args.tenant_col, args.payload_col, args.fire_at_col, args.dedup_col)
-    with job_session("qm-enqueue", args.jdbc_jar) as spark:
+    check_run_id(args.run_id)
+    for shard in topology.shards:  # a clear error before Spark starts
+        queue_shape(shard, check_queue_name(args.queue))
+    columns = Columns(
+        args.tenant_col,
+        args.payload_col,
+        args.fire_at_col,
+        args.dedup_col,
+        tuple(c for c in (args.payload_cols or "").split(",") if c),
+    )
+    with job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
         df = read_source(spark, args.input, args.format)
         result = load_events(
             df,
@@ -560,21 +806,25 @@ def run_cli(args: Any, emit: Callable[[str], None]) -> int:
             bad_rows=args.bad_rows,
             rejects=args.rejects,
             work_dir=args.work_dir,
+            materialize=args.materialize,
             atomic=args.atomic,
             tasks_per_shard=args.tasks_per_shard,
             batch_size=args.batch_size,
+            staging_ttl=args.staging_ttl,
             stop_after=args.stop_after,
-            progress=lambda stage, shard, n: emit(f"run {args.run_id}: {stage} {shard} rows={n}"),
+            progress=lambda stage, shard, n: emit(f"run {args.run_id}: {stage:<17} {shard:<8} rows={n}"),
         )
     emit(
-        f"run {result.run_id}: done: {result.rows} good rows, {result.rejected} rejected, "
-        f"{result.published} events published by this call"
+        f"run {result.run_id}: done: {result.rows} good rows, {result.rejected} rejected"
+        f"{f' (see {result.rejects_path})' if result.rejected else ''}, "
+        f"{result.published} events published by this run"
     )
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The script entry (``python -m spark_jobs.enqueue``, ``spark-submit``): ``qm spark enqueue ARGS``."""
+    """The script entry (``spark-submit spark_jobs/enqueue.py ARGS``, ``python -m spark_jobs.enqueue
+    ARGS``): ``qm spark enqueue ARGS``."""
     from queue_manager.cli.main import main as qm_main
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -159,11 +159,14 @@ def find_jdbc_jar() -> str | None:
     return None
 
 
-def spark_session(app_name: str = "qm", *, jdbc_jar: str | None = None) -> SparkSession:
+def spark_session(
+    app_name: str = "qm", *, jdbc_jar: str | None = None, jdbc_package: str | None = None
+) -> SparkSession:
     """A local Spark session sized for a small (2-core) machine.
 
     ``local[2]``, 4 shuffle partitions, no UI, 1 GiB driver. The PostgreSQL JDBC jar
-    (``jdbc_jar``, else :func:`find_jdbc_jar`) is added with ``spark.jars`` when found.
+    (``jdbc_jar``, else :func:`find_jdbc_jar`) is added with ``spark.jars`` when found; else
+    ``jdbc_package`` (Maven coordinates), when given, with ``spark.jars.packages``.
     Settings only take effect if no session is running yet in this process (``getOrCreate``).
     Raises ConfigurationError if ``jdbc_jar`` is given but names no file.
     """
@@ -179,4 +182,6 @@ def spark_session(app_name: str = "qm", *, jdbc_jar: str | None = None) -> Spark
     )
     if jar:
         builder = builder.config("spark.jars", jar)
+    elif jdbc_package:
+        builder = builder.config("spark.jars.packages", jdbc_package)
     return builder.getOrCreate()

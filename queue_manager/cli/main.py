@@ -8,6 +8,8 @@
     qm status [--json]                      length and state of every queue on every shard
     qm manager --shard S --tokens F         run the manager of one shard (websocket, metrics, health)
     qm events retry QUEUE [--id ..]         put dead-lettered (failed) events back
+    qm spark enqueue INPUT --queue Q --run-id R   bulk enqueue from Spark (see docs/spark.md)
+    qm spark recover|cleanup                finish two-phase Spark runs; drop staging of dead runs
     qm demo --dir DIR                       the end-to-end demo on local shards
 
 ``--topology`` defaults to ``$QM_TOPOLOGY``.
@@ -223,6 +225,90 @@ def cmd_events_retry(args: argparse.Namespace) -> int:
     return 0
 
 
+def _emit(line: str) -> None:
+    print(line, flush=True)
+
+
+def cmd_spark_enqueue(args: argparse.Namespace) -> int:
+    # lazy: the Spark job needs pyspark and a JVM, which the rest of the CLI does not
+    from spark_jobs.enqueue import run_cli
+
+    args.topology = args.topology or os.environ.get("QM_TOPOLOGY")
+    if not args.topology:
+        raise ConfigurationError("no topology: pass --topology FILE or set QM_TOPOLOGY")
+    return run_cli(args, _emit)
+
+
+def cmd_spark_recover(args: argparse.Namespace) -> int:
+    from spark_jobs.enqueue import recover
+
+    done = recover(_topology(args), run_id=args.run_id, min_age=args.min_age)
+    for gid, outcome in done.items():
+        print(f"{gid}: {outcome}")
+    print(f"{len(done)} prepared part(s) of Spark runs finished")
+    return 0
+
+
+def cmd_spark_cleanup(args: argparse.Namespace) -> int:
+    from spark_jobs.enqueue import cleanup
+
+    for shard, n in cleanup(_topology(args), older_than=args.older_than).items():
+        print(f"{shard}: {n} unfinished run(s) older than {args.older_than:g} s abandoned (staging dropped)")
+    return 0
+
+
+def _spark_parser(sub: Any, with_topology: Any) -> None:
+    spark = sub.add_parser("spark", help="bulk enqueue from Spark (docs/spark.md)").add_subparsers(
+        dest="spark_command", required=True
+    )
+    p = with_topology(spark.add_parser("enqueue", help="enqueue every row of a Parquet, CSV, JSON or ORC source"))
+    p.add_argument("input", help="source path (or table name with --format table)")
+    p.add_argument("--queue", required=True, help="the queue (it must exist on every shard)")
+    p.add_argument("--run-id", required=True, help="names the run: a re-run with the same id adds nothing twice")
+    p.add_argument("--format", default="parquet", choices=["parquet", "csv", "json", "orc", "table"])
+    p.add_argument("--tenant-col", default="tenant", help="column of the tenant (default tenant)")
+    p.add_argument(
+        "--payload-col", default="payload", help="JSON string, struct, map or array column (default payload)"
+    )
+    p.add_argument("--payload-cols", help="comma-separated columns that make the payload as one JSON object")
+    p.add_argument("--fire-at-col", help="timestamp or ISO-8601 column (default: fire at once)")
+    p.add_argument("--dedup-col", help="column of the deduplication key (default: none)")
+    p.add_argument(
+        "--bad-rows",
+        choices=["fail", "skip"],
+        default="fail",
+        help="on rejected rows: publish nothing (fail, default) or publish the good rows (skip)",
+    )
+    p.add_argument("--rejects", help="Parquet output of the rejected rows (default WORK_DIR/QUEUE/RUN/rejects)")
+    p.add_argument("--work-dir", help="directory of the run's files, readable by every executor (default: under /tmp)")
+    p.add_argument(
+        "--materialize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write the keyed rows once as Parquet before staging (default: only when the source is not a "
+        "deterministic scan)",
+    )
+    p.add_argument("--atomic", action="store_true", help="all shards or none (two-phase commit)")
+    p.add_argument("--tasks-per-shard", type=int, default=2, help="JDBC write tasks per shard (default 2)")
+    p.add_argument("--batch-size", type=int, default=10_000, help="rows per JDBC batch (default 10000)")
+    p.add_argument(
+        "--staging-ttl",
+        type=float,
+        default=24 * 3600.0,
+        help="drop staging of runs unfinished for this long, s (default 86400)",
+    )
+    p.add_argument("--stop-after", choices=["staged", "validated"], help="stop early (validated: a dry run)")
+    p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, Debian's, or Maven)")
+    p.set_defaults(func=cmd_spark_enqueue)
+    p = with_topology(spark.add_parser("recover", help="commit or roll back two-phase runs left prepared"))
+    p.add_argument("--run-id", help="only this run (default: every run prepared more than --min-age ago)")
+    p.add_argument("--min-age", type=float, default=60.0, help="leave younger prepared parts alone, s (default 60)")
+    p.set_defaults(func=cmd_spark_recover)
+    p = with_topology(spark.add_parser("cleanup", help="drop the staging of runs left unfinished"))
+    p.add_argument("--older-than", type=float, default=24 * 3600.0, help="seconds (default 86400)")
+    p.set_defaults(func=cmd_spark_cleanup)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from queue_manager.demo import run_demo
 
@@ -312,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", type=int, action="append", help="only this event id (repeat)")
     p.add_argument("--tenant", help="only this tenant's events")
     p.set_defaults(func=cmd_events_retry)
+
+    _spark_parser(sub, with_topology)
 
     p = sub.add_parser("demo", help="run the demo on local embedded shards")
     p.add_argument("--dir", default=".qm-local", help="directory for the local shards (default .qm-local)")

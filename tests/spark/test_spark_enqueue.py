@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,15 +16,16 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e 
 if shutil.which("java") is None and not Path(os.environ.get("JAVA_HOME") or "/nonexistent", "bin", "java").is_file():
     pytest.skip("Java is not installed: a local Spark session needs a JVM 17+", allow_module_level=True)
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from queue_manager import admin
-from queue_manager.domain import routing
+from queue_manager.cli.main import main as qm_main
 from queue_manager.domain.topology import Topology
-from queue_manager.errors import ConfigurationError, UnknownQueueError
+from queue_manager.errors import ConfigurationError, InvalidEventError, UnknownQueueError
 from spark_jobs import enqueue as ej
 from spark_jobs import routing as sr
+from spark_jobs.session import require_jdbc_driver
 
 pytestmark = pytest.mark.spark
 
@@ -34,6 +36,7 @@ def spark() -> Iterator[SparkSession]:
         pytest.fail("no PostgreSQL JDBC jar: install libpostgresql-jdbc-java or set QM_JDBC_JAR")
     session = sr.spark_session("qm-test-enqueue")
     session.sparkContext.setLogLevel("ERROR")
+    require_jdbc_driver(session)
     yield session
     session.stop()
 
@@ -44,7 +47,8 @@ def queue(shards: Topology) -> str:
     return "bulk"
 
 
-def events_df(spark: SparkSession, n: int, *, offset: int = 0, tenants: int = 500) -> Any:
+def events_df(spark: SparkSession, n: int, *, offset: int = 0, tenants: int = 500) -> DataFrame:
+    """``n`` events (a deterministic scan: spark.range), payload {"n": id, "kind": "bulk"}."""
     return spark.range(offset, offset + n).select(
         F.concat(F.lit("tenant-"), (F.col("id") % tenants).cast("string")).alias("tenant"),
         F.struct(F.col("id").alias("n"), F.lit("bulk").alias("kind")).alias("payload"),
@@ -62,58 +66,103 @@ def stored(topology: Topology, queue: str) -> dict[str, list[tuple[str, int, int
     return out
 
 
+def count_events(topology: Topology, queue: str) -> int:
+    total = 0
+    for s in topology.shards:
+        with psycopg.connect(s.dsn) as conn:
+            row = conn.execute(f"SELECT count(*) FROM {queue}").fetchone()
+            total += int(row[0]) if row else 0
+    return total
+
+
 def all_ns(topology: Topology, queue: str) -> list[int]:
     return sorted(n for rows in stored(topology, queue).values() for _, _, n in rows)
 
 
-def ledger(topology: Topology, run: str) -> dict[str, Any]:
-    out = {}
+def ledger(topology: Topology, run: str) -> dict[str, tuple[Any, ...] | None]:
+    """Per shard: (state, published, rows in its stage table or None when it has none)."""
+    out: dict[str, tuple[Any, ...] | None] = {}
     for s in topology.shards:
         with psycopg.connect(s.dsn) as conn:
-            row = conn.execute("SELECT state, published FROM qm.spark_runs WHERE run_id = %s", (run,)).fetchone()
-            staged = conn.execute("SELECT count(*) FROM qm.spark_staging WHERE run_id = %s", (run,)).fetchone()
-        out[s.name] = (row, staged[0] if staged else None)
+            row = conn.execute(
+                "SELECT state, published, stage_table FROM qm.spark_runs WHERE run_id = %s", (run,)
+            ).fetchone()
+            if row is None:
+                out[s.name] = None
+                continue
+            staged = None
+            if row[2] is not None:
+                staged = conn.execute(f"SELECT count(*) FROM qm.{row[2]}").fetchone()[0]  # type: ignore[index]
+            out[s.name] = (row[0], row[1], staged)
     return out
+
+
+def stage_tables(topology: Topology) -> int:
+    total = 0
+    for s in topology.shards:
+        with psycopg.connect(s.dsn) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'qm' AND tablename LIKE 'spark_stage_%'"
+            ).fetchone()
+            total += int(row[0]) if row else 0
+    return total
+
+
+def prepared(topology: Topology) -> int:
+    total = 0
+    for s in topology.shards:
+        with psycopg.connect(s.dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()").fetchone()
+            total += int(row[0]) if row else 0
+    return total
 
 
 def test_100k_rows_land_on_the_right_shards_and_partitions(
     spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
 ) -> None:
     lines: list[tuple[str, str, int]] = []
-    result = ej.load_events(
-        events_df(spark, 100_000),
-        shards,
-        queue,
-        run_id="r100k",
-        work_dir=str(tmp_path),
-        progress=lambda stage, shard, n: lines.append((stage, shard, n)),
-    )
-    assert result.rows == 100_000 and result.rejected == 0
-    assert result.published == 100_000
+    listeners = [psycopg.connect(s.dsn, autocommit=True) for s in shards.shards]
+    for c in listeners:
+        c.execute("LISTEN qm_wake")
+    try:
+        result = ej.load_events(
+            events_df(spark, 100_000),
+            shards,
+            queue,
+            run_id="r100k",
+            work_dir=str(tmp_path),
+            progress=lambda stage, shard, n: lines.append((stage, shard, n)),
+        )
+        wakes = [[n.payload for n in c.notifies(timeout=0.5) if n.payload.startswith(f"{queue} ")] for c in listeners]
+    finally:
+        for c in listeners:
+            c.close()
+    assert result.rows == 100_000 and result.rejected == 0 and result.published == 100_000
+    assert not result.materialized  # spark.range is a deterministic scan: keyed in place
     rows = stored(shards, queue)
-    assert sum(len(v) for v in rows.values()) == 100_000
     assert sorted(n for v in rows.values() for _, _, n in v) == list(range(100_000))
-    by_name = {s.name: s for s in shards.shards}
-    used: dict[str, set[int]] = {}
-    for name, events in rows.items():
-        for tenant, partition, _ in events:
-            assert by_name[name].key_range.contains(tenant), (tenant, name)
-            assert partition in routing.shuffle_set(tenant, 16, 4), (tenant, partition)
-            used.setdefault(tenant, set()).add(partition)
-    # the database agrees (its own function) and each tenant's rows are spread over its whole set
-    with psycopg.connect(by_name["s0"].dsn) as conn:
-        for tenant, partition, _ in rows["s0"][:200]:
-            sql_set = conn.execute("SELECT qm.shuffle_set(%s, 16, 4)", (tenant,)).fetchone()
-            assert sql_set is not None and partition in sql_set[0]
-    assert all(len(parts) == 4 for parts in used.values())
-    # the load counters count every published event
     for s in shards.shards:
         with psycopg.connect(s.dsn) as conn:
+            # the database's own rules, over every row: its shard's range, its tenant's shuffle set
+            misplaced = conn.execute(
+                f"SELECT count(*) FILTER (WHERE qm.shard_for(tenant) <> (SELECT name FROM qm.shard)), "
+                f"count(*) FILTER (WHERE NOT partition = ANY (qm.shuffle_set(tenant, 16, 4))), "
+                f"count(DISTINCT (tenant, partition)), count(DISTINCT tenant) FROM {queue}"
+            ).fetchone()
+            assert misplaced is not None and misplaced[:2] == (0, 0), s.name
+            # each tenant's rows spread over its whole set (k = 4 partitions)
+            assert misplaced[2] == 4 * misplaced[3], s.name
             loads = conn.execute("SELECT qm.partition_loads(%s)", (queue,)).fetchone()
-        assert loads is not None and sum(loads[0]) == len(rows[s.name])
-    assert ("published", "s0", len(rows["s0"])) in lines and ("published", "s1", len(rows["s1"])) in lines
-    assert {k: v[0][0] for k, v in ledger(shards, "r100k").items()} == {"s0": "published", "s1": "published"}
-    assert {k: v[1] for k, v in ledger(shards, "r100k").items()} == {"s0": 0, "s1": 0}
+            assert loads is not None and sum(loads[0]) == len(rows[s.name])
+    assert all(rows[s.name] for s in shards.shards)
+    for s in shards.shards:
+        assert ("staged", s.name, len(rows[s.name])) in lines
+        assert ("published", s.name, len(rows[s.name])) in lines
+    assert ("validated", "*", 100_000) in lines
+    assert ledger(shards, "r100k") == {s.name: ("published", len(rows[s.name]), None) for s in shards.shards}
+    assert stage_tables(shards) == 0  # dropped by the publish: nothing left to vacuum
+    # one wake-up per shard for the whole load, not one per row or per batch
+    assert [len(w) for w in wakes] == [1, 1], wakes
 
 
 def test_a_run_stopped_after_staging_shows_nothing_and_a_rerun_publishes_once(
@@ -123,31 +172,62 @@ def test_a_run_stopped_after_staging_shows_nothing_and_a_rerun_publishes_once(
     first = ej.load_events(df, shards, queue, run_id="crash1", work_dir=str(tmp_path), stop_after="staged")
     assert first.published == 0
     assert all_ns(shards, queue) == []  # staged, not visible
-    assert all(v[1] > 0 for v in ledger(shards, "crash1").values())
-    # a re-run (even from a different source object) publishes the materialised rows exactly once
+    assert all(v is not None and v[0] == "staged" and v[2] > 0 for v in ledger(shards, "crash1").values())
+    # a re-run publishes what was staged, without Spark reading the source again (here: another one)
     again = ej.load_events(events_df(spark, 10), shards, queue, run_id="crash1", work_dir=str(tmp_path))
     assert again.published == 3000
     assert all_ns(shards, queue) == list(range(3000))
     # and a re-run of the finished run adds nothing
     third = ej.load_events(df, shards, queue, run_id="crash1", work_dir=str(tmp_path))
-    assert third.published == 0 and [s.state for s in third.shards] == ["published", "published"]
+    assert third.published == 0 and [s.state for s in third.shards] == ["already published"] * 2
+    assert third.rows == 3000
     assert all_ns(shards, queue) == list(range(3000))
 
 
+def test_a_run_killed_while_staging_is_staged_again_and_published_once(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    def die_after_first_shard(step: str, shard: str) -> None:
+        if step == "staged" and shard == "s0":
+            raise ej._Crash("killed")
+
+    df = events_df(spark, 2000)
+    with pytest.raises(ej._Crash):
+        ej.load_events(df, shards, queue, run_id="half", work_dir=str(tmp_path), fault=die_after_first_shard)
+    states = ledger(shards, "half")
+    assert states["s0"] is not None and states["s0"][0] == "staged"
+    assert states["s1"] == ("staging", None, 0)
+    done = ej.load_events(df, shards, queue, run_id="half", work_dir=str(tmp_path))
+    assert done.published == 2000 and all_ns(shards, queue) == list(range(2000))
+
+
 def test_a_duplicated_task_adds_nothing(spark: SparkSession, shards: Topology, queue: str, tmp_path: Path) -> None:
-    """A speculative or retried task writes its rows twice: the publish keeps one per row key."""
-    ej.load_events(events_df(spark, 2000), shards, queue, run_id="dup", work_dir=str(tmp_path), stop_after="staged")
+    """A speculative or retried task writes its rows twice (even after the stage was counted): the
+    publish keeps one row per row key."""
+    df = events_df(spark, 2000)
+    ej.load_events(df, shards, queue, run_id="dup", work_dir=str(tmp_path), stop_after="staged")
     for s in shards.shards:
         with psycopg.connect(s.dsn) as conn:
-            conn.execute(
-                "INSERT INTO qm.spark_staging SELECT * FROM qm.spark_staging WHERE run_id = 'dup' AND row_key % 3 = 0"
-            )
-            conn.commit()
-    for s in shards.shards:
-        with psycopg.connect(s.dsn) as conn:
-            conn.execute("SELECT qm.publish_run('dup', %s)", (queue,))
-            conn.commit()
-    assert all_ns(shards, queue) == list(range(2000))
+            row = conn.execute("SELECT stage_table FROM qm.spark_runs WHERE run_id = 'dup'").fetchone()
+            assert row is not None
+            conn.execute(f"INSERT INTO qm.{row[0]} SELECT * FROM qm.{row[0]} WHERE row_key % 3 = 0")
+    done = ej.load_events(df, shards, queue, run_id="dup", work_dir=str(tmp_path))
+    assert done.published == 2000 and all_ns(shards, queue) == list(range(2000))
+    with psycopg.connect(shards.shards[0].dsn) as conn:
+        dups = conn.execute("SELECT duplicate_rows FROM qm.spark_runs WHERE run_id = 'dup'").fetchone()
+    assert dups is not None and dups[0] > 0
+
+
+def test_a_source_that_spark_may_recompute_differently_is_materialised_once(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    shuffled = events_df(spark, 1000).repartition(3)  # a shuffle: row order changes when recomputed
+    assert not ej.is_deterministic_scan(shuffled) and ej.is_deterministic_scan(events_df(spark, 10))
+    assert not ej.is_deterministic_scan(events_df(spark, 10).withColumn("r", F.rand()))
+    result = ej.load_events(shuffled, shards, queue, run_id="mat", work_dir=str(tmp_path))
+    assert result.materialized and result.published == 1000
+    assert all_ns(shards, queue) == list(range(1000))
+    assert not (tmp_path / queue / "mat" / "rows").exists()  # published everywhere: the keyed rows are gone
 
 
 def test_bad_rows_go_to_rejects_and_fail_the_run_or_are_skipped(
@@ -171,7 +251,10 @@ def test_bad_rows_go_to_rejects_and_fail_the_run_or_are_skipped(
         ej.load_events(df, shards, queue, run_id="bad1", columns=cols, work_dir=str(tmp_path))
     assert failed.value.count == 7
     assert all_ns(shards, queue) == []
-    rejects = spark.read.parquet(failed.value.rejects).select("tenant", "reason").collect()
+    # nothing was published, and the run's staging is gone: the same run id may run again
+    assert all(v is None or v[0] == "abandoned" for v in ledger(shards, "bad1").values())
+    assert stage_tables(shards) == 0
+    rejects = spark.read.parquet(failed.value.rejects).select("tenant", "reason", "shard").collect()
     reasons = {r["tenant"]: r["reason"] for r in rejects}
     assert reasons == {
         None: "missing tenant",
@@ -182,9 +265,22 @@ def test_bad_rows_go_to_rejects_and_fail_the_run_or_are_skipped(
         "t-far": "fire_at out of range",
         "t-bad-time": "invalid fire_at",
     }
-    skipped = ej.load_events(df, shards, queue, run_id="bad2", columns=cols, work_dir=str(tmp_path), bad_rows="skip")
+    assert failed.value.reasons == {
+        "missing tenant": 2,
+        "payload too large for the queue": 1,
+        "payload is not valid JSON": 1,
+        "fire_at out of range": 2,
+        "invalid fire_at": 1,
+    }
+    skipped = ej.load_events(df, shards, queue, run_id="bad1", columns=cols, work_dir=str(tmp_path), bad_rows="skip")
     assert skipped.published == 2 and skipped.rejected == 7
     assert all_ns(shards, queue) == [1, 9]
+    fire = {}
+    for s in shards.shards:
+        with psycopg.connect(s.dsn) as conn:
+            conn.execute("SET TimeZone = 'UTC'")
+            fire.update(dict(conn.execute(f"SELECT tenant, fire_at::text FROM {queue}").fetchall()))
+    assert fire["t-good-2"] == "2030-01-01 00:00:00+00"
 
 
 def test_a_row_the_database_refuses_fails_that_shards_publish_as_a_whole(
@@ -193,17 +289,22 @@ def test_a_row_the_database_refuses_fails_that_shards_publish_as_a_whole(
     """Spark checks the payload's JSON text; the database its stored size: a payload of exactly the
     limit in text is a few bytes over it as jsonb. That shard's publish fails whole, nothing half."""
     owner = next(t for t in (f"t{i}" for i in range(100)) if shards.shards[1].key_range.contains(t))
-    body = '{"n": 7, "p": "' + "y" * 200 + '"}'
-    body = '{"n": 7, "p": "' + "y" * (200 - (len(body) - 200)) + '"}'
-    assert len(body) == 200
-    rows = [(owner, body)] + [(f"tenant-{i}", f'{{"n": {i}}}') for i in range(100)]
+    rows = [(owner, slipping_payload(200))] + [(f"tenant-{i}", f'{{"n": {i}}}') for i in range(100)]
     df = spark.createDataFrame(rows, "tenant string, payload string")
-    with pytest.raises(psycopg.errors.CheckViolation):
+    with pytest.raises(InvalidEventError, match="payload_within_limit"):
         ej.load_events(df, shards, queue, run_id="slip", work_dir=str(tmp_path))
     with psycopg.connect(shards.shards[1].dsn) as conn:
         assert conn.execute(f"SELECT count(*) FROM {queue}").fetchone() == (0,)
         # the run stays staged on that shard: fix the data (or the limit) and re-run
         assert conn.execute("SELECT state FROM qm.spark_runs WHERE run_id = 'slip'").fetchone() == ("staged",)
+
+
+def slipping_payload(limit: int) -> str:
+    """A JSON object of exactly ``limit`` bytes of text, a few bytes over ``limit`` as jsonb."""
+    body = '{"n": 7, "p": "' + "y" * limit + '"}'
+    body = '{"n": 7, "p": "' + "y" * (limit - (len(body) - limit)) + '"}'
+    assert len(body) == limit
+    return body
 
 
 def test_atomic_failure_on_one_shard_leaves_both_without_the_run(
@@ -217,12 +318,46 @@ def test_atomic_failure_on_one_shard_leaves_both_without_the_run(
         ej.load_events(
             events_df(spark, 1500), shards, queue, run_id="atom1", work_dir=str(tmp_path), atomic=True, fault=fail_on_s1
         )
-    assert all_ns(shards, queue) == []
-    for s in shards.shards:
-        with psycopg.connect(s.dsn) as conn:
-            assert conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
+    assert all_ns(shards, queue) == [] and prepared(shards) == 0
     done = ej.load_events(events_df(spark, 1500), shards, queue, run_id="atom1", work_dir=str(tmp_path), atomic=True)
     assert done.published == 1500 and all_ns(shards, queue) == list(range(1500))
+
+
+def test_atomic_a_row_the_database_refuses_leaves_both_shards_without_the_run(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    owner = next(t for t in (f"t{i}" for i in range(100)) if shards.shards[1].key_range.contains(t))
+    rows = [(f"tenant-{i}", f'{{"n": {i}}}') for i in range(100)] + [(owner, slipping_payload(200))]
+    df = spark.createDataFrame(rows, "tenant string, payload string")
+    with pytest.raises(InvalidEventError):
+        ej.load_events(df, shards, queue, run_id="slip2", work_dir=str(tmp_path), atomic=True)
+    assert all_ns(shards, queue) == [] and prepared(shards) == 0  # s0 had prepared: rolled back
+
+
+def test_atomic_publish_with_a_waiting_manager_and_past_fire_at_wakes_it_after_commit(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    """PREPARE TRANSACTION refuses a transaction that sent a NOTIFY, and the verify trigger sends one
+    when a manager waits (it holds the queue's wake-up lock) or rows are due in the past: the
+    two-phase publish defers it and sends it after COMMIT PREPARED."""
+    managers = []
+    for s in shards.shards:
+        c = psycopg.connect(s.dsn, autocommit=True)
+        c.execute("LISTEN qm_wake")
+        c.execute("SELECT pg_advisory_lock(qm.wake_lock_key(), (SELECT id FROM qm.queues WHERE name = %s))", (queue,))
+        managers.append(c)
+    try:
+        df = events_df(spark, 500).withColumn("fire_at", F.lit("2021-06-01T00:00:00Z"))
+        done = ej.load_events(
+            df, shards, queue, run_id="wake", columns=ej.Columns(fire_at="fire_at"), work_dir=str(tmp_path), atomic=True
+        )
+        wakes = [[n.payload for n in c.notifies(timeout=0.5)] for c in managers]
+    finally:
+        for c in managers:
+            c.close()
+    assert done.published == 500 and all_ns(shards, queue) == list(range(500))
+    expected = f"{queue} at {1622505600 * 1_000_000}"
+    assert wakes == [[expected], [expected]]
 
 
 @pytest.mark.parametrize("crash_at", ["prepared", "decided"])
@@ -242,13 +377,79 @@ def test_recovery_finishes_or_rolls_back_a_run_left_prepared(
             events_df(spark, 800), shards, queue, run_id=run, work_dir=str(tmp_path), atomic=True, fault=crash
         )
     assert all_ns(shards, queue) == []  # prepared, not visible
-    outcome = ej.recover(shards)
+    assert ej.recover(shards) == {}  # younger than min_age: its job may still be deciding
+    outcome = ej.recover(shards, min_age=0)
     assert set(outcome.values()) == ({"committed"} if crash_at == "decided" else {"rolled back"})
-    assert len(outcome) == 2
+    assert len(outcome) == 2 and prepared(shards) == 0
     assert all_ns(shards, queue) == (list(range(800)) if crash_at == "decided" else [])
     again = ej.load_events(events_df(spark, 800), shards, queue, run_id=run, work_dir=str(tmp_path), atomic=True)
     assert all_ns(shards, queue) == list(range(800))
     assert again.published == (0 if crash_at == "decided" else 800)
+
+
+def test_a_recovery_racing_a_job_before_its_decision_aborts_the_whole_run(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    def recovery_meanwhile(step: str, shard: str) -> None:
+        if step == "prepared" and shard == "s1":
+            assert len(ej.recover(shards, min_age=0)) == 2  # another process recovers: records an abort
+
+    with pytest.raises(ej.RunAbortedError):
+        ej.load_events(
+            events_df(spark, 300),
+            shards,
+            queue,
+            run_id="race",
+            work_dir=str(tmp_path),
+            atomic=True,
+            fault=recovery_meanwhile,
+        )
+    assert all_ns(shards, queue) == [] and prepared(shards) == 0
+
+
+def test_staging_of_a_dead_run_is_dropped_after_its_ttl(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    df = events_df(spark, 500)
+    ej.load_events(df, shards, queue, run_id="dead", work_dir=str(tmp_path), stop_after="staged")
+    assert stage_tables(shards) == 2
+    assert ej.cleanup(shards, older_than=3600) == {"s0": 0, "s1": 0}
+    assert ej.cleanup(shards, older_than=0) == {"s0": 1, "s1": 1}
+    assert stage_tables(shards) == 0
+    assert all(v is not None and v[0] == "abandoned" for v in ledger(shards, "dead").values())
+    again = ej.load_events(df, shards, queue, run_id="dead", work_dir=str(tmp_path))
+    assert again.published == 500 and all_ns(shards, queue) == list(range(500))
+
+
+def test_qm_spark_enqueue_command(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "events.csv"
+    source.write_text(
+        "who,amount,when,key\n" + "".join(f"tenant-{i % 40},{i},2024-01-01T00:00:00Z,k{i % 150}\n" for i in range(200)),
+        encoding="utf-8",
+    )
+    topo = tmp_path / "topology.toml"
+    topo.write_text(shards.to_toml(), encoding="utf-8")
+    args = [
+        "spark", "enqueue", str(source), "--topology", str(topo), "--queue", queue, "--run-id", "cli-1",
+        "--format", "csv", "--tenant-col", "who", "--payload-cols", "amount,key", "--fire-at-col", "when",
+        "--dedup-col", "key", "--work-dir", str(tmp_path / "work"),
+    ]  # fmt: skip
+    assert qm_main(args) == 0
+    out = capsys.readouterr().out
+    assert "run cli-1: staged" in out and "run cli-1: validated" in out and "run cli-1: published" in out
+    assert count_events(shards, queue) == 200  # 200 distinct (tenant, dedup key) pairs
+    with psycopg.connect(shards.shards[0].dsn) as conn:
+        row = conn.execute(f"SELECT payload, fire_at = '2024-01-01T00:00:00Z' FROM {queue} LIMIT 1").fetchone()
+    assert row is not None and set(row[0]) == {"amount", "key"} and row[1] is True
+    assert qm_main(args) == 0  # the same run again: nothing added
+    assert "already published" in capsys.readouterr().out
+    assert qm_main([*args[:7], "--run-id", "cli-2", *args[9:]]) == 0  # another run: every key exists
+    assert count_events(shards, queue) == 200  # every (tenant, dedup key) exists: nothing added
+    assert qm_main(["spark", "cleanup", "--topology", str(topo), "--older-than", "0"]) == 0
+    assert qm_main(["spark", "enqueue", str(source), "--topology", str(topo), "--queue", "nope", "--run-id", "x"]) == 2
+    assert "no queue named 'nope'" in capsys.readouterr().err
 
 
 def test_bad_input_gets_a_clear_error(spark: SparkSession, shards: Topology, queue: str, tmp_path: Path) -> None:
@@ -259,5 +460,29 @@ def test_bad_input_gets_a_clear_error(spark: SparkSession, shards: Topology, que
         ej.load_events(df, shards, queue, run_id="bad id!", work_dir=str(tmp_path))
     with pytest.raises(ConfigurationError, match="no tenant column 'who'"):
         ej.load_events(df, shards, queue, run_id="x2", columns=ej.Columns(tenant="who"), work_dir=str(tmp_path))
+    with pytest.raises(ConfigurationError, match="payload column 'n' is long"):
+        ej.load_events(
+            df.withColumn("n", F.lit(1).cast("long")), shards, queue, run_id="x3", columns=ej.Columns(payload="n")
+        )
     with pytest.raises(ConfigurationError, match="unknown input format"):
         ej.read_source(spark, str(tmp_path), "xml")
+
+
+def test_concurrent_runs_of_two_ids_both_land(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    errors: list[BaseException] = []
+
+    def run(run_id: str, offset: int) -> None:
+        try:
+            ej.load_events(events_df(spark, 700, offset=offset), shards, queue, run_id=run_id, work_dir=str(tmp_path))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(f"c{i}", i * 700)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    assert all_ns(shards, queue) == list(range(1400))
