@@ -331,6 +331,7 @@ def load_events(
 
     if not (run_dir / "rows" / "_SUCCESS").exists():
         route_and_check(df, topology, shapes, columns).write.mode("overwrite").parquet(rows_path)
+        say("materialised", "*", 0)
     rows = spark.read.parquet(rows_path)
     bad = rows.filter(F.col("reason").isNotNull())
     reasons = {str(r["reason"]): int(r["count"]) for r in bad.groupBy("reason").count().collect()}

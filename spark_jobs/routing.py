@@ -175,6 +175,7 @@ def spark_session(app_name: str = "qm", *, jdbc_jar: str | None = None) -> Spark
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "1g")
     )
     if jar:

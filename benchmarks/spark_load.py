@@ -1,0 +1,270 @@
+"""Spark bulk enqueue: rows/s of the whole job next to Spark's plain JDBC writer and psycopg COPY.
+
+One embedded PostgreSQL server (default durability) holds two shard databases (``s0``: ``-80``,
+``s1``: ``80-``) with one queue (16 partitions, shuffle 4) and a plain table of the same columns.
+The source is ``--rows`` events (tenant, a small struct payload) written once to Parquet. Measured,
+alternating, ``--reps`` times each:
+
+* ``job``: :func:`spark_jobs.enqueue.load_events` with a fresh run id: route and check,
+  materialise, stage through JDBC, publish per shard (the whole job, wall clock);
+* ``plain_jdbc``: the same Parquet rows, each with its shard's routing columns computed the same
+  way, written by ``DataFrame.write.jdbc`` into a plain table (no index, no trigger) on each shard
+  with the writer's defaults (1 000-row batches, statements not rewritten): what a pipeline that
+  writes straight to a table does;
+* ``tuned_jdbc``: the same, with the job's own JDBC batching (``reWriteBatchedInserts``, the same
+  batch size and tasks per shard): what Spark's JDBC path alone costs at its best;
+* ``copy``: the same number of rows streamed from Python with psycopg ``COPY`` into the plain
+  tables (one connection per shard, one after the other).
+
+A manager runs for each shard during the job (``qm manager``): its CPU seconds during the runs
+are reported (it should hear one wake-up per shard and publish, and scan only its window).
+Prints JSON on stdout. ``make bench-spark``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+from pyspark.sql import functions as F
+
+from benchmarks._bench_common import bench_server, server_info
+from queue_manager import admin
+from queue_manager.db.migrate import set_identity, upgrade
+from queue_manager.domain.topology import KeyRange, Shard, Topology
+from spark_jobs import enqueue as ej
+from spark_jobs import routing as sr
+from spark_jobs.jdbc import shard_jdbc_target
+
+logger = logging.getLogger("bench")
+QUEUE = "bulk"
+PLAIN = "plain_events"
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of one process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def managers(topology: Topology, topo_file: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = [
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "qm"),
+                "manager",
+                "--topology",
+                str(topo_file),
+                "--shard",
+                s.name,
+                "--port",
+                "0",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for s in topology.shards
+    ]
+    try:
+        time.sleep(3.0)  # elected and idle
+        yield procs
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def setup(admin_dsn: str, base_dsn: str) -> Topology:
+    shards = []
+    for name, spec in (("s0", "-80"), ("s1", "80-")):
+        dbname = f"{psycopg.conninfo.conninfo_to_dict(base_dsn)['dbname']}_{name}"
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{dbname}"')
+        shards.append(Shard(name, make_conninfo(admin_dsn, dbname=dbname), KeyRange.parse(spec)))
+    topology = Topology(tuple(shards))
+    for s in topology.shards:
+        upgrade(s.dsn)
+        set_identity(s.dsn, s, topology)
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            conn.execute(
+                f"CREATE TABLE {PLAIN} (tenant text, partition smallint, payload jsonb, fire_at timestamptz, "
+                "dedup_key text)"
+            )
+    admin.create_queue(topology, QUEUE, {"partitions": 16, "shuffle": 4})
+    return topology
+
+
+def reset(topology: Topology) -> None:
+    for s in topology.shards:
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            conn.execute(f"TRUNCATE {QUEUE}, {PLAIN}")
+            conn.execute("TRUNCATE qm.spark_staging, qm.spark_runs")
+            conn.execute(f"SELECT qm.reconcile_load('{QUEUE}')")
+            conn.execute("CHECKPOINT")
+
+
+def run_job(spark: Any, source: str, topology: Topology, work: str, rep: int, tasks: int, batch: int) -> float:
+    df = spark.read.parquet(source)
+    t = time.perf_counter()
+    result = ej.load_events(
+        df, topology, QUEUE, run_id=f"bench-{rep}", work_dir=work, tasks_per_shard=tasks, batch_size=batch
+    )
+    elapsed = time.perf_counter() - t
+    if result.published != result.rows:
+        raise RuntimeError(f"published {result.published} of {result.rows}")
+    return elapsed
+
+
+def run_plain_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batch: int | None) -> float:
+    """``batch`` None: the writer's defaults (1 000-row batches, no rewritten inserts)."""
+    df = spark.read.parquet(source)
+    t = time.perf_counter()
+    tenant = F.col("tenant")
+    for s in topology.shards:
+        target = shard_jdbc_target(s.dsn)
+        props = {**target.properties, "stringtype": "unspecified"}
+        if batch is not None:
+            props.update({"batchsize": str(batch), "reWriteBatchedInserts": "true"})
+        (
+            df.filter(sr.in_key_range(tenant, s.key_range.start, s.key_range.end))
+            .select(
+                tenant,
+                F.element_at(sr.shuffle_set(tenant, 16, 4), 1).cast("short").alias("partition"),
+                F.to_json("payload").alias("payload"),
+                F.lit(None).cast("string").alias("fire_at"),
+                F.lit(None).cast("string").alias("dedup_key"),
+            )
+            .repartition(tasks)
+            .write.jdbc(target.url, PLAIN, mode="append", properties=props)
+        )
+    return time.perf_counter() - t
+
+
+def run_copy(topology: Topology, rows: int) -> float:
+    t = time.perf_counter()
+    for s in topology.shards:
+        with psycopg.connect(s.dsn) as conn, conn.cursor() as cur:
+            with cur.copy(f"COPY {PLAIN} (tenant, partition, payload) FROM STDIN") as copy:
+                for i in range(rows // len(topology.shards)):
+                    copy.write_row((f"tenant-{i % 5000}", i % 16, f'{{"n": {i}, "kind": "bulk"}}'))
+            conn.commit()
+    return time.perf_counter() - t
+
+
+def summary(samples: list[float], rows: int) -> dict[str, Any]:
+    rates = [rows / s for s in samples]
+    return {
+        "seconds": [round(s, 2) for s in samples],
+        "rows_per_s_median": round(statistics.median(rates)),
+        "rows_per_s_min": round(min(rates)),
+        "rows_per_s_max": round(max(rates)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tasks-per-shard", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=10_000)
+    parser.add_argument("--no-managers", action="store_true", help="do not run a manager per shard")
+    parser.add_argument("--dsn", help="administrative database of an existing server (default: an embedded one)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+
+    tmp = Path(tempfile.mkdtemp(prefix="qm-bench-spark-"))
+    spark = sr.spark_session("qm-bench-spark")
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        with bench_server(args.dsn, "spark") as (admin_dsn, base_dsn):
+            topology = setup(admin_dsn, base_dsn)
+            topo_file = tmp / "topology.toml"
+            topo_file.write_text(topology.to_toml())
+            source = str(tmp / "source")
+            spark.range(args.rows).select(
+                F.concat(F.lit("tenant-"), (F.col("id") % 5000).cast("string")).alias("tenant"),
+                F.struct(F.col("id").alias("n"), F.lit("bulk").alias("kind")).alias("payload"),
+            ).write.parquet(source)
+            samples: dict[str, list[float]] = {"job": [], "plain_jdbc": [], "tuned_jdbc": [], "copy": []}
+            manager_cpu: list[float] = []
+            for rep in range(args.reps):
+                for kind in samples:
+                    reset(topology)
+                    logger.info("rep %d: %s", rep, kind)
+                    if kind == "job":
+                        work = str(tmp / f"work-{rep}")
+                        if args.no_managers:
+                            samples[kind].append(
+                                run_job(spark, source, topology, work, rep, args.tasks_per_shard, args.batch_size)
+                            )
+                        else:
+                            with managers(topology, topo_file) as procs:
+                                before = sum(_proc_cpu(p.pid) for p in procs)
+                                samples[kind].append(
+                                    run_job(spark, source, topology, work, rep, args.tasks_per_shard, args.batch_size)
+                                )
+                                manager_cpu.append(sum(_proc_cpu(p.pid) for p in procs) - before)
+                        shutil.rmtree(work, ignore_errors=True)
+                    elif kind == "plain_jdbc":
+                        samples[kind].append(run_plain_jdbc(spark, source, topology, args.tasks_per_shard, None))
+                    elif kind == "tuned_jdbc":
+                        samples[kind].append(
+                            run_plain_jdbc(spark, source, topology, args.tasks_per_shard, args.batch_size)
+                        )
+                    else:
+                        samples[kind].append(run_copy(topology, args.rows))
+            out = {
+                "benchmark": "spark_load",
+                "rows": args.rows,
+                "shards": 2,
+                "reps": args.reps,
+                "tasks_per_shard": args.tasks_per_shard,
+                "batch_size": args.batch_size,
+                "server": server_info(topology.shards[0].dsn),
+                **{k: summary(v, args.rows) for k, v in samples.items()},
+                "job_vs_plain_jdbc": round(
+                    statistics.median(samples["plain_jdbc"]) / statistics.median(samples["job"]), 2
+                ),
+                "job_vs_tuned_jdbc": round(
+                    statistics.median(samples["tuned_jdbc"]) / statistics.median(samples["job"]), 2
+                ),
+                "job_vs_copy": round(statistics.median(samples["copy"]) / statistics.median(samples["job"]), 2),
+                "manager_cpu_seconds_during_job": [round(c, 2) for c in manager_cpu],
+            }
+            for s in topology.shards:
+                with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                    conn.execute(
+                        f'DROP DATABASE IF EXISTS "{psycopg.conninfo.conninfo_to_dict(s.dsn)["dbname"]}" WITH (FORCE)'
+                    )
+    finally:
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
