@@ -419,6 +419,8 @@ def _write_verify_commit(
         _commit_shard(layout, attempt / f"shard={shard.name}", manifest)
         report("committed", shard.name, manifest.rows, detail=str(layout.shard_dir(shard.name)))
     shutil.rmtree(layout.staging_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):  # another run's staging may still be there
+        layout.staging_dir.parent.rmdir()
 
 
 def _read_and_write(

@@ -237,12 +237,21 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
         from spark_jobs.archive import archive_events, cli_session
     except ImportError as exc:
         raise ConfigurationError(f"qm spark archive needs pyspark ({exc}): pip install -e '.[spark]'") from None
-    from spark_jobs.archive_plan import check_run_id, new_run_id, parse_age, parse_time
+    from spark_jobs.archive_plan import check_run_id, new_run_id, parse_age, parse_time, resolve_cutoff
 
     topology = _topology(args)
     older_than = parse_age(args.older_than) if args.older_than is not None else parse_time(args.before)
+    resolve_cutoff(
+        older_than, datetime.now(UTC)
+    )  # a time in the future fails before Spark starts (the job asks the database)
     run_id = check_run_id(args.run_id) if args.run_id else new_run_id(datetime.now(UTC), os.urandom(2).hex())
-    print(f"archive {run_id}: starting (if it stops early, re-run with --run-id {run_id} to finish it)", flush=True)
+    # with --json, stdout carries the JSON only
+    out = sys.stderr if args.json else sys.stdout
+    print(
+        f"archive {run_id}: starting (if it stops early, re-run with --run-id {run_id} to finish it)",
+        file=out,
+        flush=True,
+    )
     with cli_session(args.jdbc_jar) as spark:
         result = archive_events(
             spark,
@@ -253,7 +262,7 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
             run_id=run_id,
             delete_slice=args.delete_slice,
             rows_per_partition=args.rows_per_partition,
-            progress=lambda p: print(p.line(), flush=True),
+            progress=lambda p: print(p.line(), file=out, flush=True),
         )
     summary = {
         "run_id": result.run_id,

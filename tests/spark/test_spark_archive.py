@@ -391,7 +391,7 @@ def test_bad_input_gets_a_clear_error_and_touches_nothing(
         run(older_than=datetime(2020, 1, 1, tzinfo=UTC))
 
 
-def test_cli_reports_every_stage_and_refuses_a_bad_age(
+def test_cli_reports_every_stage_and_refuses_a_bad_cutoff(
     shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str], spark: SparkSession
 ) -> None:
     data = populate(shards)
@@ -401,9 +401,20 @@ def test_cli_reports_every_stage_and_refuses_a_bad_age(
     base = ["spark", "archive", "--topology", str(topo), "--output", str(out)]
     assert qm_main([*base, "--older-than=-3d"]) == 2
     assert "invalid age '-3d'" in capsys.readouterr().err
+    assert qm_main([*base, "--before", "2999-01-01T00:00:00Z"]) == 2
+    assert "is in the future" in capsys.readouterr().err
+    assert qm_main([*base, "--older-than", "7d", "--queue", "nope"]) == 2
+    assert "queue 'nope' does not exist" in capsys.readouterr().err
     # the CLI uses the running session and leaves it running
     assert qm_main([*base, "--older-than", "7d", "--queue", "orders", "--run-id", "cli1"]) == 0
     text = capsys.readouterr().out
     for stage in ("planned", "read", "written", "verified", "committed", "deleted"):
         assert f"archive cli1: shard s0: {stage} " in text and f"archive cli1: shard s1: {stage} " in text
     assert f"{len(data.expected(('orders',))):,} rows archived" in text
+    # with --json the stages go to stderr and stdout is one JSON document
+    assert qm_main([*base, "--older-than", "7d", "--run-id", "cli1", "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["archived"] == len(data.expected(("orders",))) and summary["deleted"] == 0
+    assert all(s["finished_before"] for s in summary["shards"].values())
+    assert "archive cli1: shard s0: finished before" in captured.err
