@@ -158,9 +158,15 @@ class ArchiveProgress:
     detail: str = ""
 
     def line(self) -> str:
+        """One human-readable line: ``archive <run>: shard <s>[, queue <q>]: <what> <n> rows (<detail>)``."""
         what = f"shard {self.shard}" + (f", queue {self.queue}" if self.queue else "")
         extra = f" ({self.detail})" if self.detail else ""
-        return f"archive {self.run_id}: {what}: {self.stage.replace('_', ' ')} {self.rows:,} rows{extra}"
+        verb = _VERBS.get(self.stage, self.stage)
+        return f"archive {self.run_id}: {what}: {verb} {self.rows:,} rows{extra}"
+
+
+# how ArchiveProgress.line words a stage (the others read as they are)
+_VERBS = {"delete_slice": "deleted", "finished_before": "already finished, archived"}
 
 
 ProgressCallback = Callable[[ArchiveProgress], None]
@@ -531,8 +537,8 @@ def _delete_shard(
         report(
             "finished_before",
             shard.name,
-            manifest.rows - record.kept,
-            detail=f"{record.kept} kept, finished {record.finished_at.isoformat()}",
+            manifest.rows,
+            detail=f"{record.kept} of them kept in the shard, finished {record.finished_at.isoformat()}",
         )
         return result
     _check_committed_ids(spark, layout, manifest)

@@ -417,4 +417,4 @@ def test_cli_reports_every_stage_and_refuses_a_bad_cutoff(
     summary = json.loads(captured.out)
     assert summary["archived"] == len(data.expected(("orders",))) and summary["deleted"] == 0
     assert all(s["finished_before"] for s in summary["shards"].values())
-    assert "archive cli1: shard s0: finished before" in captured.err
+    assert "archive cli1: shard s0: already finished, archived " in captured.err
