@@ -118,10 +118,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
     # pyspark only here: the other benchmarks run without it
-    from spark_jobs.archive import ArchiveProgress, archive_events
+    from spark_jobs.archive import archive_events
     from spark_jobs.routing import spark_session
 
-    out_dir = Path(tempfile.mkdtemp(prefix="qm-bench-archive-"))
+    out_dir = Path(tempfile.mkdtemp(prefix="qm-bench-archive-out-"))
+    try:
+        return run(args, out_dir, archive_events, spark_session)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, out_dir: Path, archive_events: Any, spark_session: Any) -> int:
+    """One archive run into ``out_dir``; prints the report."""
     with bench_server(args.dsn, "archive") as (admin_dsn, dsn):
         topology, second = two_shards(admin_dsn, dsn)
         try:
@@ -133,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark = spark_session("qm-bench-archive")
             spark.sparkContext.setLogLevel("ERROR")
             spark_start = time.monotonic() - t0
-            marks: list[tuple[float, ArchiveProgress]] = []
+            marks: list[tuple[float, Any]] = []  # (time, ArchiveProgress)
             try:
                 start = time.monotonic()
                 result = archive_events(
@@ -159,7 +167,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(second)))
     archive_bytes = sum(f.stat().st_size for f in out_dir.rglob("*.parquet"))
     files = sum(1 for _ in out_dir.rglob("*.parquet"))
-    shutil.rmtree(out_dir, ignore_errors=True)
 
     def last(stage: str) -> float:
         return max(t for t, p in marks if p.stage == stage)
