@@ -9,6 +9,8 @@
     qm manager --shard S --tokens F         run the manager of one shard (websocket, metrics, health)
     qm events retry QUEUE [--id ..]         put dead-lettered (failed) events back
     qm demo --dir DIR                       the end-to-end demo on local shards
+    qm spark archive --output DIR --older-than 30d
+                                            move settled events to Parquet, then delete them (needs pyspark)
 
 ``--topology`` defaults to ``$QM_TOPOLOGY``.
 """
@@ -21,7 +23,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +231,59 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.dir).resolve(), shards=args.shards, tenants=args.tenants, events=args.events)
 
 
+def cmd_spark_archive(args: argparse.Namespace) -> int:
+    # imported here only: `qm` must start without pyspark, and core modules never import it
+    try:
+        from spark_jobs.archive import archive_events, cli_session
+    except ImportError as exc:
+        raise ConfigurationError(f"qm spark archive needs pyspark ({exc}): pip install -e '.[spark]'") from None
+    from spark_jobs.archive_plan import check_run_id, new_run_id, parse_age, parse_time, resolve_cutoff
+
+    topology = _topology(args)
+    older_than = parse_age(args.older_than) if args.older_than is not None else parse_time(args.before)
+    resolve_cutoff(
+        older_than, datetime.now(UTC)
+    )  # a time in the future fails before Spark starts (the job asks the database)
+    run_id = check_run_id(args.run_id) if args.run_id else new_run_id(datetime.now(UTC), os.urandom(2).hex())
+    # with --json, stdout carries the JSON only
+    out = sys.stderr if args.json else sys.stdout
+    print(
+        f"archive {run_id}: starting (if it stops early, re-run with --run-id {run_id} to finish it)",
+        file=out,
+        flush=True,
+    )
+    with cli_session(args.jdbc_jar) as spark:
+        result = archive_events(
+            spark,
+            topology,
+            older_than=older_than,
+            output=args.output,
+            queues=args.queue,
+            run_id=run_id,
+            delete_slice=args.delete_slice,
+            rows_per_partition=args.rows_per_partition,
+            progress=lambda p: print(p.line(), file=out, flush=True),
+        )
+    summary = {
+        "run_id": result.run_id,
+        "cutoff": result.cutoff.isoformat(),
+        "run_dir": str(result.run_dir),
+        "archived": result.archived,
+        "deleted": result.deleted,
+        "kept": result.kept,
+        "shards": {name: vars(s) for name, s in result.shards.items()},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"archive {result.run_id}: done: {result.archived:,} rows archived in {result.run_dir} "
+            f"(cut-off {result.cutoff.isoformat()}), {result.deleted:,} deleted now, "
+            f"{result.kept:,} kept in the shards (changed after they were read)"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qm", description="Sharded, table-backed queue manager on PostgreSQL")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -312,6 +367,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", type=int, action="append", help="only this event id (repeat)")
     p.add_argument("--tenant", help="only this tenant's events")
     p.set_defaults(func=cmd_events_retry)
+
+    spark = sub.add_parser("spark", help="Spark jobs (need pyspark and Java)").add_subparsers(
+        dest="spark_command", required=True
+    )
+    p = with_topology(
+        spark.add_parser(
+            "archive",
+            help="move acked and failed events settled before a cut-off to Parquet, then delete them",
+            description="Archive acked and failed events settled before a cut-off to Parquet under OUTPUT "
+            "(partitioned by run, shard, queue and day), verify the files, then delete exactly those rows. "
+            "Safe to interrupt: re-run with the same --run-id to finish. See docs/spark-archive.md.",
+        )
+    )
+    p.add_argument("--output", required=True, help="archive root directory (a local path)")
+    cut = p.add_mutually_exclusive_group(required=True)
+    cut.add_argument("--older-than", help="settled longer ago than this: 30d, 12h, 90m, 3600 (seconds)")
+    cut.add_argument("--before", help="settled before this time: ISO-8601 with offset, e.g. 2026-01-01T00:00:00Z")
+    p.add_argument("--queue", action="append", help="only this queue (repeat; default: every queue)")
+    p.add_argument("--run-id", help="finish or repeat this run (default: a new run)")
+    p.add_argument("--delete-slice", type=int, default=10_000, help="ids deleted per transaction (default 10000)")
+    p.add_argument(
+        "--rows-per-partition", type=int, default=50_000, help="candidate rows per JDBC read partition (default 50000)"
+    )
+    p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_spark_archive)
 
     p = sub.add_parser("demo", help="run the demo on local embedded shards")
     p.add_argument("--dir", default=".qm-local", help="directory for the local shards (default .qm-local)")
