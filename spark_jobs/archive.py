@@ -79,7 +79,7 @@ from spark_jobs.archive_plan import (
     verify_shard,
 )
 from spark_jobs.jdbc import JdbcTarget, shard_jdbc_target
-from spark_jobs.routing import spark_session
+from spark_jobs.routing import job_session
 
 logger = logging.getLogger(__name__)
 
@@ -714,26 +714,9 @@ def _fsync_tree(root: Path) -> None:
 # --- command line ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def cli_session(jdbc_jar: str | None = None) -> Iterator[SparkSession]:
-    """The Spark session of a command-line run, stopped at the end if this call started it.
-
-    Under ``spark-submit`` (which starts the JVM first) its ``--master`` and ``--jars`` stand;
-    otherwise a local session (``spark_jobs.routing.spark_session``, ``local[2]``). A session
-    already running in this process (a caller's, a test's) is used and left running.
-    """
-    existing = SparkSession.getActiveSession()
-    if existing is not None:
-        session = existing
-    elif os.environ.get("PYSPARK_GATEWAY_PORT"):
-        session = SparkSession.builder.appName("qm-archive").getOrCreate()
-    else:
-        session = spark_session("qm-archive", jdbc_jar=jdbc_jar)
-    try:
-        yield session
-    finally:
-        if existing is None:
-            session.stop()
+def cli_session(jdbc_jar: str | None = None) -> contextlib.AbstractContextManager[SparkSession]:
+    """The Spark session of a command-line archive run (:func:`spark_jobs.routing.job_session`)."""
+    return job_session("qm-archive", jdbc_jar)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

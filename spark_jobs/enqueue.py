@@ -30,8 +30,7 @@ from __future__ import annotations
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -400,7 +399,7 @@ def _stage(good: DataFrame, shard: Shard, queue: str, run_id: str, expected: int
             # payload (JSON text) and fire_at (ISO text) are cast by the server: jsonb, timestamptz
             "stringtype": "unspecified",
         }
-        (
+        rows = (
             good.filter(F.col("shard") == shard.name)
             .select(
                 F.lit(run_id).alias("run_id"),
@@ -413,8 +412,13 @@ def _stage(good: DataFrame, shard: Shard, queue: str, run_id: str, expected: int
                 "dedup_key",
             )
             .repartition(tasks)
-            .write.jdbc(target.url, "qm.spark_staging", mode="append", properties=props)
         )
+        try:
+            rows.write.jdbc(target.url, "qm.spark_staging", mode="append", properties=props)
+        except Exception as exc:
+            if "org.postgresql.Driver" in str(exc) or "No suitable driver" in str(exc):
+                raise ConfigurationError(sr.NO_DRIVER_HINT) from None
+            raise
     with psycopg.connect(shard.dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(DISTINCT row_key) FROM qm.spark_staging WHERE run_id = %s AND queue = %s", (run_id, queue)
@@ -523,34 +527,10 @@ def recover(topology: Topology, *, run_id: str | None = None) -> dict[str, str]:
 # ----------------------------------------------------------------------------------- entry points
 
 
-@contextmanager
-def job_session(app_name: str, jdbc_jar: str | None = None) -> Iterator[SparkSession]:
-    """The Spark session of a command-line run, stopped at the end if this call started it.
-
-    Under ``spark-submit`` its ``--master`` and ``--jars`` stand; otherwise a local session
-    (:func:`spark_jobs.routing.spark_session`). A session already running is used and left running.
-    """
-    import os
-
-    existing = SparkSession.getActiveSession()
-    if existing is not None:
-        session = existing
-    elif os.environ.get("PYSPARK_GATEWAY_PORT"):
-        session = SparkSession.builder.appName(app_name).getOrCreate()
-    else:
-        session = sr.spark_session(app_name, jdbc_jar=jdbc_jar)
-    try:
-        yield session
-    finally:
-        if existing is None:
-            session.stop()
-
-
-def run_cli(args: Any, emit: Callable[[str], None]) -> int:
+def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
     """``qm spark enqueue`` (see queue_manager.cli): one line per stage and shard."""
-    topology = Topology.load(args.topology)
     columns = Columns(args.tenant_col, args.payload_col, args.fire_at_col, args.dedup_col)
-    with job_session("qm-enqueue", args.jdbc_jar) as spark:
+    with sr.job_session("qm-enqueue", args.jdbc_jar) as spark:
         df = read_source(spark, args.input, args.format)
         result = load_events(
             df,

@@ -231,6 +231,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.dir).resolve(), shards=args.shards, tenants=args.tenants, events=args.events)
 
 
+def cmd_spark_enqueue(args: argparse.Namespace) -> int:
+    # imported here only: `qm` must start without pyspark, and core modules never import it
+    try:
+        from spark_jobs.enqueue import run_cli
+    except ImportError as exc:
+        raise ConfigurationError(f"qm spark enqueue needs pyspark ({exc}): pip install -e '.[spark]'") from None
+    return run_cli(args, _topology(args), lambda line: print(line, flush=True))
+
+
+def cmd_spark_recover(args: argparse.Namespace) -> int:
+    from spark_jobs.enqueue import recover
+
+    outcome = recover(_topology(args), run_id=args.run_id)
+    for gid, what in sorted(outcome.items()):
+        print(f"{gid}: {what}")
+    if not outcome:
+        print("no two-phase run was left prepared")
+    return 0
+
+
 def cmd_spark_archive(args: argparse.Namespace) -> int:
     # imported here only: `qm` must start without pyspark, and core modules never import it
     try:
@@ -371,6 +391,37 @@ def build_parser() -> argparse.ArgumentParser:
     spark = sub.add_parser("spark", help="Spark jobs (need pyspark and Java)").add_subparsers(
         dest="spark_command", required=True
     )
+    p = with_topology(
+        spark.add_parser(
+            "enqueue",
+            help="bulk enqueue a Parquet/CSV/JSON source or a table into a queue on every shard, once",
+            description="Route and check every row in Spark, stage each shard's rows through JDBC, then publish "
+            "them in one transaction per shard (--atomic: across all shards). Safe to re-run with the same "
+            "--run-id. See docs/spark.md.",
+        )
+    )
+    p.add_argument("--queue", required=True, help="target queue (must exist on every shard)")
+    p.add_argument("--input", required=True, help="source path (or table name with --format table)")
+    p.add_argument("--format", default="parquet", choices=["parquet", "csv", "json", "orc", "table"])
+    p.add_argument("--run-id", required=True, help="names the run: a re-run with the same id adds nothing twice")
+    p.add_argument("--tenant-col", default="tenant", help="tenant column (default tenant)")
+    p.add_argument("--payload-col", default="payload", help="payload column: JSON text or a struct (default payload)")
+    p.add_argument("--fire-at-col", help="fire_at column (timestamp or ISO text; default: now)")
+    p.add_argument("--dedup-col", help="dedup key column (default: none)")
+    p.add_argument("--bad-rows", choices=["fail", "skip"], default="fail", help="fail the run (default) or skip them")
+    p.add_argument("--rejects", help="where rejected rows go, Parquet (default: under the work directory)")
+    p.add_argument("--work-dir", help="where the run keeps its keyed rows (shared by every executor)")
+    p.add_argument("--atomic", action="store_true", help="visible on every shard or none (needs prepared transactions)")
+    p.add_argument("--tasks-per-shard", type=int, default=2, help="JDBC write tasks per shard (default 2)")
+    p.add_argument("--batch-size", type=int, default=10_000, help="rows per JDBC batch (default 10000)")
+    p.add_argument("--stop-after", choices=["validated", "staged"], help="stop early (a dry run: validated)")
+    p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's, else Maven)")
+    p.set_defaults(func=cmd_spark_enqueue)
+
+    p = with_topology(spark.add_parser("recover", help="finish or roll back two-phase enqueue runs left prepared"))
+    p.add_argument("--run-id", help="only this run (default: every run left prepared)")
+    p.set_defaults(func=cmd_spark_recover)
+
     p = with_topology(
         spark.add_parser(
             "archive",

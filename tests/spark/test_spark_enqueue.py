@@ -261,3 +261,38 @@ def test_bad_input_gets_a_clear_error(spark: SparkSession, shards: Topology, que
         ej.load_events(df, shards, queue, run_id="x2", columns=ej.Columns(tenant="who"), work_dir=str(tmp_path))
     with pytest.raises(ConfigurationError, match="unknown input format"):
         ej.read_source(spark, str(tmp_path), "xml")
+
+
+def test_the_cli_loads_a_parquet_source_with_a_line_per_stage(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from queue_manager.cli.main import main as qm
+
+    source = str(tmp_path / "src")
+    events_df(spark, 1200).write.parquet(source)
+    topo = tmp_path / "topology.toml"
+    topo.write_text(shards.to_toml())
+    argv = [
+        "spark",
+        "enqueue",
+        "--topology",
+        str(topo),
+        "--queue",
+        queue,
+        "--input",
+        source,
+        "--run-id",
+        "cli-1",
+        "--work-dir",
+        str(tmp_path / "work"),
+    ]
+    assert qm(argv) == 0
+    out = capsys.readouterr().out
+    assert "run cli-1: validated * rows=1200" in out
+    assert "run cli-1: staged s0" in out and "run cli-1: published s1" in out
+    assert "1200 events published by this call" in out
+    assert qm(argv) == 0  # a re-run adds nothing
+    assert "0 events published by this call" in capsys.readouterr().out
+    assert all_ns(shards, queue) == list(range(1200))
+    assert qm(["spark", "recover", "--topology", str(topo)]) == 0
+    assert "no two-phase run was left prepared" in capsys.readouterr().out
