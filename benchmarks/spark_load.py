@@ -67,6 +67,8 @@ def _proc_cpu(pid: int) -> float:
 
 @contextmanager
 def managers(topology: Topology, topo_file: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    tokens = topo_file.with_name("tokens.toml")
+    tokens.write_text('[[token]]\nname = "bench"\nsecret = "bench-secret-0123456789abcdef"\nqueues = ["*"]\n')
     procs = [
         subprocess.Popen(
             [
@@ -78,14 +80,20 @@ def managers(topology: Topology, topo_file: Path) -> Iterator[list[subprocess.Po
                 s.name,
                 "--port",
                 "0",
+                "--tokens",
+                str(tokens),
             ],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=open(topo_file.with_name(f"manager-{s.name}.log"), "wb"),  # noqa: SIM115
         )
         for s in topology.shards
     ]
     try:
         time.sleep(3.0)  # elected and idle
+        for p, s in zip(procs, topology.shards, strict=True):
+            if p.poll() is not None:
+                log = topo_file.with_name(f"manager-{s.name}.log").read_text()[-2000:]
+                raise RuntimeError(f"the manager of {s.name} exited ({p.returncode}): {log}")
         yield procs
     finally:
         for p in procs:

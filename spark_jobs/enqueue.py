@@ -332,13 +332,18 @@ def load_events(
         route_and_check(df, topology, shapes, columns).write.mode("overwrite").parquet(rows_path)
         say("materialised", "*", 0)
     rows = spark.read.parquet(rows_path)
-    bad = rows.filter(F.col("reason").isNotNull())
-    reasons = {str(r["reason"]): int(r["count"]) for r in bad.groupBy("reason").count().collect()}
+    counts = rows.groupBy("shard", "reason").count().collect()  # one pass for both tallies
+    reasons: dict[str, int] = {}
+    per_shard: dict[str, int] = {}
+    for r in counts:
+        if r["reason"] is None:
+            per_shard[str(r["shard"])] = int(r["count"])
+        else:
+            reasons[str(r["reason"])] = reasons.get(str(r["reason"]), 0) + int(r["count"])
     rejected = sum(reasons.values())
     if rejected:
-        bad.drop("partition").write.mode("overwrite").parquet(rejects_path)
+        rows.filter(F.col("reason").isNotNull()).drop("partition").write.mode("overwrite").parquet(rejects_path)
     good = rows.filter(F.col("reason").isNull())
-    per_shard = {str(r["shard"]): int(r["count"]) for r in good.groupBy("shard").count().collect()}
     result = LoadResult(
         run_id,
         queue,
@@ -411,7 +416,8 @@ def _stage(good: DataFrame, shard: Shard, queue: str, run_id: str, expected: int
                 F.date_format("fire_at", "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX").alias("fire_at"),
                 "dedup_key",
             )
-            .repartition(tasks)
+            # at most ``tasks`` writers, without a shuffle (the materialised files are already split)
+            .coalesce(tasks)
         )
         try:
             rows.write.jdbc(target.url, "qm.spark_staging", mode="append", properties=props)
