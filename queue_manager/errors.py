@@ -13,7 +13,8 @@ what was expected, what to do).
     │   ├── InvalidEventError     empty tenant, bad fire_at, oversized payload, ...
     │   └── QueuePausedError      (reserved) the queue refuses new events
     ├── UnknownQueueError         no queue of that name on the shard
-    └── LocalClusterError         the embedded PostgreSQL servers could not be started
+    ├── LocalClusterError         the embedded PostgreSQL servers could not be started
+    └── ArchiveError              the archive job found its output or a shard not as it left them
 """
 
 from __future__ import annotations
@@ -65,3 +66,7 @@ class UnknownQueueError(QueueManagerError):
 
 class LocalClusterError(QueueManagerError):
     """The local embedded PostgreSQL cluster could not be managed."""
+
+
+class ArchiveError(QueueManagerError):
+    """The archive job stopped before deleting anything it could not vouch for."""

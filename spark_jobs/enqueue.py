@@ -780,11 +780,10 @@ def recover(
 # ----------------------------------------------------------------------------------- entry points
 
 
-def run_cli(args: Any, emit: Callable[[str], None]) -> int:
+def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
     """``qm spark enqueue`` (see queue_manager.cli.main): one line per stage and shard."""
-    from spark_jobs.session import job_session
+    from spark_jobs.session import require_jdbc_driver
 
-    topology = Topology.load(args.topology)
     check_run_id(args.run_id)
     for shard in topology.shards:  # a clear error before Spark starts
         queue_shape(shard, check_queue_name(args.queue))
@@ -793,9 +792,10 @@ def run_cli(args: Any, emit: Callable[[str], None]) -> int:
         args.payload_col,
         args.fire_at_col,
         args.dedup_col,
-        tuple(c for c in (args.payload_cols or "").split(",") if c),
+        tuple(c.strip() for c in (args.payload_cols or "").split(",") if c.strip()),
     )
-    with job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
+    with sr.job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
+        require_jdbc_driver(spark)
         df = read_source(spark, args.input, args.format)
         result = load_events(
             df,
@@ -812,12 +812,12 @@ def run_cli(args: Any, emit: Callable[[str], None]) -> int:
             batch_size=args.batch_size,
             staging_ttl=args.staging_ttl,
             stop_after=args.stop_after,
-            progress=lambda stage, shard, n: emit(f"run {args.run_id}: {stage:<17} {shard:<8} rows={n}"),
+            progress=lambda stage, shard, n: emit(f"run {args.run_id}: {stage} {shard} rows={n}"),
         )
     emit(
         f"run {result.run_id}: done: {result.rows} good rows, {result.rejected} rejected"
         f"{f' (see {result.rejects_path})' if result.rejected else ''}, "
-        f"{result.published} events published by this run"
+        f"{result.published} events published by this call"
     )
     return 0
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import Column, SparkSession
@@ -37,6 +39,14 @@ from queue_manager.errors import ConfigurationError, TopologyError
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
 #: environment variable naming a PostgreSQL JDBC driver jar
 JDBC_JAR_ENV = "QM_JDBC_JAR"
+#: Maven coordinates fetched (spark.jars.packages) when no jar is found; $QM_JDBC_PACKAGE overrides
+JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
+#: the error a job gives when the driver is missing: every way to provide it
+NO_DRIVER_HINT = (
+    "the PostgreSQL JDBC driver was not found: pass --jdbc-jar (or set $QM_JDBC_JAR) to its jar, "
+    f"install Debian's libpostgresql-jdbc-java ({DEBIAN_JDBC_JAR}), or let Spark fetch "
+    f"{JDBC_PACKAGE} from Maven Central (spark.jars.packages; needs network access)"
+)
 
 _BOUND_RE = re.compile(r"^(?:[0-9a-f]{16})?$")
 
@@ -159,14 +169,12 @@ def find_jdbc_jar() -> str | None:
     return None
 
 
-def spark_session(
-    app_name: str = "qm", *, jdbc_jar: str | None = None, jdbc_package: str | None = None
-) -> SparkSession:
+def spark_session(app_name: str = "qm", *, jdbc_jar: str | None = None) -> SparkSession:
     """A local Spark session sized for a small (2-core) machine.
 
     ``local[2]``, 4 shuffle partitions, no UI, 1 GiB driver. The PostgreSQL JDBC jar
-    (``jdbc_jar``, else :func:`find_jdbc_jar`) is added with ``spark.jars`` when found; else
-    ``jdbc_package`` (Maven coordinates), when given, with ``spark.jars.packages``.
+    (``jdbc_jar``, else :func:`find_jdbc_jar`) is added with ``spark.jars`` when found, else Spark
+    fetches :data:`JDBC_PACKAGE` (``spark.jars.packages``, needs network access).
     Settings only take effect if no session is running yet in this process (``getOrCreate``).
     Raises ConfigurationError if ``jdbc_jar`` is given but names no file.
     """
@@ -178,10 +186,33 @@ def spark_session(
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "1g")
     )
     if jar:
         builder = builder.config("spark.jars", jar)
-    elif jdbc_package:
-        builder = builder.config("spark.jars.packages", jdbc_package)
+    else:
+        builder = builder.config("spark.jars.packages", os.environ.get("QM_JDBC_PACKAGE", JDBC_PACKAGE))
     return builder.getOrCreate()
+
+
+@contextmanager
+def job_session(app_name: str, jdbc_jar: str | None = None) -> Iterator[SparkSession]:
+    """The Spark session of a command-line job, stopped at the end if this call started it.
+
+    Under ``spark-submit`` (which starts the JVM first) its ``--master`` and ``--jars`` stand;
+    otherwise a local session (:func:`spark_session`, ``local[2]``). A session already running in
+    this process (a caller's, a test's) is used and left running.
+    """
+    existing = SparkSession.getActiveSession()
+    if existing is not None:
+        session = existing
+    elif os.environ.get("PYSPARK_GATEWAY_PORT"):
+        session = SparkSession.builder.appName(app_name).getOrCreate()
+    else:
+        session = spark_session(app_name, jdbc_jar=jdbc_jar)
+    try:
+        yield session
+    finally:
+        if existing is None:
+            session.stop()

@@ -8,9 +8,11 @@
     qm status [--json]                      length and state of every queue on every shard
     qm manager --shard S --tokens F         run the manager of one shard (websocket, metrics, health)
     qm events retry QUEUE [--id ..]         put dead-lettered (failed) events back
-    qm spark enqueue INPUT --queue Q --run-id R   bulk enqueue from Spark (see docs/spark.md)
-    qm spark recover|cleanup                finish two-phase Spark runs; drop staging of dead runs
     qm demo --dir DIR                       the end-to-end demo on local shards
+    qm spark enqueue --queue Q --input SRC --run-id R   bulk enqueue from Spark, once (docs/spark.md)
+    qm spark recover|cleanup                finish two-phase enqueue runs; drop the staging of dead runs
+    qm spark archive --output DIR --older-than 30d
+                                            move settled events to Parquet, then delete them (needs pyspark)
 
 ``--topology`` defaults to ``$QM_TOPOLOGY``.
 """
@@ -23,7 +25,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -225,27 +227,29 @@ def cmd_events_retry(args: argparse.Namespace) -> int:
     return 0
 
 
-def _emit(line: str) -> None:
-    print(line, flush=True)
+def cmd_demo(args: argparse.Namespace) -> int:
+    from queue_manager.demo import run_demo
+
+    return run_demo(Path(args.dir).resolve(), shards=args.shards, tenants=args.tenants, events=args.events)
 
 
 def cmd_spark_enqueue(args: argparse.Namespace) -> int:
-    # lazy: the Spark job needs pyspark and a JVM, which the rest of the CLI does not
-    from spark_jobs.enqueue import run_cli
-
-    args.topology = args.topology or os.environ.get("QM_TOPOLOGY")
-    if not args.topology:
-        raise ConfigurationError("no topology: pass --topology FILE or set QM_TOPOLOGY")
-    return run_cli(args, _emit)
+    # imported here only: `qm` must start without pyspark, and core modules never import it
+    try:
+        from spark_jobs.enqueue import run_cli
+    except ImportError as exc:
+        raise ConfigurationError(f"qm spark enqueue needs pyspark ({exc}): pip install -e '.[spark]'") from None
+    return run_cli(args, _topology(args), lambda line: print(line, flush=True))
 
 
 def cmd_spark_recover(args: argparse.Namespace) -> int:
     from spark_jobs.enqueue import recover
 
-    done = recover(_topology(args), run_id=args.run_id, min_age=args.min_age)
-    for gid, outcome in done.items():
-        print(f"{gid}: {outcome}")
-    print(f"{len(done)} prepared part(s) of Spark runs finished")
+    outcome = recover(_topology(args), run_id=args.run_id, min_age=args.min_age)
+    for gid, what in sorted(outcome.items()):
+        print(f"{gid}: {what}")
+    if not outcome:
+        print("no two-phase run was left prepared")
     return 0
 
 
@@ -253,66 +257,61 @@ def cmd_spark_cleanup(args: argparse.Namespace) -> int:
     from spark_jobs.enqueue import cleanup
 
     for shard, n in cleanup(_topology(args), older_than=args.older_than).items():
-        print(f"{shard}: {n} unfinished run(s) older than {args.older_than:g} s abandoned (staging dropped)")
+        print(f"{shard}: {n} run(s) unfinished for more than {args.older_than:g} s abandoned (staging dropped)")
     return 0
 
 
-def _spark_parser(sub: Any, with_topology: Any) -> None:
-    spark = sub.add_parser("spark", help="bulk enqueue from Spark (docs/spark.md)").add_subparsers(
-        dest="spark_command", required=True
-    )
-    p = with_topology(spark.add_parser("enqueue", help="enqueue every row of a Parquet, CSV, JSON or ORC source"))
-    p.add_argument("input", help="source path (or table name with --format table)")
-    p.add_argument("--queue", required=True, help="the queue (it must exist on every shard)")
-    p.add_argument("--run-id", required=True, help="names the run: a re-run with the same id adds nothing twice")
-    p.add_argument("--format", default="parquet", choices=["parquet", "csv", "json", "orc", "table"])
-    p.add_argument("--tenant-col", default="tenant", help="column of the tenant (default tenant)")
-    p.add_argument(
-        "--payload-col", default="payload", help="JSON string, struct, map or array column (default payload)"
-    )
-    p.add_argument("--payload-cols", help="comma-separated columns that make the payload as one JSON object")
-    p.add_argument("--fire-at-col", help="timestamp or ISO-8601 column (default: fire at once)")
-    p.add_argument("--dedup-col", help="column of the deduplication key (default: none)")
-    p.add_argument(
-        "--bad-rows",
-        choices=["fail", "skip"],
-        default="fail",
-        help="on rejected rows: publish nothing (fail, default) or publish the good rows (skip)",
-    )
-    p.add_argument("--rejects", help="Parquet output of the rejected rows (default WORK_DIR/QUEUE/RUN/rejects)")
-    p.add_argument("--work-dir", help="directory of the run's files, readable by every executor (default: under /tmp)")
-    p.add_argument(
-        "--materialize",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="write the keyed rows once as Parquet before staging (default: only when the source is not a "
-        "deterministic scan)",
-    )
-    p.add_argument("--atomic", action="store_true", help="all shards or none (two-phase commit)")
-    p.add_argument("--tasks-per-shard", type=int, default=2, help="JDBC write tasks per shard (default 2)")
-    p.add_argument("--batch-size", type=int, default=10_000, help="rows per JDBC batch (default 10000)")
-    p.add_argument(
-        "--staging-ttl",
-        type=float,
-        default=24 * 3600.0,
-        help="drop staging of runs unfinished for this long, s (default 86400)",
-    )
-    p.add_argument("--stop-after", choices=["staged", "validated"], help="stop early (validated: a dry run)")
-    p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, Debian's, or Maven)")
-    p.set_defaults(func=cmd_spark_enqueue)
-    p = with_topology(spark.add_parser("recover", help="commit or roll back two-phase runs left prepared"))
-    p.add_argument("--run-id", help="only this run (default: every run prepared more than --min-age ago)")
-    p.add_argument("--min-age", type=float, default=60.0, help="leave younger prepared parts alone, s (default 60)")
-    p.set_defaults(func=cmd_spark_recover)
-    p = with_topology(spark.add_parser("cleanup", help="drop the staging of runs left unfinished"))
-    p.add_argument("--older-than", type=float, default=24 * 3600.0, help="seconds (default 86400)")
-    p.set_defaults(func=cmd_spark_cleanup)
+def cmd_spark_archive(args: argparse.Namespace) -> int:
+    # imported here only: `qm` must start without pyspark, and core modules never import it
+    try:
+        from spark_jobs.archive import archive_events, cli_session
+    except ImportError as exc:
+        raise ConfigurationError(f"qm spark archive needs pyspark ({exc}): pip install -e '.[spark]'") from None
+    from spark_jobs.archive_plan import check_run_id, new_run_id, parse_age, parse_time, resolve_cutoff
 
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from queue_manager.demo import run_demo
-
-    return run_demo(Path(args.dir).resolve(), shards=args.shards, tenants=args.tenants, events=args.events)
+    topology = _topology(args)
+    older_than = parse_age(args.older_than) if args.older_than is not None else parse_time(args.before)
+    resolve_cutoff(
+        older_than, datetime.now(UTC)
+    )  # a time in the future fails before Spark starts (the job asks the database)
+    run_id = check_run_id(args.run_id) if args.run_id else new_run_id(datetime.now(UTC), os.urandom(2).hex())
+    # with --json, stdout carries the JSON only
+    out = sys.stderr if args.json else sys.stdout
+    print(
+        f"archive {run_id}: starting (if it stops early, re-run with --run-id {run_id} to finish it)",
+        file=out,
+        flush=True,
+    )
+    with cli_session(args.jdbc_jar) as spark:
+        result = archive_events(
+            spark,
+            topology,
+            older_than=older_than,
+            output=args.output,
+            queues=args.queue,
+            run_id=run_id,
+            delete_slice=args.delete_slice,
+            rows_per_partition=args.rows_per_partition,
+            progress=lambda p: print(p.line(), file=out, flush=True),
+        )
+    summary = {
+        "run_id": result.run_id,
+        "cutoff": result.cutoff.isoformat(),
+        "run_dir": str(result.run_dir),
+        "archived": result.archived,
+        "deleted": result.deleted,
+        "kept": result.kept,
+        "shards": {name: vars(s) for name, s in result.shards.items()},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"archive {result.run_id}: done: {result.archived:,} rows archived in {result.run_dir} "
+            f"(cut-off {result.cutoff.isoformat()}), {result.deleted:,} deleted now, "
+            f"{result.kept:,} kept in the shards (changed after they were read)"
+        )
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -399,7 +398,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", help="only this tenant's events")
     p.set_defaults(func=cmd_events_retry)
 
-    _spark_parser(sub, with_topology)
+    spark = sub.add_parser("spark", help="Spark jobs (need pyspark and Java)").add_subparsers(
+        dest="spark_command", required=True
+    )
+    p = with_topology(
+        spark.add_parser(
+            "enqueue",
+            help="bulk enqueue a Parquet/CSV/JSON source or a table into a queue on every shard, once",
+            description="Route and check every row in Spark, stage each shard's rows through JDBC, then publish "
+            "them in one transaction per shard (--atomic: across all shards). Safe to re-run with the same "
+            "--run-id. See docs/spark.md.",
+        )
+    )
+    p.add_argument("--queue", required=True, help="target queue (must exist on every shard)")
+    p.add_argument("--input", required=True, help="source path (or table name with --format table)")
+    p.add_argument("--format", default="parquet", choices=["parquet", "csv", "json", "orc", "table"])
+    p.add_argument("--run-id", required=True, help="names the run: a re-run with the same id adds nothing twice")
+    p.add_argument("--tenant-col", default="tenant", help="tenant column (default tenant)")
+    p.add_argument("--payload-col", default="payload", help="payload column: JSON text or a struct (default payload)")
+    p.add_argument("--fire-at-col", help="fire_at column (timestamp or ISO text; default: now)")
+    p.add_argument("--payload-cols", help="comma-separated columns that make the payload, as one JSON object")
+    p.add_argument("--dedup-col", help="dedup key column (default: none)")
+    p.add_argument("--bad-rows", choices=["fail", "skip"], default="fail", help="fail the run (default) or skip them")
+    p.add_argument("--rejects", help="where rejected rows go, Parquet (default: under the work directory)")
+    p.add_argument("--work-dir", help="where the run keeps its keyed rows (shared by every executor)")
+    p.add_argument(
+        "--materialize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write the keyed rows once as Parquet before staging (default: only when the source's plan is not a "
+        "deterministic scan)",
+    )
+    p.add_argument("--atomic", action="store_true", help="visible on every shard or none (needs prepared transactions)")
+    p.add_argument(
+        "--staging-ttl",
+        type=float,
+        default=86_400.0,
+        help="drop staging of runs unfinished this long, s (default 1 day)",
+    )
+    p.add_argument("--tasks-per-shard", type=int, default=2, help="JDBC write tasks per shard (default 2)")
+    p.add_argument("--batch-size", type=int, default=10_000, help="rows per JDBC batch (default 10000)")
+    p.add_argument("--stop-after", choices=["validated", "staged"], help="stop early (a dry run: validated)")
+    p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's, else Maven)")
+    p.set_defaults(func=cmd_spark_enqueue)
+
+    p = with_topology(spark.add_parser("recover", help="finish or roll back two-phase enqueue runs left prepared"))
+    p.add_argument("--run-id", help="only this run (default: every run left prepared --min-age ago)")
+    p.add_argument("--min-age", type=float, default=60.0, help="leave younger prepared parts alone, s (default 60)")
+    p.set_defaults(func=cmd_spark_recover)
+
+    p = with_topology(spark.add_parser("cleanup", help="drop the staging of enqueue runs left unfinished"))
+    p.add_argument("--older-than", type=float, default=86_400.0, help="unfinished for this long, s (default 1 day)")
+    p.set_defaults(func=cmd_spark_cleanup)
+
+    p = with_topology(
+        spark.add_parser(
+            "archive",
+            help="move acked and failed events settled before a cut-off to Parquet, then delete them",
+            description="Archive acked and failed events settled before a cut-off to Parquet under OUTPUT "
+            "(partitioned by run, shard, queue and day), verify the files, then delete exactly those rows. "
+            "Safe to interrupt: re-run with the same --run-id to finish. See docs/spark-archive.md.",
+        )
+    )
+    p.add_argument("--output", required=True, help="archive root directory (a local path)")
+    cut = p.add_mutually_exclusive_group(required=True)
+    cut.add_argument("--older-than", help="settled longer ago than this: 30d, 12h, 90m, 3600 (seconds)")
+    cut.add_argument("--before", help="settled before this time: ISO-8601 with offset, e.g. 2026-01-01T00:00:00Z")
+    p.add_argument("--queue", action="append", help="only this queue (repeat; default: every queue)")
+    p.add_argument("--run-id", help="finish or repeat this run (default: a new run)")
+    p.add_argument("--delete-slice", type=int, default=10_000, help="ids deleted per transaction (default 10000)")
+    p.add_argument(
+        "--rows-per-partition", type=int, default=50_000, help="candidate rows per JDBC read partition (default 50000)"
+    )
+    p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_spark_archive)
 
     p = sub.add_parser("demo", help="run the demo on local embedded shards")
     p.add_argument("--dir", default=".qm-local", help="directory for the local shards (default .qm-local)")

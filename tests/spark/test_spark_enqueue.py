@@ -432,7 +432,7 @@ def test_qm_spark_enqueue_command(
     topo = tmp_path / "topology.toml"
     topo.write_text(shards.to_toml(), encoding="utf-8")
     args = [
-        "spark", "enqueue", str(source), "--topology", str(topo), "--queue", queue, "--run-id", "cli-1",
+        "spark", "enqueue", "--input", str(source), "--topology", str(topo), "--queue", queue, "--run-id", "cli-1",
         "--format", "csv", "--tenant-col", "who", "--payload-cols", "amount,key", "--fire-at-col", "when",
         "--dedup-col", "key", "--work-dir", str(tmp_path / "work"),
     ]  # fmt: skip
@@ -445,10 +445,15 @@ def test_qm_spark_enqueue_command(
     assert row is not None and set(row[0]) == {"amount", "key"} and row[1] is True
     assert qm_main(args) == 0  # the same run again: nothing added
     assert "already published" in capsys.readouterr().out
-    assert qm_main([*args[:7], "--run-id", "cli-2", *args[9:]]) == 0  # another run: every key exists
+    assert qm_main([*args[:8], "--run-id", "cli-2", *args[10:]]) == 0  # another run: every key exists
     assert count_events(shards, queue) == 200  # every (tenant, dedup key) exists: nothing added
     assert qm_main(["spark", "cleanup", "--topology", str(topo), "--older-than", "0"]) == 0
-    assert qm_main(["spark", "enqueue", str(source), "--topology", str(topo), "--queue", "nope", "--run-id", "x"]) == 2
+    assert (
+        qm_main(
+            ["spark", "enqueue", "--input", str(source), "--topology", str(topo), "--queue", "nope", "--run-id", "x"]
+        )
+        == 2
+    )
     assert "no queue named 'nope'" in capsys.readouterr().err
 
 
@@ -486,3 +491,26 @@ def test_concurrent_runs_of_two_ids_both_land(
         t.join(timeout=120)
     assert errors == []
     assert all_ns(shards, queue) == list(range(1400))
+
+
+def test_the_cli_loads_a_parquet_source_with_a_line_per_stage(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = str(tmp_path / "src")
+    events_df(spark, 1200).write.parquet(source)
+    topo = tmp_path / "topology.toml"
+    topo.write_text(shards.to_toml())
+    argv = [
+        "spark", "enqueue", "--topology", str(topo), "--queue", queue, "--input", source, "--run-id", "cli-1",
+        "--work-dir", str(tmp_path / "work"),
+    ]  # fmt: skip
+    assert qm_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "run cli-1: validated * rows=1200" in out
+    assert "run cli-1: staged s0" in out and "run cli-1: published s1" in out
+    assert "1200 events published by this call" in out
+    assert qm_main(argv) == 0  # a re-run adds nothing
+    assert "0 events published by this call" in capsys.readouterr().out
+    assert all_ns(shards, queue) == list(range(1200))
+    assert qm_main(["spark", "recover", "--topology", str(topo)]) == 0
+    assert "no two-phase run was left prepared" in capsys.readouterr().out
