@@ -38,6 +38,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -240,10 +241,11 @@ def cleanup(topology: Topology, *, older_than: float = STAGING_TTL_SECONDS) -> d
 # ----------------------------------------------------------------------------------- routing
 
 
-def _shard_of(tenant: Column, topology: Topology) -> Column:
+def _shard_of(kid: Column, topology: Topology) -> Column:
+    """The shard that owns a keyspace id (:func:`spark_jobs.routing.keyspace_hex`), NULL for none."""
     expr: Column | None = None
     for s in topology.shards:
-        cond = sr.in_key_range(tenant, s.key_range.start, s.key_range.end)
+        cond = sr.keyspace_hex_in_range(kid, s.key_range.start, s.key_range.end)
         expr = F.when(cond, F.lit(s.name)) if expr is None else expr.when(cond, F.lit(s.name))
     assert expr is not None  # a topology has at least one shard
     return expr
@@ -283,6 +285,11 @@ def _payload_json(df: DataFrame, columns: Columns) -> Column:
     )
 
 
+def _payload_is_text(df: DataFrame, columns: Columns) -> bool:
+    """Whether the payload is the source's own JSON text (to be checked), not built by ``to_json``."""
+    return not columns.payload_cols and df.schema[columns.payload].dataType.typeName() == "string"
+
+
 def _fire_at(df: DataFrame, name: str) -> Column:
     col = F.col(name)
     dtype = df.schema[name].dataType.typeName()
@@ -301,13 +308,22 @@ def _check_columns(df: DataFrame, columns: Columns) -> None:
             raise ConfigurationError(f"the source has no {what} column {name!r} (it has {', '.join(df.columns)})")
 
 
-def route_and_check(df: DataFrame, topology: Topology, shapes: Mapping[str, QueueShape], columns: Columns) -> DataFrame:
+def route_and_check(
+    df: DataFrame,
+    topology: Topology,
+    shapes: Mapping[str, QueueShape],
+    columns: Columns,
+    *,
+    only_shard: str | None = None,
+) -> DataFrame:
     """The source rows with their row key, shard and partition, and a ``reason`` (NULL: good).
 
     Columns: row_key, tenant, payload (JSON text), fire_at (timestamp or NULL), dedup_key, shard,
     partition, reason. A row with no shard (no tenant) is given the topology's first shard, where it
     is staged as a reject. The row key is ``monotonically_increasing_id()`` over ``df`` (or ``df``'s
-    own ``row_key`` column when it has one). Raises ConfigurationError for a column the source does
+    own ``row_key`` column when it has one). ``only_shard``: keep that shard's rows only, before the
+    checks and the shuffle set are computed (Spark cannot move a filter below the row key's
+    non-deterministic projection by itself). Raises ConfigurationError for a column the source does
     not have or cannot be used.
     """
     _check_columns(df, columns)
@@ -324,7 +340,11 @@ def route_and_check(df: DataFrame, topology: Topology, shapes: Mapping[str, Queu
         ),
     )
     t = F.col("tenant")
-    routed = keyed.withColumn("_shard", _shard_of(t, topology))
+    # the keyspace id once per row, whatever the number of shards
+    routed = keyed.withColumn("_kid", sr.keyspace_hex(t)).withColumn("_shard", _shard_of(F.col("_kid"), topology))
+    routed = routed.withColumn("shard", F.coalesce(F.col("_shard"), F.lit(topology.shards[0].name)))
+    if only_shard is not None:
+        routed = routed.filter(F.col("shard") == only_shard)
     s = F.col("_shard")
     limit = _per_shard(s, shapes, lambda q: F.lit(q.payload_limit_bytes))
     max_delay = _per_shard(s, shapes, lambda q: F.lit(int(q.max_delay_seconds)))
@@ -336,7 +356,11 @@ def route_and_check(df: DataFrame, topology: Topology, shapes: Mapping[str, Queu
         .when(payload.isNull(), F.lit("missing payload"))
         .when(F.octet_length(payload) > limit, F.lit("payload too large for the queue"))
         .when(
-            F.get_json_object(payload, "$").isNull() & (F.trim(payload) != "null"), F.lit("payload is not valid JSON")
+            # JSON text from the source is parsed; to_json's output is JSON by construction
+            F.lit(_payload_is_text(df, columns))
+            & F.get_json_object(payload, "$").isNull()
+            & (F.trim(payload) != "null"),
+            F.lit("payload is not valid JSON"),
         )
         .when(F.col("_fire_given") & fire.isNull(), F.lit("invalid fire_at"))
         .when(
@@ -355,7 +379,7 @@ def route_and_check(df: DataFrame, topology: Topology, shapes: Mapping[str, Queu
         "payload",
         "fire_at",
         "dedup_key",
-        F.coalesce(s, F.lit(topology.shards[0].name)).alias("shard"),
+        "shard",
         partition.cast("short").alias("partition"),
         reason.alias("reason"),
     )
@@ -503,7 +527,7 @@ def load_events(
         routed, result.materialized = _routed(plan, df, shapes, columns, materialize)
         for shard, part in zip(topology.shards, result.shards, strict=True):
             if shard.name in tables:
-                _stage(plan, routed, shard, tables[shard.name])
+                _stage(plan, routed(shard.name), shard, tables[shard.name])
                 _count(plan, shard, part)
                 plan.say("staged", shard.name, part.rows + part.rejected)
                 plan.hook("staged", shard.name)
@@ -542,23 +566,24 @@ def _begin(plan: _Plan, result: LoadResult) -> dict[str, str]:
 
 def _routed(
     plan: _Plan, df: DataFrame, shapes: Mapping[str, QueueShape], columns: Columns, materialize: bool | None
-) -> tuple[DataFrame, bool]:
-    """The routed and checked rows to stage, materialised first when the keys could change."""
+) -> tuple[Callable[[str], DataFrame], bool]:
+    """A function giving a shard's routed and checked rows to stage, and whether the keyed rows were
+    materialised first (they are when the keys could change on a recomputation)."""
     if materialize is None:
         materialize = not is_deterministic_scan(df)
-    if not materialize:
-        if _exists(plan.spark, plan.rows_path):  # an earlier attempt of this run materialised its rows
-            return plan.spark.read.parquet(plan.rows_path), True
-        return route_and_check(df, plan.topology, shapes, columns), False
+    if not materialize and not _exists(plan.spark, f"{plan.rows_path}/_SUCCESS"):
+        return (lambda name: route_and_check(df, plan.topology, shapes, columns, only_shard=name)), False
+    # an earlier attempt of this run may have materialised its rows already: they are the run's rows
     if not _exists(plan.spark, f"{plan.rows_path}/_SUCCESS"):
         route_and_check(df, plan.topology, shapes, columns).write.mode("overwrite").partitionBy("shard").parquet(
             plan.rows_path
         )
-    plan.say("materialized", "*", 0)
-    return plan.spark.read.parquet(plan.rows_path), True
+        plan.say("materialized", "*", 0)
+    rows = plan.spark.read.parquet(plan.rows_path)
+    return (lambda name: rows.filter(F.col("shard") == name)), True
 
 
-def _stage(plan: _Plan, routed: DataFrame, shard: Shard, table: str) -> None:
+def _stage(plan: _Plan, rows: DataFrame, shard: Shard, table: str) -> None:
     """Write the shard's rows into its stage table through the JDBC driver."""
     target = shard_jdbc_target(shard.dsn)
     props = {
@@ -567,7 +592,7 @@ def _stage(plan: _Plan, routed: DataFrame, shard: Shard, table: str) -> None:
         "reWriteBatchedInserts": "true",
         "ApplicationName": "qm-spark-enqueue",
     }
-    rows = routed.filter(F.col("shard") == shard.name).select(
+    rows = rows.select(
         "row_key",
         "tenant",
         "partition",
@@ -668,17 +693,38 @@ def _publish_one(plan: _Plan, conn: psycopg.Connection[Any], *, two_phase: bool)
     return None if row is None or row[0] is None else int(row[0])
 
 
+def _on_every_shard(parts: Sequence[ShardResult], work: Callable[[ShardResult], None]) -> list[BaseException]:
+    """``work(part)`` for every part at once, one thread each (each shard's publish is one PostgreSQL
+    backend's work: in parallel they use the machine's cores); returns what they raised."""
+    if len(parts) <= 1:
+        try:
+            for part in parts:
+                work(part)
+        except BaseException as exc:
+            return [exc]
+        return []
+    with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="qm-publish") as pool:
+        futures = [pool.submit(work, part) for part in parts]
+    return [err for f in futures if (err := f.exception()) is not None]
+
+
 def _publish(plan: _Plan, result: LoadResult) -> None:
-    """One transaction per shard: each shard gets all of the run's good rows or none."""
-    for shard, part in zip(plan.topology.shards, result.shards, strict=True):
-        if part.state == "already published":
-            plan.say("already published", shard.name, part.rows)
-            continue
-        with _connect(shard, autocommit=False) as conn:
+    """One transaction per shard, all shards at once: each shard gets all of the run's good rows or none."""
+    by_name = {s.name: s for s in plan.topology.shards}
+
+    def publish(part: ShardResult) -> None:
+        with _connect(by_name[part.shard], autocommit=False) as conn:
             part.published = _publish_one(plan, conn, two_phase=False)
             conn.commit()
         part.state = "published"
-        plan.say("published", shard.name, part.published or 0)
+        plan.say("published", part.shard, part.published or 0)
+
+    for part in result.shards:
+        if part.state == "already published":
+            plan.say("already published", part.shard, part.rows)
+    failed = _on_every_shard([p for p in result.shards if p.state != "already published"], publish)
+    if failed:
+        raise failed[0]
 
 
 def _gid(queue: str, run_id: str, shard: str) -> str:
@@ -686,28 +732,40 @@ def _gid(queue: str, run_id: str, shard: str) -> str:
 
 
 def _publish_atomic(plan: _Plan, result: LoadResult) -> None:
-    """Prepare every shard's publish, record the decision on the coordinator, commit every part."""
+    """Prepare every shard's publish (all at once), record the decision on the coordinator, then
+    commit every part."""
     by_name = {s.name: s for s in plan.topology.shards}
     todo = [p for p in result.shards if p.state != "already published"]
     prepared: list[str] = []
-    try:
-        for part in todo:
-            gid = _gid(plan.queue, plan.run_id, part.shard)
-            with _connect(by_name[part.shard], autocommit=False) as conn:
-                part.published = _publish_one(plan, conn, two_phase=True)
-                conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-            prepared.append(part.shard)
-            part.state = "prepared"
-            plan.say("prepared", part.shard, part.published or 0)
-            plan.hook("prepared", part.shard)
-        outcome = _decide(plan.topology, plan.queue, plan.run_id, "commit", prepared)
-    except Exception:
+
+    def prepare(part: ShardResult) -> None:
+        gid = _gid(plan.queue, plan.run_id, part.shard)
+        with _connect(by_name[part.shard], autocommit=False) as conn:
+            part.published = _publish_one(plan, conn, two_phase=True)
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+        prepared.append(part.shard)
+        part.state = "prepared"
+        plan.say("prepared", part.shard, part.published or 0)
+        plan.hook("prepared", part.shard)
+
+    def roll_back() -> None:
         for name in prepared:
             _finish(by_name[name], _gid(plan.queue, plan.run_id, name), commit=False)
+
+    failed = _on_every_shard(todo, prepare)
+    killed = [exc for exc in failed if not isinstance(exc, Exception)]
+    if killed:
+        raise killed[0]  # the process is going away (a test's crash): recovery finishes the run
+    if failed:
+        roll_back()
+        raise failed[0]
+    try:
+        outcome = _decide(plan.topology, plan.queue, plan.run_id, "commit", sorted(prepared))
+    except Exception:
+        roll_back()
         raise
     if outcome != "commit":
-        for name in prepared:
-            _finish(by_name[name], _gid(plan.queue, plan.run_id, name), commit=False)
+        roll_back()
         raise RunAbortedError(
             f"run {plan.run_id!r}: a recovery aborted it before its decision was recorded; nothing was published "
             "(run it again)"

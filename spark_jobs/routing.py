@@ -139,12 +139,17 @@ def in_key_range(tenant: Column, start: str, end: str) -> Column:
     open end. The comparison is on the hex strings (byte order). Raises TopologyError for a
     malformed bound.
     """
+    return keyspace_hex_in_range(keyspace_hex(tenant), start, end)
+
+
+def keyspace_hex_in_range(kid: Column, start: str, end: str) -> Column:
+    """:func:`in_key_range` for a keyspace id already computed (:func:`keyspace_hex`): a job that
+    tests several ranges hashes each tenant once."""
     for what, bound in (("start", start), ("end", end)):
         if not _BOUND_RE.match(bound):
             raise TopologyError(
                 f"{what} bound {bound!r} must be 16 lowercase hex digits or '' (use KeyRange.parse to normalise)"
             )
-    kid = keyspace_hex(tenant)
     cond = kid.isNotNull()
     if start:
         cond = kid >= F.lit(start)

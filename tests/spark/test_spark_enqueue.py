@@ -390,9 +390,14 @@ def test_recovery_finishes_or_rolls_back_a_run_left_prepared(
 def test_a_recovery_racing_a_job_before_its_decision_aborts_the_whole_run(
     spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
 ) -> None:
+    seen: list[str] = []
+    lock = threading.Lock()
+
     def recovery_meanwhile(step: str, shard: str) -> None:
-        if step == "prepared" and shard == "s1":
-            assert len(ej.recover(shards, min_age=0)) == 2  # another process recovers: records an abort
+        with lock:  # the shards prepare at once, each in its own thread: act after the last one
+            seen.append(step)
+            if seen.count("prepared") == 2:
+                assert len(ej.recover(shards, min_age=0)) == 2  # another process recovers: records an abort
 
     with pytest.raises(ej.RunAbortedError):
         ej.load_events(
