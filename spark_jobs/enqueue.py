@@ -26,7 +26,8 @@ A run moves a DataFrame of events into one queue on every shard:
    With ``atomic=True`` every shard's publish is prepared (``PREPARE TRANSACTION``), the decision is
    recorded on the coordinating shard (the topology's first), and only then is each part committed;
    :func:`recover` finishes a run left prepared (decision recorded: commit; none: record an abort,
-   roll back), and every atomic run starts by recovering its own run id.
+   roll back), and every run starts by recovering its own run id (and other runs' parts prepared
+   more than a minute ago).
 
 See docs/spark.md for the options, the guarantees and the measured figures.
 """
@@ -501,9 +502,13 @@ def load_events(
     shapes = {s.name: queue_shape(s, queue) for s in topology.shards}
     if atomic:
         _require_two_phase(topology.shards)
-        recover(topology, run_id=run_id, min_age=0.0)
-        with _connect(topology.shards[0]) as conn:
-            conn.execute(query("forget_decision", _SQL), {"run": run_id, "queue": queue})
+    # Two-phase runs left prepared: other runs' once their job has had time to decide, and this
+    # run's own at once (an earlier attempt of it is dead, and its prepared parts hold the ledger
+    # rows this attempt needs). Its earlier decision must not decide this attempt.
+    recover(topology, min_age=RECOVER_MIN_AGE_SECONDS)
+    recover(topology, run_id=run_id, min_age=0.0)
+    with _connect(topology.shards[0]) as conn:
+        conn.execute(query("forget_decision", _SQL), {"run": run_id, "queue": queue})
     cleanup(topology, older_than=staging_ttl)
     base = (work_dir or str(Path(tempfile.gettempdir()) / "qm-spark-enqueue")).rstrip("/")
     run_dir = f"{base}/{queue}/{run_id}"

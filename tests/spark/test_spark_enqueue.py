@@ -387,6 +387,23 @@ def test_recovery_finishes_or_rolls_back_a_run_left_prepared(
     assert again.published == (0 if crash_at == "decided" else 800)
 
 
+def test_any_rerun_first_recovers_its_own_run_left_prepared(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    """The prepared parts hold the run's ledger rows: a re-run without --atomic must not wait on them."""
+
+    def crash(step: str, shard: str) -> None:
+        if step == "prepared":
+            raise ej._Crash(step)
+
+    df = events_df(spark, 400)
+    with pytest.raises(ej._Crash):
+        ej.load_events(df, shards, queue, run_id="mixed", work_dir=str(tmp_path), atomic=True, fault=crash)
+    assert prepared(shards) > 0 and all_ns(shards, queue) == []
+    done = ej.load_events(df, shards, queue, run_id="mixed", work_dir=str(tmp_path))
+    assert done.published == 400 and all_ns(shards, queue) == list(range(400)) and prepared(shards) == 0
+
+
 def test_a_recovery_racing_a_job_before_its_decision_aborts_the_whole_run(
     spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
 ) -> None:
