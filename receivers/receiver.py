@@ -12,12 +12,11 @@ probes its managers' ``/health/leader`` and connects to the one that answers 200
 connection ends (the manager drains, loses leadership, crashes or the network drops) it probes
 again with a jittered exponential back-off until it finds the new active manager.
 
-Per shard it runs at most ``concurrency`` handlers at once and keeps its credit equal to its
-events in hand plus its free handler slots (:mod:`receivers.credit`), so the manager sends an
-event only when a handler slot is free for it. Handlers may be coroutine functions or plain
-functions (run in a thread pool). A handler that runs longer than ``extend_after`` seconds gets
-its ack deadline extended (``extend`` frames, every ``extend_by / 2`` seconds); one that runs
-longer than ``handler_timeout`` is nacked. :meth:`Receiver.stop` drains: credit 0, the
+Per shard it runs at most ``concurrency`` handlers at once and grants credit so that the manager
+sends an event only when a handler slot is free for it (:mod:`receivers.credit`). Handlers may be
+coroutine functions or plain functions (run in a thread pool). A handler that runs longer than
+``extend_after`` seconds gets its ack deadline extended (``extend`` frames, every ``extend_by / 2``
+seconds); one that runs longer than ``handler_timeout`` is nacked. :meth:`Receiver.stop` drains: credit 0, the
 handlers in hand finish and are acked, then the connections close.
 
 Delivery is at least once: an event in hand when its connection drops is fired again, to this
@@ -484,12 +483,12 @@ class _Link:
     # ------------------------------------------------------------------ handlers
 
     def _start(self, event: Event, from_waiting: bool) -> None:
-        self.book.started(from_waiting)
+        self.book.started(event.id, event.attempt, from_waiting)
         task = asyncio.ensure_future(self._handle(event, self.gen))
         self.running[task] = _Running(event, self.gen)
 
-    def _slot_freed(self) -> None:
-        self.book.handler_returned()
+    def _slot_freed(self, event: Event) -> None:
+        self.book.handler_returned(event.id, event.attempt)
         while self.book.can_start_waiting() and self.waitq:
             self._start(self.waitq.popleft(), from_waiting=True)
         self.wake.set()
@@ -507,7 +506,7 @@ class _Link:
             if me is not None:
                 self.running.pop(me, None)
             if not slot_kept:
-                self._slot_freed()
+                self._slot_freed(event)
         self._report(event, gen, outcome)
 
     async def _invoke(self, event: Event) -> tuple[_Outcome, bool]:
@@ -530,7 +529,7 @@ class _Link:
                 done, _ = await asyncio.wait({fut}, timeout=timeout)
                 if not done:
                     # a thread cannot be stopped: it keeps its slot until it returns, its result ignored
-                    fut.add_done_callback(self._thread_returned)
+                    fut.add_done_callback(lambda f: self._thread_returned(f, event))
                     return self._timed_out(event), True
                 fut.result()
         except Retry as exc:
@@ -549,10 +548,10 @@ class _Link:
         logger.warning("event %s (attempt %s): %s", event.id, event.attempt, text, extra={"shard": self.shard})
         return _Outcome("nack", None, text)
 
-    def _thread_returned(self, fut: asyncio.Future[Any]) -> None:
+    def _thread_returned(self, fut: asyncio.Future[Any], event: Event) -> None:
         if not fut.cancelled():
             fut.exception()  # retrieved: a late failure of a timed-out handler is not reported
-        self._slot_freed()
+        self._slot_freed(event)
 
     def _report(self, event: Event, gen: int, outcome: _Outcome) -> None:
         self.changed.set()
@@ -590,8 +589,7 @@ class _Link:
     # ------------------------------------------------------------------ frames out
 
     async def _writer(self, ws: ClientConnection) -> None:
-        """The one task that sends: credit changes first (raised before the acks that free slots), then
-        acks, nacks and extends, in batches."""
+        """The one task that sends: a changed credit first, then acks, nacks and extends, in batches."""
         while True:
             await self.wake.wait()
             self.wake.clear()
