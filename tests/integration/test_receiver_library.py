@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from queue_manager.domain.topology import Shard
-from receivers import Backoff, Event, Receiver, Retry
+from receivers import Backoff, Event, EventNotFiredError, Receiver, Retry, ack_in_transaction, ack_in_transaction_async
 from tests.conftest import tenants_of
 from tests.managerkit import SECRET_ALL, insert, rescanned, running_manager, url, wait_for, wait_leader
 
@@ -210,3 +210,111 @@ async def test_a_handler_timeout_nacks(shard: Shard, make_queue, kind: str) -> N
             assert r.stats.timeouts == 1 and r.stats.nacked == 1 and calls == [1, 2]
             thread_unblock.set()
         assert (await rows(shard.dsn))[ident] == ("acked", 2, "handler timed out after 0.3 s")
+
+
+async def _loads_and_live(dsn: str, queue: str = "orders") -> tuple[list[int], list[int]]:
+    """(the producers' load per partition, the live events per partition)."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT qm.partition_loads(%s)", (queue,))
+        loads = list((await cur.fetchone())[0])  # type: ignore[index]
+        cur = await conn.execute(
+            f"SELECT p, count(o.id) FROM generate_series(0, %s - 1) AS p "
+            f"LEFT JOIN {queue} o ON o.partition = p AND o.state IN ('to_be_fired', 'fired') GROUP BY p ORDER BY p",
+            (len(loads),),
+        )
+        return loads, [int(n) for _, n in await cur.fetchall()]
+
+
+async def test_ack_in_transaction_commits_the_effects_and_the_ack_together(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    """A threaded handler writes its effect and acks in one transaction: no ack frame is sent, the
+    manager frees the slots (nothing in flight), the load counters equal the live events with no
+    reconciliation, and no event fires again after its ack deadline."""
+    make_queue("orders", partitions=4, shuffle=2, ack_timeout_seconds=1, backoff_min_seconds=0.05)
+    tenants = tenants_of(shard, 8)
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE effects (event_id bigint PRIMARY KEY, attempt int NOT NULL)")
+
+    def handle(event: Event) -> None:
+        with psycopg.connect(shard.dsn) as conn:  # one transaction, committed at the end of the block
+            conn.execute("INSERT INTO effects VALUES (%s, %s)", (event.id, event.attempt))
+            ack_in_transaction(conn, "orders", event)
+
+    async with running_manager(shard.dsn, reconcile_interval=3600.0) as m:
+        await wait_leader(m)
+        async with receiving(url(m), handle, concurrency=3) as r:
+            later = await insert(shard.dsn, [(t, {"later": True}) for t in tenants[:5]], fire_in=3600)
+            ids = await insert(shard.dsn, [(tenants[i % 8], {"i": i}) for i in range(30)])
+            await wait_for(lambda: r.stats.settled_by_sql == 30, what="30 acks by SQL")
+            await wait_for(lambda: m.metrics.settled_by_sql.total() >= 30, what="the manager told of them")
+            await wait_for(lambda: m.health()["queues"]["orders"]["in_flight"] == 0, what="every slot freed")
+            assert r.stats.acked == 0 and r.stats.nacked == 0  # no ack frame was sent
+            loads, live = await _loads_and_live(shard.dsn)
+            assert loads == live and sum(live) == len(later)
+            # past every ack deadline, and two whole collector runs: nothing fires again
+            m.signals.swept.clear()
+            await asyncio.sleep(1.2)
+            await m.signals.swept.wait()
+            await m.signals.swept.wait()
+            assert r.stats.delivered == 30
+        with psycopg.connect(shard.dsn) as c:
+            assert c.execute("SELECT count(*), max(attempt) FROM effects").fetchone() == (30, 1)
+        states = await rows(shard.dsn)
+        assert {states[i][:2] for i in ids} == {("acked", 1)}
+        assert await _loads_and_live(shard.dsn) == (loads, live)
+
+
+async def test_a_rolled_back_ack_in_transaction_gets_the_event_back(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    """Event A: the handler acks in its transaction, then raises: the transaction rolls back, the
+    receiver nacks, A is delivered again and committed at attempt 2. Event B: the transaction
+    rolls back but the handler returns: B fires again after its ack deadline. Each effect is
+    committed once."""
+    make_queue(
+        "orders", partitions=2, shuffle=1, ack_timeout_seconds=1, backoff_min_seconds=0.05, backoff_max_seconds=0.1
+    )
+    [tenant] = tenants_of(shard, 1)
+    async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as c:
+        await c.execute("CREATE TABLE effects (event_id bigint PRIMARY KEY, attempt int NOT NULL)")
+
+    async def handle(event: Event) -> None:
+        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+            try:
+                async with conn.transaction():
+                    await conn.execute("INSERT INTO effects VALUES (%s, %s)", (event.id, event.attempt))
+                    await ack_in_transaction_async(conn, "orders", event)
+                    if event.attempt == 1:
+                        raise RuntimeError(f"boom {event.payload['name']}")
+            except RuntimeError:
+                if event.payload["name"] == "A":
+                    raise
+
+    async with running_manager(shard.dsn, reconcile_interval=3600.0) as m:
+        await wait_leader(m)
+        async with receiving(url(m), handle) as r:
+            a, b = await insert(shard.dsn, [(tenant, {"name": "A"}), (tenant, {"name": "B"})])
+            # A: attempt 1 nacked, attempt 2 settled; B: both attempts "settled" (the first rolled back)
+            await wait_for(lambda: r.stats.settled_by_sql == 3, what="two attempts of each handled")
+            assert r.stats.nacked == 1 and r.stats.acked == 0
+            await wait_for(lambda: m.health()["queues"]["orders"]["in_flight"] == 0, what="every slot freed")
+            assert await _loads_and_live(shard.dsn) == ([0, 0], [0, 0])
+        states = await rows(shard.dsn)
+        assert states[a] == ("acked", 2, "RuntimeError: boom A")
+        assert states[b] == ("acked", 2, "no ack before the deadline (attempt 1)")
+        async with await psycopg.AsyncConnection.connect(shard.dsn) as c:
+            cur = await c.execute("SELECT event_id, attempt FROM effects ORDER BY event_id")
+            assert await cur.fetchall() == [(a, 2), (b, 2)]
+
+
+async def test_ack_in_transaction_refuses_a_delivery_that_is_not_fired(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue("orders", partitions=2, shuffle=1)
+    [tenant] = tenants_of(shard, 1)
+    [ident] = await insert(shard.dsn, [(tenant, {})])
+    event = Event("orders", "s0", ident, 1, tenant, 0, 0.0, {})
+    with psycopg.connect(shard.dsn) as conn:
+        with pytest.raises(EventNotFiredError, match=r"it is to_be_fired at attempt 0") as exc:
+            ack_in_transaction(conn, "orders", event)
+        assert exc.value.state == "to_be_fired" and not event.settled_by_sql
+        conn.rollback()
+        with pytest.raises(EventNotFiredError, match="no such event"):
+            ack_in_transaction(conn, "orders", Event("orders", "s0", ident + 1000, 1, tenant, 0, 0.0, {}))
+    with psycopg.connect(shard.dsn, autocommit=True) as conn, pytest.raises(ValueError, match="autocommit"):
+        ack_in_transaction(conn, "orders", event)
