@@ -9,6 +9,7 @@
 from receivers.backoff import Backoff
 from receivers.credit import CreditBook
 from receivers.errors import EventNotFiredError, HandlerImportError, ReceiverError
+from receivers.loading import load_handler
 from receivers.receiver import Event, Handler, Receiver, ReceiverStats, Retry, run_receiver
 from receivers.sql import ack_in_transaction, ack_in_transaction_async
 
@@ -25,5 +26,6 @@ __all__ = [
     "Retry",
     "ack_in_transaction",
     "ack_in_transaction_async",
+    "load_handler",
     "run_receiver",
 ]
