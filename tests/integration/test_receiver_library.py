@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -16,6 +21,8 @@ from tests.conftest import tenants_of
 from tests.managerkit import SECRET_ALL, insert, rescanned, running_manager, url, wait_for, wait_leader
 
 pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fast_backoff() -> Backoff:
@@ -318,3 +325,81 @@ async def test_ack_in_transaction_refuses_a_delivery_that_is_not_fired(shard: Sh
             ack_in_transaction(conn, "orders", Event("orders", "s0", ident + 1000, 1, tenant, 0, 0.0, {}))
     with psycopg.connect(shard.dsn, autocommit=True) as conn, pytest.raises(ValueError, match="autocommit"):
         ack_in_transaction(conn, "orders", event)
+
+
+# ---------------------------------------------------------------- qm receive, as a process
+
+
+def _qm_receive(*args: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "queue_manager.cli.main", "receive", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        text=True,
+        **popen,
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_xyz:handle", "handler 'no_such_module_xyz:handle': no module named 'no_such_module_xyz'"),
+        ("tests.receiver_handlers:nothing", "module 'tests.receiver_handlers' has no attribute 'nothing'"),
+        ("tests.receiver_handlers:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is a int, not a function"),
+        (
+            "tests.receiver_handlers_broken:handle",
+            "importing module 'tests.receiver_handlers_broken' failed: RuntimeError: this module cannot be imported",
+        ),
+        ("tests.receiver_handlers", "name it as module:function"),
+    ],
+)
+def test_qm_receive_says_why_a_handler_cannot_be_imported(spec: str, message: str) -> None:
+    proc = _qm_receive("--queue", "orders", "--manager", "s0=ws://127.0.0.1:9/", spec, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert err.startswith("qm: error: ") and message in err, err
+    assert "Traceback" not in err
+
+
+async def test_sigterm_drains_qm_receive_without_losing_or_duplicating_acks(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue, tmp_path: Path
+) -> None:
+    """``qm receive --concurrency 3`` holds 3 of 5 events in blocked handlers; SIGTERM: it grants
+    no more credit, the 3 handlers finish, are acked (attempt 1, once each), the process exits 0,
+    and the 2 others were never delivered."""
+    make_queue("orders", partitions=2, shuffle=1)
+    tenants = tenants_of(shard, 5)
+    log = tmp_path / "receiver.log"
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        ids = await insert(shard.dsn, [(t, {}) for t in tenants])
+        with log.open("w") as log_file:
+            proc = _qm_receive(
+                "--queue", "orders", "--manager", f"s0={url(m)}", "--token", SECRET_ALL, "--concurrency", "3",
+                "--log-level", "INFO", "tests.receiver_handlers:blocking",
+                env={"QM_TEST_HANDLER_DIR": str(tmp_path)},
+                stdout=subprocess.DEVNULL, stderr=log_file,
+            )  # fmt: skip
+            try:
+                started = tmp_path / "started"
+                await wait_for(lambda: started.exists() and len(list(started.iterdir())) == 3, 20, "3 handlers")
+                proc.send_signal(signal.SIGTERM)
+                await wait_for(lambda: "draining shard s0" in log.read_text(), 10, "the drain to start")
+                assert proc.poll() is None
+                (tmp_path / "release").touch()
+                rc = await asyncio.to_thread(proc.wait, 20)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert rc == 0, log.read_text()
+        handled = sorted(p.name for p in started.iterdir())
+        assert sorted(p.name for p in (tmp_path / "done").iterdir()) == handled
+        assert all(name.endswith("-1") for name in handled)
+        handled_ids = {int(name.split("-")[0]) for name in handled}
+        states = await rows(shard.dsn)
+        assert {states[i][:2] for i in handled_ids} == {("acked", 1)}
+        assert {states[i][:2] for i in set(ids) - handled_ids} == {("to_be_fired", 0)}
+        assert m.metrics.refired.total() == 0  # nothing released, nacked or re-fired
+        assert m.health()["queues"]["orders"]["in_flight"] == 0
+        assert "receiver stopped: 3 delivered, 3 acked" in log.read_text()
