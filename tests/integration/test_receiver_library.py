@@ -8,17 +8,18 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from queue_manager.domain.topology import Shard
+from queue_manager.domain.topology import Shard, Topology
 from receivers import Backoff, Event, EventNotFiredError, Receiver, Retry, ack_in_transaction, ack_in_transaction_async
 from tests.conftest import tenants_of
 from tests.managerkit import SECRET_ALL, insert, rescanned, running_manager, url, wait_for, wait_leader
+from tests.processkit import ManagerProcess, lease, write_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -403,3 +404,56 @@ async def test_sigterm_drains_qm_receive_without_losing_or_duplicating_acks(  # 
         assert m.metrics.refired.total() == 0  # nothing released, nacked or re-fired
         assert m.health()["queues"]["orders"]["in_flight"] == 0
         assert "receiver stopped: 3 delivered, 3 acked" in log.read_text()
+
+
+# ---------------------------------------------------------------- failover
+
+
+@pytest.fixture
+def two_managers(tmp_path: Path, shards: Topology) -> Iterator[list[ManagerProcess]]:
+    """Two ``qm manager`` processes for shard s0 (lease TTL 2 s): one leads, one stands by."""
+    topo, tokens = write_config(tmp_path, shards)
+    procs = [ManagerProcess(topo, tokens, "s0", 2.0) for _ in range(2)]
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+async def test_a_receiver_follows_a_failover_by_itself(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue, two_managers: list[ManagerProcess], how: str
+) -> None:
+    """The receiver knows both managers of s0 and finds the leader by /health/leader. The leader is
+    stopped (drained by SIGTERM, or killed): the receiver moves to the new leader with no help,
+    and events committed before, during and after the failover are all handled and acked."""
+    make_queue("orders", partitions=2, shuffle=1, ack_timeout_seconds=2, backoff_min_seconds=0.05)
+    tenants = tenants_of(shard, 4)
+    handled: list[tuple[int, int]] = []
+
+    async def handle(event: Event) -> None:
+        handled.append((event.id, event.attempt))
+
+    deadline = asyncio.get_running_loop().time() + 15
+    leader = None
+    while leader is None:
+        assert asyncio.get_running_loop().time() < deadline, "no manager took the lease"
+        _, pid = await lease(shard.dsn)
+        leader = next((p for p in two_managers if p.pid == pid and p.health("/health/leader")[0] == 200), None)
+        await asyncio.sleep(0.05)
+    [standby] = [p for p in two_managers if p is not leader]
+    async with receiving({"s0": [p.url for p in two_managers]}, handle, concurrency=4) as r:
+        assert r.leader("s0") == leader.url
+        before = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(10)])
+        await wait_for(lambda: r.stats.acked == 10, what="the first 10 acked")
+        if how == "sigterm":
+            await asyncio.to_thread(leader.stop)
+        else:
+            os.kill(leader.pid, signal.SIGKILL)
+            await asyncio.to_thread(leader.proc.wait, 10)
+        during = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(10, 20)])
+        await wait_for(lambda: r.leader("s0") == standby.url, 20, "the receiver on the new leader")
+        after = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(20, 30)])
+        await wait_for(lambda: r.stats.acked == 30, 20, "all 30 acked")
+        assert r.stats.connects == 2
+    assert sorted(handled) == sorted((i, 1) for i in before + during + after)
+    assert {v[:2] for v in (await rows(shard.dsn)).values()} == {("acked", 1)}
