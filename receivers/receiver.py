@@ -241,7 +241,7 @@ class _Link:
         try:
             while not self.r.stopping.is_set():
                 url = await self._find_leader()
-                if url is not None:
+                if url is not None and not self.r.stopping.is_set():
                     try:
                         await self._connect(url)
                     finally:
