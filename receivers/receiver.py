@@ -295,6 +295,10 @@ class _Link:
             logger.info("manager %s refused the connection: HTTP %s", url, status, extra={"shard": self.shard})
         except (OSError, TimeoutError, ConnectionClosed, InvalidURI, InvalidHandshake) as exc:
             logger.info("connection to %s ended: %r", url, exc, extra={"shard": self.shard})
+        except (ValueError, KeyError, TypeError) as exc:  # a frame this client cannot read
+            logger.warning(
+                "protocol error from %s, reconnecting: %r", url, exc, extra={"shard": self.shard}, exc_info=True
+            )
 
     async def _session(self, ws: ClientConnection) -> None:
         async with asyncio.timeout(self.r.probe_timeout * 5):

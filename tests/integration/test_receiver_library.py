@@ -16,9 +16,18 @@ import psycopg
 import pytest
 
 from queue_manager.domain.topology import Shard, Topology
-from receivers import Backoff, Event, EventNotFiredError, Receiver, Retry, ack_in_transaction, ack_in_transaction_async
+from receivers import (
+    Backoff,
+    Event,
+    EventNotFiredError,
+    Receiver,
+    ReceiverError,
+    Retry,
+    ack_in_transaction,
+    ack_in_transaction_async,
+)
 from tests.conftest import tenants_of
-from tests.managerkit import SECRET_ALL, insert, rescanned, running_manager, url, wait_for, wait_leader
+from tests.managerkit import SECRET_ALL, SECRET_OTHER, insert, rescanned, running_manager, url, wait_for, wait_leader
 from tests.processkit import ManagerProcess, lease, write_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -457,3 +466,20 @@ async def test_a_receiver_follows_a_failover_by_itself(  # type: ignore[no-untyp
         assert r.stats.connects == 2
     assert sorted(handled) == sorted((i, 1) for i in before + during + after)
     assert {v[:2] for v in (await rows(shard.dsn)).values()} == {("acked", 1)}
+
+
+async def test_a_refused_token_or_queue_stops_the_receiver_with_a_clear_error(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue("orders", partitions=2, shuffle=1)
+
+    async def handle(event: Event) -> None: ...
+
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        for token, message in [
+            ("not-a-known-token-0000", r"refused the token \(HTTP 401\)"),
+            (SECRET_OTHER, r"subscribe to 'orders' refused: token 'other' may not read queue 'orders'"),
+        ]:
+            receiver = Receiver({"s0": [url(m)]}, "orders", handle, token=token, backoff=fast_backoff)
+            with pytest.raises(ReceiverError, match=message):
+                async with asyncio.timeout(10):
+                    await receiver.run()
