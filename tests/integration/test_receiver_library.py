@@ -483,3 +483,30 @@ async def test_a_refused_token_or_queue_stops_the_receiver_with_a_clear_error(sh
             with pytest.raises(ReceiverError, match=message):
                 async with asyncio.timeout(10):
                     await receiver.run()
+
+
+async def test_one_receiver_takes_every_shard_and_honours_a_tenant_filter(shards: Topology, make_queue) -> None:  # type: ignore[no-untyped-def]
+    make_queue("orders", partitions=2, shuffle=1)
+    s0, s1 = shards.shards
+    seen: list[Event] = []
+
+    async def handle(event: Event) -> None:
+        seen.append(event)
+
+    async with running_manager(s0.dsn) as m0, running_manager(s1.dsn) as m1:
+        await wait_leader(m0)
+        await wait_leader(m1)
+        urls = {"s0": [url(m0)], "s1": [url(m1)]}
+        async with receiving(urls, handle, concurrency=2) as r:
+            ids = {s.name: await insert(s.dsn, [(t, {}) for t in tenants_of(s, 3)]) for s in (s0, s1)}
+            await wait_for(lambda: r.stats.acked == 6, what="6 acks over two shards")
+        assert sorted((e.shard, e.id) for e in seen) == sorted((k, i) for k, v in ids.items() for i in v)
+        wanted = [tenants_of(s0, 1)[0], tenants_of(s1, 1)[0]]
+        seen.clear()
+        async with receiving(urls, handle, tenants=wanted) as r:
+            for s in (s0, s1):
+                await insert(s.dsn, [(t, {"again": True}) for t in tenants_of(s, 3)])
+            await wait_for(lambda: r.stats.acked == 2, what="the two wanted tenants' events")
+            await rescanned(m0)
+            await rescanned(m1)
+        assert sorted(e.tenant for e in seen) == sorted(wanted)
