@@ -209,3 +209,26 @@ def test_async_and_sync_handlers_are_told_apart() -> None:
 
     assert is_async_handler(coro) and is_async_handler(AsyncCallable())
     assert not is_async_handler(plain) and not is_async_handler(SyncCallable())
+
+
+def test_qm_receive_reads_its_manager_options_against_the_topology() -> None:
+    from queue_manager.cli.main import _managers
+    from queue_manager.domain.topology import KeyRange, Shard, Topology
+    from queue_manager.errors import ConfigurationError
+
+    two = Topology((Shard("s0", "dsn0", KeyRange.parse("-80")), Shard("s1", "dsn1", KeyRange.parse("80-"))))
+    one = Topology((Shard("only", "dsn", KeyRange.parse("-")),))
+    assert _managers(["s0=ws://a:1/", "s0=ws://b:1/", "s1=ws://c:1/"], two) == {
+        "s0": ["ws://a:1/", "ws://b:1/"],
+        "s1": ["ws://c:1/"],
+    }
+    assert _managers(["ws://a:1/?x=y"], one) == {"only": ["ws://a:1/?x=y"]}
+    assert _managers(["ws://a:1/"], None) == {"default": ["ws://a:1/"]}
+    with pytest.raises(ConfigurationError, match=r"no --manager for shard\(s\) s1"):
+        _managers(["s0=ws://a:1/"], two)
+    with pytest.raises(ConfigurationError, match="topology does not have: s9"):
+        _managers(["s0=ws://a:1/", "s1=ws://a:1/", "s9=ws://a:1/"], two)
+    with pytest.raises(ConfigurationError, match="name its shard"):
+        _managers(["ws://a:1/"], two)
+    with pytest.raises(ConfigurationError, match="give the managers"):
+        _managers([], None)
