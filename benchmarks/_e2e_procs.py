@@ -239,8 +239,12 @@ async def receiver(
     last_ack: Any,
     out_q: Any,
     profile_path: str | None,
+    library: bool = False,
 ) -> None:
     """One receiver connection in its own process.
+
+    ``library``: the receiver library's :class:`receivers.Receiver` (credit = its free handler
+    slots: ``credit`` of them) instead of the bare benchmark client.
 
     ``mode`` is ``drain`` (connect at go; no-op handler), ``latency`` (connect first; record
     (payload seq, handler start)) or ``fire`` (connect first; record (id, fire_at, handler start)).
@@ -273,15 +277,22 @@ async def receiver(
     else:  # pragma: no cover
         raise ValueError(mode)
 
-    def make_receiver() -> Receiver:
+    def make_receiver() -> Any:
+        if library:
+            from receivers import Receiver as LibraryReceiver
+
+            return LibraryReceiver({"s0": [url]}, QUEUE, handler, concurrency=credit, token=SECRET)
         return Receiver(url, SECRET, QUEUE, handler, credit=credit, concurrency=concurrency, reconnect_delay=0.05)
 
-    receiver: Receiver | None = None
+    receiver: Any = None
     task: asyncio.Task[None] | None = None
     if mode != "drain":  # connect and subscribe first, then idle until the test starts
         receiver = make_receiver()
         task = asyncio.create_task(receiver.run())
-        await asyncio.wait_for(receiver.connected.wait(), 30)
+        if library:
+            await receiver.wait_subscribed(30)
+        else:
+            await asyncio.wait_for(receiver.connected.wait(), 30)
     ready_ev.set()
     await _wait_mp_event(go_ev, 0.001)
     t_go = now()
@@ -322,10 +333,10 @@ async def receiver(
             "delivered": stats.delivered,
             "acked": stats.acked,
             "nacked": stats.nacked,
-            "connects": stats.connects,
-            "refused": stats.refused,
-            "errors": stats.errors[:20],
-            "error_count": len(stats.errors),
+            "connects": getattr(stats, "connects", None),
+            "refused": getattr(stats, "refused", None),
+            "errors": list(getattr(stats, "errors", []))[:20],
+            "error_count": len(getattr(stats, "errors", [])),
             "records": records,
             "error": error,
         }

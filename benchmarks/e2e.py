@@ -17,6 +17,9 @@ Prints one JSON object on stdout (logs go to stderr). One shard (one database), 
 * **fire accuracy**: events with ``fire_at`` in the future (spread evenly over a few seconds) are
   inserted ahead of time; lateness = the receiver's handler start minus ``fire_at``. Early receipts
   (negative lateness) are counted: the manager promises never to fire early;
+* **receiver library** (``--library``, on by default): the drain (the bare receiver's best
+  configuration; the library gets as many handler slots as that configuration's credit) and the
+  200/s latency again, with :class:`receivers.Receiver` and with the bare receiver, alternated;
 * **peers** (``--peers``, on by default for a full run): PgQueuer and Procrastinate ``process`` (drain)
   and ``latency`` from ``/work/shared/bench/peers`` (``PEERS_DIR``), in their best configurations,
   on the same PostgreSQL server (``PEERS_DSN``), with their own virtualenv ``/tmp/peers-venv``
@@ -400,7 +403,13 @@ class Receivers:
 
 
 def start_receivers(
-    count: int, url: str, mode: str, credit: int, concurrency: int, profile_dir: str | None = None
+    count: int,
+    url: str,
+    mode: str,
+    credit: int,
+    concurrency: int,
+    profile_dir: str | None = None,
+    library: bool = False,
 ) -> Receivers:
     go, stop, out_q = _CTX.Event(), _CTX.Event(), _CTX.Queue()
     ready = [_CTX.Event() for _ in range(count)]
@@ -430,6 +439,7 @@ def start_receivers(
                     last_ack[i],
                     out_q,
                     prof,
+                    library,
                 ),
                 name=f"e2e-receiver-{i}",
                 daemon=True,
@@ -462,7 +472,9 @@ class DrainConfig:
         return f"r{self.receivers}_c{self.credit}_w{self.concurrency}"
 
 
-def run_drain(dsn: str, cfg: DrainConfig, events: list[Event], profile_dir: str | None = None) -> dict[str, Any]:
+def run_drain(
+    dsn: str, cfg: DrainConfig, events: list[Event], profile_dir: str | None = None, library: bool = False
+) -> dict[str, Any]:
     n = len(events)
     logger.debug("drain %s: reset", cfg.label)
     reset(dsn)
@@ -473,7 +485,7 @@ def run_drain(dsn: str, cfg: DrainConfig, events: list[Event], profile_dir: str 
     mprof = str(Path(profile_dir) / "manager.prof") if profile_dir else None
     with manager_process(dsn, mprof) as m:
         logger.debug("drain %s: receivers", cfg.label)
-        recv = start_receivers(cfg.receivers, m.url, "drain", cfg.credit, cfg.concurrency, profile_dir)
+        recv = start_receivers(cfg.receivers, m.url, "drain", cfg.credit, cfg.concurrency, profile_dir, library)
         try:
             recv.wait_ready()
             logger.debug("drain %s: go", cfg.label)
@@ -633,12 +645,12 @@ def profile_drain(dsn: str, cfg: DrainConfig, n: int, top: int = 30) -> dict[str
 # --------------------------------------------------------------------------- latency
 
 
-def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int) -> dict[str, Any]:
+def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int, library: bool = False) -> dict[str, Any]:
     warmup = max(LATENCY_WARMUP, int(LATENCY_WARMUP * rate / 200))
     total = n + warmup
     reset(dsn)
     with manager_process(dsn) as m:
-        recv = start_receivers(1, m.url, "latency", LATENCY_CREDIT, LATENCY_CREDIT)
+        recv = start_receivers(1, m.url, "latency", LATENCY_CREDIT, LATENCY_CREDIT, library=library)
         try:
             recv.wait_ready()
             ready, out_q = _CTX.Event(), _CTX.Queue()
@@ -704,6 +716,41 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int) -> dict[st
         "call_to_receipt": summary_ms(call_lat),
         "enqueue_call": summary_ms(enq),
     }
+
+
+def bench_library(dsn: str, cfg: DrainConfig, n: int, latency_events: int, reps: int) -> dict[str, Any]:
+    """The receiver library's Receiver next to the bare benchmark receiver, alternated: the drain
+    (``cfg``: the bare receiver's best configuration; the library gets ``cfg.credit`` handler
+    slots per process) and commit -> receipt at 200/s."""
+    events = make_events(n, 4343)
+    runs: dict[str, dict[str, list[Any]]] = {k: {"drain": [], "latency": []} for k in ("bare", "library")}
+    for rep in range(reps):
+        for kind in ("bare", "library"):
+            lib = kind == "library"
+            d = run_drain(dsn, cfg, events, library=lib)
+            lat = run_latency(dsn, latency_events, 200.0, 1, seed=2000 + rep, library=lib)
+            runs[kind]["drain"].append(d)
+            runs[kind]["latency"].append(lat)
+            c = lat["commit_to_receipt"]
+            log(
+                "receiver %s rep=%d drain %.1f/s, 200/s p50=%s p99=%s ms",
+                kind,
+                rep + 1,
+                d["events_per_s"],
+                c.get("p50_ms"),
+                c.get("p99_ms"),
+            )
+    out: dict[str, Any] = {"drain_config": cfg.label, "events": n, "latency_events": latency_events, "reps": reps}
+    for kind, r in runs.items():
+        out[kind] = {
+            "drain_events_per_s": round(statistics.median(x["events_per_s"] for x in r["drain"]), 1),
+            "drain_samples": [x["events_per_s"] for x in r["drain"]],
+            "drain_all_acked": all(x["acked_in_db"] == n and not x["timed_out"] for x in r["drain"]),
+            "latency_200_p50_ms": statistics.median(x["commit_to_receipt"]["p50_ms"] for x in r["latency"]),
+            "latency_200_p99_ms": statistics.median(x["commit_to_receipt"]["p99_ms"] for x in r["latency"]),
+            "latency_missing": sum(x["missing"] for x in r["latency"]),
+        }
+    return out
 
 
 def bench_latency(dsn: str, plans: list[tuple[float, int, int]], reps: int) -> dict[str, Any]:
@@ -1010,6 +1057,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fast-producers", type=int, default=8, help="producer connections at 2000/s (default 8)")
     parser.add_argument("--fire-events", type=int, default=2000, help="scheduled events (default 2000)")
     parser.add_argument("--fire-spread", type=float, default=4.0, help="seconds the fire_at values span (default 4)")
+    lib = parser.add_mutually_exclusive_group()
+    lib.add_argument(
+        "--library",
+        dest="library",
+        action="store_true",
+        default=True,
+        help="also run the drain and the 200/s latency with the receiver library, alternated with the bare receiver "
+        "(default)",
+    )
+    lib.add_argument("--no-library", dest="library", action="store_false", help="skip the receiver library runs")
     peers = parser.add_mutually_exclusive_group()
     peers.add_argument("--peers", dest="peers", action="store_true", default=None, help="run the peers too (default)")
     peers.add_argument("--no-peers", dest="peers", action="store_false", help="skip the peers")
@@ -1110,6 +1167,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             dsn, [(200.0, args.latency_events, 1), (2000.0, args.fast_latency_events, args.fast_producers)], args.reps
         )
         fire = bench_fire(dsn, args.fire_events, args.fire_spread, args.reps)
+        library = None
+        if args.library:
+            b = drain["best"]
+            library = bench_library(
+                dsn,
+                DrainConfig(b["receivers"], b["credit"], b["concurrency"]),
+                args.events,
+                args.latency_events,
+                args.reps,
+            )
         profile = None
         if args.profile:
             b = drain["best"]
@@ -1161,6 +1228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency_missing": sum(v["missing"] for v in latency.values()),
         "fire_missing": fire["missing"],
     }
+    if library is not None:
+        lost["library_runs_not_all_acked"] = sum(not library[k]["drain_all_acked"] for k in ("bare", "library"))
+        lost["library_runs_latency_missing"] = sum(library[k]["latency_missing"] for k in ("bare", "library"))
     comparison["lost_or_stuck"] = lost
     met["nothing_lost"] = not any(lost.values())
     met["all"] = all(v for v in met.values())
@@ -1184,6 +1254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "drain": drain,
         "latency": latency,
         "fire": fire,
+        "receiver_library": library,
         "profile": profile,
         "peers": peers,
         "comparison": comparison,

@@ -355,8 +355,12 @@ async def test_metrics_and_health_endpoints(shard: Shard, queue: str) -> None:
 
 
 async def test_every_plain_http_answer_has_one_content_type(shard: Shard, queue: str) -> None:
-    """/health, /metrics and each refusal (401, 404, 503) carry exactly one Content-Type."""
+    """/health, /metrics and each refusal (401, 404, 503) carry exactly one Content-Type; a receiver
+    refused because this manager does not lead (a standby, or a leader without its database) is
+    told when to try again (Retry-After)."""
     import http.client
+
+    retry_after: dict[tuple[int, str], str | None] = {}
 
     def headers(port: int, path: str, extra: dict[str, str]) -> tuple[int, list[str]]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -364,6 +368,7 @@ async def test_every_plain_http_answer_has_one_content_type(shard: Shard, queue:
             conn.request("GET", path, headers=extra)
             resp = conn.getresponse()
             resp.read()
+            retry_after[(port, path)] = resp.headers.get("Retry-After")
             return resp.status, resp.headers.get_all("Content-Type") or []
         finally:
             conn.close()
@@ -395,6 +400,7 @@ async def test_every_plain_http_answer_has_one_content_type(shard: Shard, queue:
             for port, path, extra, status, content_type in cases:
                 got = await asyncio.to_thread(headers, port, path, extra)  # type: ignore[arg-type]
                 assert got == (status, [content_type]), (path, got)
+            assert retry_after[(standby.port, "/")] == "1"
 
 
 async def test_a_result_for_ten_thousand_refused_items_fits_a_one_mib_client(shard: Shard, queue: str) -> None:

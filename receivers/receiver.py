@@ -1,0 +1,817 @@
+"""The receiver library: receive a queue's events from every shard, run a handler, ack.
+
+    async def handle(event: Event) -> None:
+        ...                                  # return: ack; raise: nack; raise Retry(delay=30): nack, due in 30 s
+
+    receiver = Receiver({"s0": ["ws://mgr-a:8765/", "ws://mgr-b:8765/"], "s1": [...]},
+                        "orders", handle, concurrency=8, token="...")
+    await receiver.run()                     # until receiver.stop() (or SIGTERM with handle_signals=True)
+
+One connection per shard (protocol ``qm.v1``, docs/protocol.md). For each shard the receiver
+probes its managers' ``/health/leader`` and connects to the one that answers 200; when that
+connection ends (the manager drains, loses leadership, crashes or the network drops) it probes
+again with a jittered exponential back-off until it finds the new active manager.
+
+Per shard it runs at most ``concurrency`` handlers at once and grants credit so that the manager
+sends an event only when a handler slot is free for it (:mod:`receivers.credit`). Handlers may be
+coroutine functions or plain functions (run in a thread pool). A handler that runs longer than
+``extend_after`` seconds gets its ack deadline extended (``extend`` frames, every ``extend_by / 2``
+seconds); one that runs longer than ``handler_timeout`` is nacked. :meth:`Receiver.stop` drains: credit 0, the
+handlers in hand finish and are acked, then the connections close.
+
+Delivery is at least once: an event in hand when its connection drops is fired again, to this
+receiver or another, and its old handler's ack is dropped. Handlers must be idempotent, or settle
+the event in their own transaction with :func:`receivers.sql.ack_in_transaction`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import itertools
+import json
+import logging
+import signal
+import ssl
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from queue_manager.wire.frames import MAX_ERROR_TEXT, MAX_EXTEND_SECONDS, MAX_ITEMS_PER_FRAME, PROTOCOL
+from receivers.backoff import Backoff
+from receivers.credit import CreditBook
+from receivers.errors import ReceiverError
+
+logger = logging.getLogger("receivers")
+
+#: a handler: ``async def handler(event) -> None`` or ``def handler(event) -> None``
+Handler = Callable[["Event"], Awaitable[None]] | Callable[["Event"], None]
+
+#: per-item result codes that mean "retry this item on the same connection"
+_RETRY = "unavailable"
+
+
+class Retry(Exception):
+    """Raise it from a handler to nack the event and have it due again after ``delay`` seconds
+    (``None``: the queue's back-off). The message becomes the event's ``last_error``.
+    At the queue's ``max_attempts`` the event is dead-lettered, as for any nack."""
+
+    def __init__(self, message: str = "retry requested by the handler", *, delay: float | None = None) -> None:
+        super().__init__(message)
+        if delay is not None and not 0 <= delay <= 315_576_000:
+            raise ValueError(f"Retry delay must be 0 to 315576000 seconds, got {delay!r}")
+        self.delay = delay
+
+
+@dataclass(eq=False)
+class Event:
+    """One delivered event (one attempt of it)."""
+
+    queue: str
+    #: the shard it came from (the key of ``urls_by_shard``); ids are unique per queue and shard
+    shard: str
+    id: int
+    #: which delivery this is (1, 2, ...); an ack names (id, attempt)
+    attempt: int
+    tenant: str
+    partition: int
+    #: when the event was due, epoch seconds by the database clock
+    fire_at: float
+    payload: Any
+    #: when it arrived, by this process's monotonic clock
+    received_at: float = field(default_factory=time.monotonic, repr=False)
+    _settled_by_sql: bool = field(default=False, repr=False)
+
+    @property
+    def settled_by_sql(self) -> bool:
+        """True once :func:`receivers.sql.ack_in_transaction` has acked it in the handler's transaction."""
+        return self._settled_by_sql
+
+    def mark_settled_by_sql(self) -> None:
+        """The handler settled this event in its own transaction: the receiver sends no ack for it
+        (when the handler returns normally; if the handler raises, it is nacked as usual)."""
+        self._settled_by_sql = True
+
+
+@dataclass
+class ReceiverStats:
+    """Counters over every shard, since the receiver started."""
+
+    delivered: int = 0
+    acked: int = 0
+    #: nacks that put the event back (requeued)
+    nacked: int = 0
+    #: nacks that dead-lettered the event (its last attempt)
+    dead_lettered: int = 0
+    #: events the handler settled by SQL (no ack frame sent)
+    settled_by_sql: int = 0
+    #: handlers stopped by ``handler_timeout``
+    timeouts: int = 0
+    #: lease extensions the manager confirmed
+    extended: int = 0
+    #: results dropped because the event was no longer this connection's (stale, unknown_id, reconnect)
+    dropped: int = 0
+    #: successful subscriptions (first connections and reconnections)
+    connects: int = 0
+    #: HTTP refusals of the websocket handshake, by status
+    refused: dict[int, int] = field(default_factory=dict)
+    #: the last error frames and per-item errors (at most 100 kept)
+    errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100))
+
+
+def http_url(base: str, path: str) -> str:
+    """``path`` on the manager at ``base`` (``ws``/``wss``/``http``/``https``), as an http(s) URL."""
+    parts = urlsplit(base)
+    scheme = {"ws": "http", "wss": "https", "http": "http", "https": "https"}.get(parts.scheme)
+    if scheme is None or not parts.hostname:
+        raise ValueError(f"manager URL {base!r}: use ws://host:port/ (or wss://, http://, https://)")
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def ws_url(base: str) -> str:
+    """The websocket URL of the manager at ``base``."""
+    parts = urlsplit(base)
+    scheme = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.hostname:
+        raise ValueError(f"manager URL {base!r}: use ws://host:port/ (or wss://, http://, https://)")
+    return urlunsplit((scheme, parts.netloc, parts.path or "/", "", ""))
+
+
+async def probe_leader(base: str, timeout: float = 1.0) -> tuple[int, int | None] | None:
+    """GET ``/health/leader`` of one manager: (HTTP status, term), or None when it cannot be reached."""
+    target = urlsplit(http_url(base, "/health/leader"))
+    host = target.hostname
+    assert host is not None
+    tls = target.scheme == "https"
+    port = target.port or (443 if tls else 80)
+    writer = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=ssl.create_default_context() if tls else None
+            )
+            writer.write(
+                f"GET /health/leader HTTP/1.1\r\nHost: {target.netloc}\r\nConnection: close\r\n"
+                "Accept: application/json\r\n\r\n".encode("ascii")
+            )
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            length = None
+            for line in lines[1:]:
+                key, _, value = line.partition(":")
+                if key.strip().lower() == "content-length":
+                    length = int(value)
+            body = await (reader.readexactly(length) if length is not None else reader.read(1 << 16))
+    except (OSError, TimeoutError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+    term: int | None = None
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        value = json.loads(body).get("term")
+        term = int(value) if value is not None else None
+    return status, term
+
+
+def is_async_handler(handler: Callable[..., Any]) -> bool:
+    """Whether ``handler`` is a coroutine function (or an object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
+
+
+@dataclass(eq=False)
+class _Running:
+    event: Event
+    #: the connection it was delivered on (its generation number)
+    gen: int
+    #: when its ack deadline was last extended (monotonic), None before the first extension
+    extended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What a handler's run asks for: ack, nack (with delay and error text) or nothing (settled by SQL)."""
+
+    kind: str  # "ack", "nack", "settled"
+    delay: float | None = None
+    error: str | None = None
+
+
+class _Link:
+    """The receiver's side of one shard: leader discovery, one connection at a time, its handlers."""
+
+    def __init__(self, receiver: Receiver, shard: str, urls: Sequence[str]) -> None:
+        self.r = receiver
+        self.shard = shard
+        self.urls = list(urls)
+        self.book = CreditBook(receiver.concurrency)
+        self.backoff = receiver.backoff_factory()
+        self.gen = 0
+        self.ws: ClientConnection | None = None
+        self.url: str | None = None
+        self.term: int | None = None
+        self.subscribed = asyncio.Event()
+        self.running: dict[asyncio.Future[Any], _Running] = {}
+        self.waitq: deque[Event] = deque()
+        self.acks: list[tuple[int, int]] = []
+        self.nacks: list[dict[str, Any]] = []
+        self.extends: dict[int, tuple[int, float]] = {}
+        #: ref -> (kind, items) of frames whose reply has not come yet
+        self.outstanding: dict[int, tuple[str, list[Any]]] = {}
+        self.wake = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.last_credit: int | None = None
+        self.refs = itertools.count(1)
+
+    # ------------------------------------------------------------------ the connection loop
+
+    async def run(self) -> None:
+        try:
+            while not self.r.stopping.is_set():
+                url = await self._find_leader()
+                if url is not None and not self.r.stopping.is_set():
+                    try:
+                        await self._connect(url)
+                    finally:
+                        self._lost()
+                if self.r.stopping.is_set():
+                    break
+                await self._pause()
+        finally:
+            await self._finish_handlers()
+
+    async def _find_leader(self) -> str | None:
+        answers = await asyncio.gather(*(probe_leader(u, self.r.probe_timeout) for u in self.urls))
+        # several may answer 200 for a moment after a takeover: the highest term is the current one
+        leaders = [(a[1] or 0, i) for i, a in enumerate(answers) if a is not None and a[0] == 200]
+        if not leaders:
+            logger.info(
+                "no active manager for shard %s yet",
+                self.shard,
+                extra={"shard": self.shard, "answers": [None if a is None else a[0] for a in answers]},
+            )
+            return None
+        return self.urls[max(leaders)[1]]
+
+    async def _pause(self) -> None:
+        delay = self.backoff.next()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self.r.stopping.wait()
+
+    async def _connect(self, url: str) -> None:
+        headers = {"Authorization": f"Bearer {self.r.token}"} if self.r.token else None
+        try:
+            async with connect(
+                ws_url(url),
+                additional_headers=headers,
+                subprotocols=[PROTOCOL],  # type: ignore[list-item]
+                max_size=self.r.max_size,
+                compression=None,
+                open_timeout=self.r.probe_timeout * 5,
+            ) as ws:
+                self.ws, self.url = ws, url
+                await self._session(ws)
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            self.r.stats.refused[status] = self.r.stats.refused.get(status, 0) + 1
+            if status in (401, 403):
+                raise ReceiverError(
+                    f"shard {self.shard}: manager {url} refused the token (HTTP {status}): "
+                    f"{exc.response.body.decode('utf-8', 'replace').strip()}"
+                ) from None
+            logger.info("manager %s refused the connection: HTTP %s", url, status, extra={"shard": self.shard})
+        except (OSError, TimeoutError, ConnectionClosed, InvalidURI, InvalidHandshake) as exc:
+            logger.info("connection to %s ended: %r", url, exc, extra={"shard": self.shard})
+        except (ValueError, KeyError, TypeError) as exc:  # a frame this client cannot read
+            logger.warning(
+                "protocol error from %s, reconnecting: %r", url, exc, extra={"shard": self.shard}, exc_info=True
+            )
+
+    async def _session(self, ws: ClientConnection) -> None:
+        async with asyncio.timeout(self.r.probe_timeout * 5):
+            welcome = json.loads(await ws.recv())
+        if welcome.get("type") != "welcome":
+            raise ConnectionError(f"expected a welcome frame, got {str(welcome)[:200]}")
+        self.term = welcome.get("term")
+        self.gen += 1
+        self.book.draining = self.r.stopping.is_set()
+        sub: dict[str, Any] = {"type": "subscribe", "ref": "subscribe", "queue": self.r.queue}
+        sub["credit"] = self.last_credit = self.book.credit
+        if self.r.tenants is not None:
+            sub["tenants"] = self.r.tenants
+        await ws.send(json.dumps(sub))
+        tasks = [
+            asyncio.create_task(self._writer(ws)),
+            asyncio.create_task(self._extender()),
+            asyncio.create_task(self._drainer(ws)),
+        ]
+        try:
+            async for message in ws:
+                self._on_frame(json.loads(message))
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            if ws.close_code is not None:
+                logger.info(
+                    "connection to %s closed: %s %s",
+                    self.url,
+                    ws.close_code,
+                    ws.close_reason,
+                    extra={"shard": self.shard},
+                )
+
+    def _lost(self) -> None:
+        """The connection is gone: forget what it held; the manager re-fires it."""
+        if self.book.in_hand:
+            logger.info(
+                "connection of shard %s ended with %d event(s) in hand: they will be fired again",
+                self.shard,
+                len(self.book.in_hand),
+                extra={"shard": self.shard},
+            )
+        self.book.connection_lost(len(self.waitq))
+        self.waitq.clear()
+        self.acks.clear()
+        self.nacks.clear()
+        self.extends.clear()
+        self.outstanding.clear()
+        self.last_credit = None
+        self.ws = None
+        self.subscribed.clear()
+        self.changed.set()
+
+    # ------------------------------------------------------------------ frames in
+
+    def _on_frame(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("type")
+        if kind == "deliver":
+            for e in frame["events"]:
+                event = Event(
+                    frame["queue"],
+                    self.shard,
+                    e["id"],
+                    e["attempt"],
+                    e["tenant"],
+                    e["partition"],
+                    e["fire_at"],
+                    e["payload"],
+                )
+                self.r.stats.delivered += 1
+                if self.book.delivered(event.id, event.attempt):
+                    self._start(event, from_waiting=False)
+                else:
+                    self.waitq.append(event)
+        elif kind == "ack_result":
+            items = dict(self._reply_items(frame))
+            for ident in frame.get("acked", []):
+                self.r.stats.acked += 1
+                self.book.settled(ident, items.get(ident, self.book.in_hand.get(ident, 0)))
+            self._item_errors(frame, "ack", items)
+        elif kind == "nack_result":
+            items = dict(self._reply_items(frame))
+            for ident in frame.get("requeued", []):
+                self.r.stats.nacked += 1
+                self.book.settled(ident, items.get(ident, {}).get("attempt", 0))
+            for ident in frame.get("failed", []):
+                self.r.stats.dead_lettered += 1
+                self.book.settled(ident, items.get(ident, {}).get("attempt", 0))
+            self._item_errors(frame, "nack", items)
+        elif kind == "extend_result":
+            self._reply_items(frame)
+            self.r.stats.extended += len(frame.get("extended", []))
+            for err in frame.get("errors", []):
+                self._record(err)
+                if err.get("code") != _RETRY:  # the event is gone from this connection
+                    self._drop(err["id"], err["attempt"])
+        elif kind == "subscribed":
+            self.backoff.reset()
+            self.r.stats.connects += 1
+            self.subscribed.set()
+            self.r.any_subscribed.set()
+            logger.info(
+                "subscribed to %s on shard %s at %s (term %s)",
+                self.r.queue,
+                self.shard,
+                self.url,
+                self.term,
+                extra={"shard": self.shard, "term": self.term},
+            )
+        elif kind == "error":
+            self._on_error(frame)
+        self.wake.set()
+        self.changed.set()
+
+    def _reply_items(self, frame: dict[str, Any]) -> list[Any]:
+        ref = frame.get("ref")
+        entry = self.outstanding.pop(ref, None) if isinstance(ref, int) else None
+        if entry is None:
+            return []
+        kind, items = entry
+        if kind == "ack":
+            return [(i, a) for i, a in items]
+        if kind == "nack":
+            return [(it["id"], it) for it in items]
+        return []
+
+    def _item_errors(self, frame: dict[str, Any], kind: str, items: dict[int, Any]) -> None:
+        for err in frame.get("errors", []):
+            self._record(err)
+            ident, attempt = err["id"], err["attempt"]
+            if err.get("code") == _RETRY:  # not recorded: retry on this connection, a little later
+                if kind == "ack":
+                    self.acks.append((ident, attempt))
+                elif ident in items:
+                    self.nacks.append(items[ident])
+                asyncio.get_running_loop().call_later(0.1, self.wake.set)
+            elif err.get("code") != "duplicate":  # stale, unknown_id: no longer ours
+                self._drop(ident, attempt)
+
+    def _on_error(self, frame: dict[str, Any]) -> None:
+        self._record(frame)
+        code, ref = frame.get("code"), frame.get("ref")
+        if ref == "subscribe":
+            if code == "forbidden":
+                raise ReceiverError(
+                    f"shard {self.shard}: subscribe to {self.r.queue!r} refused: {frame.get('message')}"
+                )
+            # unknown_queue (maybe created in a moment), draining: try again after the back-off
+            logger.warning(
+                "shard %s: subscribe refused: %s: %s",
+                self.shard,
+                code,
+                frame.get("message"),
+                extra={"shard": self.shard},
+            )
+            raise ConnectionError(f"subscribe refused: {code}")
+        entry = self.outstanding.pop(ref, None) if isinstance(ref, int) else None
+        if entry is None:
+            logger.warning("shard %s: error frame: %s", self.shard, frame, extra={"shard": self.shard})
+            return
+        kind, items = entry
+        if code == _RETRY:
+            if kind == "ack":
+                self.acks.extend(items)
+            elif kind == "nack":
+                self.nacks.extend(items)
+            asyncio.get_running_loop().call_later(0.1, self.wake.set)
+            return
+        logger.error("shard %s: %s frame refused: %s", self.shard, kind, frame, extra={"shard": self.shard})
+        if kind in ("ack", "nack"):
+            for it in items:
+                self._drop(*((it[0], it[1]) if kind == "ack" else (it["id"], it["attempt"])))
+
+    def _record(self, err: dict[str, Any]) -> None:
+        self.r.stats.errors.append({"shard": self.shard, **err})
+
+    def _drop(self, ident: int, attempt: int) -> None:
+        if self.book.holds(ident, attempt):
+            self.r.stats.dropped += 1
+        self.book.settled(ident, attempt)
+
+    # ------------------------------------------------------------------ handlers
+
+    def _start(self, event: Event, from_waiting: bool) -> None:
+        self.book.started(event.id, event.attempt, from_waiting)
+        task = asyncio.ensure_future(self._handle(event, self.gen))
+        self.running[task] = _Running(event, self.gen)
+
+    def _slot_freed(self, event: Event) -> None:
+        self.book.handler_returned(event.id, event.attempt)
+        while self.book.can_start_waiting() and self.waitq:
+            self._start(self.waitq.popleft(), from_waiting=True)
+        self.wake.set()
+        self.changed.set()
+
+    async def _handle(self, event: Event, gen: int) -> None:
+        slot_kept = False
+        try:
+            outcome, slot_kept = await self._invoke(event)
+        except asyncio.CancelledError:
+            slot_kept = False
+            raise
+        finally:
+            me = asyncio.current_task()
+            if me is not None:
+                self.running.pop(me, None)
+            if not slot_kept:
+                self._slot_freed(event)
+        self._report(event, gen, outcome)
+
+    async def _invoke(self, event: Event) -> tuple[_Outcome, bool]:
+        """Run the handler; (what to answer, whether the slot stays taken by a thread still running)."""
+        timeout = self.r.handler_timeout
+        try:
+            if self.r.handler_is_async:
+                cm = asyncio.timeout(timeout)
+                try:
+                    async with cm:
+                        await self.r.handler(event)  # type: ignore[misc]
+                except TimeoutError:
+                    if not cm.expired():
+                        raise
+                    return self._timed_out(event), False
+            else:
+                loop = asyncio.get_running_loop()
+                ctx = contextvars.copy_context()
+                fut = loop.run_in_executor(self.r.pool, ctx.run, self.r.handler, event)
+                done, _ = await asyncio.wait({fut}, timeout=timeout)
+                if not done:
+                    # a thread cannot be stopped: it keeps its slot until it returns, its result ignored
+                    fut.add_done_callback(lambda f: self._thread_returned(f, event))
+                    return self._timed_out(event), True
+                fut.result()
+        except Retry as exc:
+            return _Outcome("nack", exc.delay, str(exc)[:MAX_ERROR_TEXT]), False
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            logger.info("handler failed on event %s (attempt %s): %s", event.id, event.attempt, text)
+            return _Outcome("nack", None, text[:MAX_ERROR_TEXT]), False
+        if event.settled_by_sql:
+            return _Outcome("settled"), False
+        return _Outcome("ack"), False
+
+    def _timed_out(self, event: Event) -> _Outcome:
+        self.r.stats.timeouts += 1
+        text = f"handler timed out after {self.r.handler_timeout:g} s"
+        logger.warning("event %s (attempt %s): %s", event.id, event.attempt, text, extra={"shard": self.shard})
+        return _Outcome("nack", None, text)
+
+    def _thread_returned(self, fut: asyncio.Future[Any], event: Event) -> None:
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a late failure of a timed-out handler is not reported
+        self._slot_freed(event)
+
+    def _report(self, event: Event, gen: int, outcome: _Outcome) -> None:
+        self.changed.set()
+        if outcome.kind == "settled":
+            self.r.stats.settled_by_sql += 1
+            if gen == self.gen:
+                self.book.settled(event.id, event.attempt)
+            self.wake.set()
+            return
+        if gen != self.gen or self.ws is None or not self.book.holds(event.id, event.attempt):
+            # delivered on a connection that has ended, or taken back meanwhile: the manager re-fires it
+            self.r.stats.dropped += 1
+            return
+        if outcome.kind == "ack":
+            self.acks.append((event.id, event.attempt))
+        else:
+            item: dict[str, Any] = {"id": event.id, "attempt": event.attempt, "error": outcome.error}
+            if outcome.delay is not None:
+                item["delay"] = outcome.delay
+            self.nacks.append(item)
+        self.extends.pop(event.id, None)
+        self.wake.set()
+
+    async def _finish_handlers(self) -> None:
+        """The link ends: let running handlers finish (their results cannot be sent), up to the drain timeout."""
+        if not self.running:
+            return
+        tasks = list(self.running)
+        _, pending = await asyncio.wait(tasks, timeout=self.r.drain_timeout)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
+
+    # ------------------------------------------------------------------ frames out
+
+    async def _writer(self, ws: ClientConnection) -> None:
+        """The one task that sends: a changed credit first, then acks, nacks and extends, in batches."""
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            credit = self.book.credit
+            if credit != self.last_credit and self.subscribed.is_set():
+                self.last_credit = credit
+                await ws.send(json.dumps({"type": "credit", "ref": self._ref("credit", []), "credit": credit}))
+            while self.acks:
+                batch, self.acks[:] = self.acks[:MAX_ITEMS_PER_FRAME], self.acks[MAX_ITEMS_PER_FRAME:]
+                await ws.send(json.dumps({"type": "ack", "ref": self._ref("ack", batch), "events": batch}))
+            while self.nacks:
+                nbatch, self.nacks[:] = self.nacks[:MAX_ITEMS_PER_FRAME], self.nacks[MAX_ITEMS_PER_FRAME:]
+                await ws.send(json.dumps({"type": "nack", "ref": self._ref("nack", nbatch), "events": nbatch}))
+            if self.extends:
+                ext = [{"id": i, "attempt": a, "seconds": s} for i, (a, s) in self.extends.items()]
+                self.extends.clear()
+                for k in range(0, len(ext), MAX_ITEMS_PER_FRAME):
+                    part = ext[k : k + MAX_ITEMS_PER_FRAME]
+                    await ws.send(json.dumps({"type": "extend", "ref": self._ref("extend", part), "events": part}))
+
+    def _ref(self, kind: str, items: list[Any]) -> int:
+        ref = next(self.refs)
+        self.outstanding[ref] = (kind, items)
+        return ref
+
+    async def _extender(self) -> None:
+        """Extend the ack deadline of handlers that run long: first after ``extend_after`` seconds
+        from delivery, then every ``extend_by / 2`` seconds, each time to now + ``extend_by``."""
+        after, by = self.r.extend_after, self.r.extend_by
+        if after is None:
+            return
+        tick = max(0.05, min(1.0, after / 2, by / 4))
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for run in list(self.running.values()):
+                ev = run.event
+                if run.gen != self.gen or not self.book.holds(ev.id, ev.attempt):
+                    continue
+                due = ev.received_at + after if run.extended_at is None else run.extended_at + by / 2
+                if now >= due:
+                    run.extended_at = now
+                    self.extends[ev.id] = (ev.attempt, by)
+                    self.wake.set()
+
+    async def _drainer(self, ws: ClientConnection) -> None:
+        """On stop: credit 0, wait until nothing is in hand and every result came back, then close."""
+        await self.r.stopping.wait()
+        self.book.draining = True
+        self.wake.set()
+        logger.info(
+            "draining shard %s: %d event(s) in hand", self.shard, len(self.book.in_hand), extra={"shard": self.shard}
+        )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.r.drain_timeout):
+                while self.book.in_hand or self.waitq or self.acks or self.nacks:
+                    self.changed.clear()
+                    await self.changed.wait()
+        if self.book.in_hand:
+            logger.warning(
+                "drain timeout on shard %s: %d event(s) still in hand will be fired again",
+                self.shard,
+                len(self.book.in_hand),
+                extra={"shard": self.shard},
+            )
+        await ws.close()
+
+
+class Receiver:
+    """Receive one queue's events from every shard and run ``handler`` on each.
+
+    ``urls_by_shard`` maps each shard's name to the base URLs of its managers (the active one and
+    its standbys; ``ws://host:port/``). A plain list of URLs (or one URL) means a single shard
+    named ``"default"``.
+
+    Options:
+
+    - ``concurrency``: handlers run at once, **per shard**; the credit of each shard's connection
+      follows its free handler slots;
+    - ``tenants``: only these tenants' events (the token may restrict them further);
+    - ``token``: the bearer secret (docs/protocol.md, tokens);
+    - ``handler_timeout``: seconds; a handler still running then is nacked (an async handler is
+      cancelled; a thread cannot be, so it keeps its slot until it returns, its result ignored);
+    - ``extend_after`` / ``extend_by``: a handler still running ``extend_after`` seconds after its
+      event arrived gets its ack deadline set to now + ``extend_by``, again every ``extend_by / 2``
+      seconds. Keep ``extend_after`` well below the queue's ``ack_timeout_seconds`` (default 30).
+      ``None`` turns extensions off;
+    - ``drain_timeout``: on :meth:`stop`, how long to wait for the handlers in hand and their acks;
+    - ``backoff``: makes the :class:`Backoff` of each shard's reconnections;
+    - ``probe_timeout``: seconds for one ``/health/leader`` probe (the handshake gets 5 times that).
+    """
+
+    def __init__(
+        self,
+        urls_by_shard: Mapping[str, Sequence[str]] | Sequence[str] | str,
+        queue: str,
+        handler: Handler,
+        *,
+        concurrency: int = 10,
+        tenants: Sequence[str] | None = None,
+        token: str | None = None,
+        handler_timeout: float | None = None,
+        extend_after: float | None = 5.0,
+        extend_by: float = 60.0,
+        drain_timeout: float = 30.0,
+        backoff: Callable[[], Backoff] | None = None,
+        probe_timeout: float = 1.0,
+        max_size: int = 16 << 20,
+    ) -> None:
+        if isinstance(urls_by_shard, str):
+            shards: dict[str, list[str]] = {"default": [urls_by_shard]}
+        elif isinstance(urls_by_shard, Mapping):
+            shards = {str(k): [v] if isinstance(v, str) else list(v) for k, v in urls_by_shard.items()}
+        else:
+            shards = {"default": list(urls_by_shard)}
+        if not shards:
+            raise ValueError("give the manager URLs of at least one shard")
+        for name, urls in shards.items():
+            if not urls:
+                raise ValueError(f"shard {name!r}: give at least one manager URL")
+            for u in urls:
+                ws_url(u)  # ValueError for a URL of another kind
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if handler_timeout is not None and not handler_timeout > 0:
+            raise ValueError(f"handler_timeout must be positive, got {handler_timeout!r}")
+        if extend_after is not None and not extend_after > 0:
+            raise ValueError(f"extend_after must be positive, got {extend_after!r}")
+        if not 0 < extend_by <= MAX_EXTEND_SECONDS:
+            raise ValueError(f"extend_by must be in (0, {MAX_EXTEND_SECONDS:g}] seconds, got {extend_by!r}")
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, got {handler!r}")
+        self.shards = shards
+        self.queue = queue
+        self.handler = handler
+        self.handler_is_async = is_async_handler(handler)
+        self.concurrency = concurrency
+        self.tenants = list(tenants) if tenants is not None else None
+        self.token = token
+        self.handler_timeout = handler_timeout
+        self.extend_after = extend_after
+        self.extend_by = extend_by
+        self.drain_timeout = drain_timeout
+        self.backoff_factory: Callable[[], Backoff] = backoff or Backoff
+        self.probe_timeout = probe_timeout
+        self.max_size = max_size
+        self.stats = ReceiverStats()
+        self.stopping = asyncio.Event()
+        #: set once any shard's connection has subscribed
+        self.any_subscribed = asyncio.Event()
+        self.pool: ThreadPoolExecutor | None = None
+        self._links: dict[str, _Link] = {}
+
+    def stop(self) -> None:
+        """Drain and stop: no new events; the handlers in hand finish and are acked; then close."""
+        if not self.stopping.is_set():
+            logger.info("receiver stopping: draining")
+        self.stopping.set()
+
+    def leader(self, shard: str) -> str | None:
+        """The manager URL the shard's connection is on (None while disconnected)."""
+        link = self._links.get(shard)
+        return link.url if link is not None and link.ws is not None else None
+
+    def in_hand(self, shard: str) -> int:
+        """Events in hand on the shard's current connection."""
+        link = self._links.get(shard)
+        return len(link.book.in_hand) if link is not None else 0
+
+    def credit(self, shard: str) -> int | None:
+        """The credit last granted on the shard's current connection."""
+        link = self._links.get(shard)
+        return link.last_credit if link is not None else None
+
+    async def wait_subscribed(self, timeout: float = 10.0, shards: Sequence[str] | None = None) -> None:
+        """Wait until the connections of these shards (all by default) are subscribed."""
+        async with asyncio.timeout(timeout):
+            while len(self._links) < len(self.shards):
+                await asyncio.sleep(0.01)
+            for name in shards or list(self.shards):
+                await self._links[name].subscribed.wait()
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        """Receive until :meth:`stop` (or SIGTERM/SIGINT with ``handle_signals``), then drain.
+
+        Raises :class:`ReceiverError` when a manager refuses the token or the queue."""
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        if not self.handler_is_async:
+            self.pool = ThreadPoolExecutor(self.concurrency * len(self.shards), thread_name_prefix="qm-handler")
+        self._links = {name: _Link(self, name, urls) for name, urls in self.shards.items()}
+        tasks = [asyncio.create_task(link.run(), name=f"receiver-{name}") for name, link in self._links.items()]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    self.stop()
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            if self.pool is not None:
+                self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_receiver(
+    urls_by_shard: Mapping[str, Sequence[str]] | Sequence[str] | str,
+    queue: str,
+    handler: Handler,
+    **options: Any,
+) -> ReceiverStats:
+    """Run a :class:`Receiver` in a new event loop until SIGTERM or SIGINT, drain, and return its stats."""
+    receiver = Receiver(urls_by_shard, queue, handler, **options)
+    asyncio.run(receiver.run(handle_signals=True))
+    return receiver.stats
