@@ -218,6 +218,43 @@ def test_a_duplicated_task_adds_nothing(spark: SparkSession, shards: Topology, q
     assert dups is not None and dups[0] > 0
 
 
+def test_a_task_attempt_that_commits_during_the_publish_adds_nothing(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    """A speculative attempt Spark gave up on still has its transaction open on the stage table when
+    the publish starts: the publish waits for it (SHARE lock), then keeps one row per row key."""
+    df = events_df(spark, 1000)
+    ej.load_events(df, shards, queue, run_id="zombie", work_dir=str(tmp_path), stop_after="validated")
+    s0 = shards.shards[0]
+    zombie = psycopg.connect(s0.dsn)
+    try:
+        row = zombie.execute("SELECT stage_table FROM qm.spark_runs WHERE run_id = 'zombie'").fetchone()
+        assert row is not None
+        zombie.execute(f"INSERT INTO qm.{row[0]} SELECT * FROM qm.{row[0]}")  # every row again, not committed
+        done: list[ej.LoadResult] = []
+        publisher = threading.Thread(
+            target=lambda: done.append(ej.load_events(df, shards, queue, run_id="zombie", work_dir=str(tmp_path)))
+        )
+        publisher.start()
+        with psycopg.connect(s0.dsn, autocommit=True) as watcher:
+            for _ in range(300):  # the publish waits for the zombie's lock (a condition, not a sleep to sync)
+                waiting = watcher.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                    (f"qm.{row[0]}",),
+                ).fetchone()
+                if waiting and waiting[0]:
+                    break
+                publisher.join(timeout=0.1)
+            else:
+                pytest.fail("the publish did not wait for the open writer")
+        zombie.commit()
+    finally:
+        zombie.close()
+    publisher.join(timeout=60)
+    assert done and done[0].published == 1000
+    assert all_ns(shards, queue) == list(range(1000))
+
+
 def test_a_source_that_spark_may_recompute_differently_is_materialised_once(
     spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
 ) -> None:
