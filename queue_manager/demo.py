@@ -373,7 +373,6 @@ class _Snapshot:
     p99: float | None
     tenants: list[tuple[str, int, int, int]]
     leaders: dict[str, list[tuple[str, str, int | None]]]
-    notes: list[str]
 
     def leader_text(self, shard: str) -> str:
         parts = []
@@ -406,7 +405,9 @@ class _Snapshot:
             states.add_row(shard, *(str(v) for v in c.as_tuple()[:5]), str(c.deliveries), self.leader_text(shard))
         states.add_row("all", *(str(v) for v in total.as_tuple()), "", style="bold")
 
-        rates = Table(title="flow", expand=False)
+        rates = Table(
+            title="flow", caption="pickup: commit (or fire_at) to fire, events fired in the last 5 s", expand=False
+        )
         for col in ("enqueued", "enqueued/s", "acked/s", "pickup p50", "pickup p99"):
             rates.add_column(col, justify="right")
         rates.add_row(
@@ -418,7 +419,7 @@ class _Snapshot:
             tenants.add_column(col, justify="left" if col == "tenant" else "right")
         for name, n, acked, failed in self.tenants:
             tenants.add_row(name, str(n), str(acked), str(failed), style="yellow" if name == NOISY else None)
-        return Group(states, rates, tenants, *self.notes[-6:])
+        return Group(states, rates, tenants)
 
 
 class _Output:
@@ -462,15 +463,17 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
-    """SIGTERM stops the demo as Ctrl-C does (main thread only)."""
+    """SIGTERM and SIGINT stop the demo as Ctrl-C does, even when started with SIGINT ignored (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _start_shards(directory: Path, shards: int, say: Callable[[str], None]) -> Topology:
@@ -669,12 +672,10 @@ def _watch(
     killed_at = 0.0
     took_over = False
     restarted = False
-    notes: list[str] = []
     last_sample = 0.0
     prev_enq, prev_acked, prev_t = 0, 0, start
 
     def note(msg: str) -> None:
-        notes.append(msg)
         out.say(msg)
 
     while duration is None or time.monotonic() - start < duration:
@@ -725,7 +726,6 @@ def _watch(
                 p99=_quantile(delays, 0.99),
                 tenants=db.tenants(),
                 leaders=leaders,
-                notes=notes,
             )
             prev_enq, prev_acked, prev_t = enq, acked, now
             out.show(snap)
