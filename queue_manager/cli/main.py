@@ -300,7 +300,15 @@ def cmd_events_retry(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from queue_manager.demo import run_demo
 
-    return run_demo(Path(args.dir).resolve(), shards=args.shards, tenants=args.tenants, events=args.events)
+    return run_demo(
+        Path(args.dir).resolve(),
+        shards=args.shards,
+        duration=args.duration,
+        rate=args.rate,
+        receivers=args.receivers,
+        keep=args.keep,
+        live=False if args.plain else None,
+    )
 
 
 def cmd_spark_enqueue(args: argparse.Namespace) -> int:
@@ -570,11 +578,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=cmd_spark_archive)
 
-    p = sub.add_parser("demo", help="run the demo on local embedded shards")
+    p = sub.add_parser(
+        "demo",
+        help="run the whole system live on local embedded shards until Ctrl-C",
+        description="Local shards, two managers per shard, receiver processes, a producer, a live view, a manager "
+        "failover at a third of the run, and a summary checked against the database at the end.",
+    )
     p.add_argument("--dir", default=".qm-local", help="directory for the local shards (default .qm-local)")
-    p.add_argument("--shards", type=int, default=2)
-    p.add_argument("--tenants", type=int, default=200)
-    p.add_argument("--events", type=int, default=20, help="events per tenant")
+    p.add_argument("--shards", type=int, default=2, help="number of shards (default 2)")
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--rate", type=float, default=150.0, help="events per second the producer commits (default 150)")
+    p.add_argument("--receivers", type=int, default=3, help="receiver processes (default 3)")
+    p.add_argument("--keep", action="store_true", help="leave the shards running at the end")
+    p.add_argument("--plain", action="store_true", help="plain progress lines, even on a terminal")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -1,34 +1,88 @@
-"""`make demo` end to end, small: shards, queue, enqueue, managers, receivers, handover."""
+"""`make demo` end to end, without a terminal: shards, managers and receivers as processes, a producer,
+a manager failover, a summary checked against the database, and nothing left running."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from queue_manager.demo import run_demo
 from queue_manager.local.embedded import LocalCluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """Live processes whose command line mentions `text` (the demo's managers, receivers and servers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state not in ("Z", "X"):
+            found.append((int(entry.name), cmdline.strip()))
+    return found
 
 
 @pytest.fixture
 def demo_dir(tmp_path: Path) -> Iterator[Path]:
     directory = tmp_path / "demo"
     yield directory
+    for pid, _ in _processes_mentioning(str(directory / "topology.toml")):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     for server in LocalCluster(directory, 2).servers:
         server.stop("immediate")
 
 
-def test_demo_runs_end_to_end(demo_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_demo(demo_dir, shards=2, tenants=20, events=2) == 0
-    out = capsys.readouterr().out
-    assert "after ROLLBACK: 0 event(s)" in out
-    assert "misrouted tenant: tenant 'tenant-7' belongs to shard" in out
-    assert "all delivered and acked" in out
-    assert "its standby leads (term 2)" in out
-    assert "100 events enqueued after the handover were delivered" in out
-    # the final status: nothing left to fire on any shard
-    final = out.rsplit("== 9. qm status", 1)[1]
-    assert final.count("to_be_fired 0  fired 0") == 2
+def test_demo_runs_live_fails_over_and_loses_nothing(demo_dir: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "queue_manager.cli.main", "demo", "--dir", str(demo_dir), "--duration", "30"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    # no terminal: plain progress lines, with each shard's leader
+    assert re.search(r"t=\s*\d+\.\ds\s+enqueued \d+ .* s0\[.*leader\(term \d+\)", out), out
+    # the failover: the active manager of s0 killed, its standby leads with a higher term, the old one restarts
+    killed = re.search(
+        r"failover: SIGKILL the active manager of shard s0 \((manager-s0-[ab]), pid \d+, term (\d+)\)", out
+    )
+    assert killed, out
+    took = re.search(r"failover: (manager-s0-[ab]) now leads shard s0 \(term (\d+)\)", out)
+    assert took, out
+    assert took.group(1) != killed.group(1)
+    assert int(took.group(2)) > int(killed.group(2))
+    assert f"failover: {killed.group(1)} restarted" in out
+    # the summary, checked against the database
+    summary = out.rsplit("== summary", 1)[1]
+    assert "lost = 0" in summary
+    acked = re.search(r"acked (\d+), dead-lettered (\d+), still pending (\d+)", summary)
+    assert acked, summary
+    assert int(acked.group(1)) > 500  # ~150 events/s for 30 s, most acked
+    assert int(acked.group(2)) > 0  # the failing tenants' events were dead-lettered
+    noisy = re.search(r"enqueued (\d+) \(of them (\d+) by tenant-noisy\)", summary)
+    assert noisy and int(noisy.group(2)) * 5 > int(noisy.group(1))  # the noisy tenant sends far more than most
+    # nothing left running: children stopped, shards stopped
+    assert "== stopped 7 child process(es)" in out and "STILL RUNNING" not in out
+    assert "== stopped the shards" in out
+    assert _processes_mentioning(str(demo_dir)) == []
