@@ -318,14 +318,16 @@ async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[
     await conn.execute(queue_sql("mgr_settled", q.name), {"term": term, "queue_id": q.id, "parts": _ints(parts)})
 
 
-async def wake_lock_holders(conn: AsyncConn, queue_ids: Sequence[int]) -> tuple[dict[int, dict[int, float]], float]:
+async def wake_lock_holders(
+    conn: AsyncConn, queue_ids: Sequence[int]
+) -> tuple[dict[int, dict[int, float | None]], float]:
     """Per queue, the producer transactions holding its wake-up lock (pid -> transaction start,
-    epoch seconds), and the database time of the reading.
+    epoch seconds; None for one caught while it commits), and the database time of the reading.
 
     A cheap probe first (a try of each lock, given back at once); the lock table is read only for
     the queues whose lock is held, which a drain without producers never pays."""
     cur = await conn.execute(_static("mgr_wake_lock_probe"), {"ids": list(queue_ids)}, prepare=True)
-    out: dict[int, dict[int, float]] = {qid: {} for qid in queue_ids}
+    out: dict[int, dict[int, float | None]] = {qid: {} for qid in queue_ids}
     held = []
     at = 0.0
     for qid, is_held, clock in await cur.fetchall():
@@ -338,7 +340,7 @@ async def wake_lock_holders(conn: AsyncConn, queue_ids: Sequence[int]) -> tuple[
     for qid, pid, start, clock in await cur.fetchall():
         at = float(clock)
         if qid is not None:
-            out[int(qid)][int(pid)] = float(start)
+            out[int(qid)][int(pid)] = None if start is None else float(start)
     return out, at
 
 

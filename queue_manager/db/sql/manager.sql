@@ -164,9 +164,9 @@ SELECT p.q,
 -- mgr_wake_lock_holders --
 -- Producer transactions holding a queue's wake-up lock in shared mode (they did not notify), with
 -- their start (epoch seconds), and the database clock of this reading. A transaction caught while
--- it commits shows no start any more: its session's start, earlier still, stands in.
+-- it commits shows no start any more (NULL): floors.HolderWatch.read bounds its rows.
 SELECT l.objid::integer AS queue_id, l.pid,
-       extract(epoch FROM coalesce(a.xact_start, a.backend_start))::double precision,
+       extract(epoch FROM a.xact_start)::double precision,
        extract(epoch FROM clock_timestamp())::double precision
   FROM pg_locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
