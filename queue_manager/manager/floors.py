@@ -206,9 +206,7 @@ class HolderWatch:
         if any(start is None for start in holders.values()):
             since = self._last + HOLDER_MARGIN if self._last is not None else at
             known = self._holders
-            holders = {
-                pid: (start if start is not None else known.get(pid, since)) for pid, start in holders.items()
-            }
+            holders = {pid: (start if start is not None else known.get(pid, since)) for pid, start in holders.items()}
         gone = [start for pid, start in self._holders.items() if holders.get(pid) != start]
         self._holders = {pid: start for pid, start in holders.items() if start is not None}
         low = at - HOLDER_MARGIN
