@@ -222,6 +222,9 @@ def cmd_queue_adopt(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         report = adopt.adopt(topology, args.queue, source, mapping, options, stop=stop, progress=progress)
+    except KeyboardInterrupt:
+        print("qm queue adopt: interrupted; nothing is lost: run the same command again to finish", file=sys.stderr)
+        return 130
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
