@@ -91,12 +91,14 @@ async def drain_partitions(s: Slicer, q: QueueSettings, source: str = "floor") -
     """Retention slices on every partition until none comes back full."""
     out = []
     for p in range(q.partitions_physical):
-        while True:
+        for _ in range(50):
             r = await s.take(Job.RETENTION, q, p, source)
             out.append(r)
             assert not r.aborted, r
             if not r.full:
                 break
+        else:
+            raise AssertionError(f"partition {p}: still full after 50 slices")
     return out
 
 
