@@ -81,6 +81,8 @@ class Runtime:
         self.queues: dict[str, QueueRuntime] = {}
         self.session: Session | None = None
         self.shard_name: str | None = config.shard
+        #: the database was checked to be the configured shard (the leadership loop's first connection)
+        self.shard_checked = False
         #: stop dispatching new events (SIGTERM); acks keep flowing
         self.draining = False
         #: the dispatcher's one wake-up: set by every nudge

@@ -156,11 +156,12 @@ class Slicer:
             self._spawn(self.take_random(job, "idle"))
 
     async def run_standby(self) -> None:
-        """A standby's maintenance loop: enlisted every ``slice_interval`` while it does not lead."""
+        """A standby's maintenance loop: enlisted every ``slice_interval`` while it does not lead
+        (and only once the leadership loop has checked that the database is the configured shard)."""
         rt = self.rt
         while True:
             await asyncio.sleep(rt.config.slice_interval)
-            if not rt.config.standby_slices or rt.lease.term is not None or rt.draining:
+            if not rt.config.standby_slices or not rt.shard_checked or rt.lease.term is not None or rt.draining:
                 continue
             job = recruit.recruit(self._rng.random(), self.rates)
             if job is not None:
@@ -257,7 +258,8 @@ class Slicer:
         with contextlib.suppress(psycopg.Error, OSError):
             # the slice's work is committed: a count that cannot be written does not undo it
             await store.count_maintenance(conn, job.value, "finished")
-            await store.count_maintenance(conn, job.value, "events", result.events)
+            if result.events:
+                await store.count_maintenance(conn, job.value, "events", result.events)
         rt.signals.sliced.emit(result)
         return result
 
