@@ -41,9 +41,11 @@ class ManagerConfig:
     standby_poll: float = 0.5
     #: how often the old-event collector runs, seconds
     sweep_interval: float = 1.0
-    #: how often the retention purge runs (deletes acked events older than the queue's retention)
+    #: how often the leader's floor run of the retention purge walks the partitions (deletes settled
+    #: events older than the queue's retentions); slices come on top (``slice_interval``)
     purge_interval: float = 5.0
-    #: how often the producers' load counters are re-anchored on a count of live events
+    #: how often the leader's floor run re-anchors every partition's load counter on a count of its
+    #: live events; slices come on top
     reconcile_interval: float = 60.0
     #: least time between two maintenance slices this process recruits itself for (as leader in its
     #: dispatcher's idle moments, as standby on its maintenance loop), seconds; the floor runs of
