@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-archive bench-spark bench-adopt clean-local
+.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-archive bench-spark bench-adopt bench-maintenance clean-local
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,9 @@ bench-held-snapshot: $(STAMP) ## dispatch while a long transaction holds back va
 
 bench-spark: $(STAMP) ## Spark bulk enqueue of 1M events into two shards vs Spark's JDBC writer and COPY (JSON on stdout)
 	$(BIN)/python benchmarks/spark_load.py
+
+bench-maintenance: $(STAMP) ## what a maintenance slice costs, and the acks beside reconciliation slices (JSON on stdout)
+	$(BIN)/python benchmarks/maintenance.py
 
 bench-archive: $(STAMP) ## archive 200k settled events of two shards to Parquet and delete them (JSON on stdout)
 	$(BIN)/python benchmarks/archive.py

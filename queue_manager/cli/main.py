@@ -301,6 +301,10 @@ def cmd_manager(args: argparse.Namespace) -> int:
             sweep_interval=args.sweep_interval,
             purge_interval=args.purge_interval,
             reconcile_interval=args.reconcile_interval,
+            slice_interval=args.slice_interval,
+            slice_rows=args.slice_rows,
+            idle_slices=args.idle_slices,
+            standby_slices=args.standby_slices,
             durable_fires=not args.async_fires,
         )
     except ValueError as exc:
@@ -624,9 +628,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-ttl", type=float, default=5.0, help="leadership lease, seconds (default 5)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, wait this long for acks (default 30)")
     p.add_argument("--sweep-interval", type=float, default=1.0, help="old-event collector period, seconds (default 1)")
-    p.add_argument("--purge-interval", type=float, default=5.0, help="retention purge period, seconds (default 5)")
     p.add_argument(
-        "--reconcile-interval", type=float, default=60.0, help="load counter reconciliation period, s (default 60)"
+        "--purge-interval", type=float, default=5.0, help="the retention purge's floor period, seconds (default 5)"
+    )
+    p.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=60.0,
+        help="the load counter reconciliation's floor period, s (default 60)",
+    )
+    p.add_argument(
+        "--slice-interval",
+        type=float,
+        default=0.2,
+        help="least time between two maintenance slices this manager recruits itself for, s (default 0.2)",
+    )
+    p.add_argument(
+        "--slice-rows", type=int, default=500, help="most acked (and failed) events one retention slice deletes"
+    )
+    p.add_argument(
+        "--idle-slices",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="take maintenance slices when the dispatcher is idle (default on)",
+    )
+    p.add_argument(
+        "--standby-slices",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="take maintenance slices while a standby (default on)",
     )
     p.add_argument(
         "--async-fires",
