@@ -200,6 +200,8 @@ def cmd_manager(args: argparse.Namespace) -> int:
             purge_interval=args.purge_interval,
             reconcile_interval=args.reconcile_interval,
             durable_fires=not args.async_fires,
+            topology=topology,
+            rate_lease_ttl=args.rate_lease_ttl,
         )
     except ValueError as exc:
         raise ConfigurationError(f"qm manager: {exc}") from None
@@ -460,6 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge-interval", type=float, default=5.0, help="retention purge period, seconds (default 5)")
     p.add_argument(
         "--reconcile-interval", type=float, default=60.0, help="load counter reconciliation period, s (default 60)"
+    )
+    p.add_argument(
+        "--rate-lease-ttl",
+        type=float,
+        default=0.6,
+        help="a shard's slice of a queue's max_qps/max_concurrency lives this long unrenewed; a down shard's share "
+        "is taken after about this long, s (default 0.6)",
     )
     p.add_argument(
         "--async-fires",

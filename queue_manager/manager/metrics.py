@@ -221,6 +221,17 @@ class ManagerMetrics:
             "qm_wake_lock_waits_total",
             "Times the dispatcher waited for a queue's wake-up lock behind an open producer transaction.",
         )
+        self.limit_share = r.gauge(
+            "qm_limit_share",
+            "This manager's slice of a queue's limit across shards, by limit (qps, concurrency).",
+        )
+        self.limit_peers = r.gauge(
+            "qm_limit_peers_live", "Other shards' managers whose lease rows are live on this shard's database."
+        )
+        self.limit_publish_failures = r.counter(
+            "qm_limit_publish_failures_total",
+            "Publishes of this manager's slices that did not reach a shard's database, by shard.",
+        )
 
     def bind_gauges(
         self,
