@@ -61,15 +61,28 @@ class PeerLink:
         self.conn: AsyncConn | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._retry_at = 0.0
-        #: the link failed and has not worked since (logged once each way)
+        #: the last attempt to connect or write failed: the database is taken to be down (its
+        #: manager cannot fire either); False while the first connection is still being made
         self.down = False
+        #: start of the first round of the current unbroken run of publishes that reached it
+        self.reached_since: float | None = None
 
     async def publish(
-        self, me: str, holder: str, term: int, ttl: float, rows: Sequence[LeaseRow], resigned: bool, timeout: float
+        self,
+        me: str,
+        holder: str,
+        term: int,
+        ttl: float,
+        rows: Sequence[LeaseRow],
+        resigned: bool,
+        *,
+        timeout: float,
+        started: float,
     ) -> bool:
         """True when every row was written into the peer's database."""
         conn = self.conn
         if conn is None or conn.closed:
+            self.reached_since = None
             self._connect_soon()
             return False
         try:
@@ -81,8 +94,13 @@ class PeerLink:
         except asyncio.CancelledError:
             await self._drop()  # a statement cut off midway leaves the connection unusable
             raise
+        if written != len(rows):  # a newer leader of our shard writes there: we are deposed
+            self.reached_since = None
+            return False
         self._up()
-        return written == len(rows)
+        if self.reached_since is None:
+            self.reached_since = started
+        return True
 
     def _connect_soon(self) -> None:
         loop = asyncio.get_running_loop()
@@ -126,12 +144,14 @@ class PeerLink:
         await self._drop()
 
     async def _drop(self) -> None:
+        self.reached_since = None
         conn, self.conn = self.conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 await conn.close()
 
     def _note_down(self, exc: BaseException) -> None:
+        self.reached_since = None
         if not self.down:
             self.down = True
             logger.warning(
@@ -231,7 +251,7 @@ class Budget:
                     s.max_concurrency is not None and lim.concurrency.pending,
                 )
             )
-        reached = await self._publish(rows, resigned=False)
+        reached = await self._publish(rows, resigned=False, started=started)
         self.published.update(r.queue for r in rows)
         read = await store.rate_view(self.conn, self.me, [r.queue for r in rows])
         now = rt.clock.monotonic()
@@ -242,8 +262,9 @@ class Budget:
                 view.setdefault(p.queue, []).append(p)
                 live.add(p.shard)
         self.view = view
-        # every live peer reads its own database: our claims hold only where they were written
-        reached_all = self.me in reached and live <= reached
+        reached_all = self.me in reached and all(
+            self._covered(name, name in live, name in reached, started) for name in live | self.links.keys()
+        )
         for q in queues:
             s, lim = q.settings, q.limits
             raised = False
@@ -263,7 +284,26 @@ class Budget:
                 rt.nudge(q, Reason.CREDIT)
         rt.metrics.limit_peers.set(len(live))
 
-    async def _publish(self, rows: Sequence[LeaseRow], resigned: bool) -> set[str]:
+    def _covered(self, shard: str, live: bool, reached: bool, started: float) -> bool:
+        """Whether this round's claims bind the manager of ``shard`` (see docs/design.md):
+
+        - a peer whose row is live reads its own database: ours must have reached it this round;
+        - a peer whose row is not live may be a manager that started a moment ago and has not
+          seen us yet: our rows must have been in its database for a whole lease (by then it has
+          either written its own rows to ours, or stopped trusting its slices for want of reaching
+          us), or its database must be down (then its manager cannot fire either);
+        - a shard we have no link to (not in our topology) must not be live.
+        """
+        if live:
+            return reached
+        link = self.links.get(shard)
+        if link is None:
+            return True
+        if reached:
+            return link.reached_since is not None and started - link.reached_since >= self.rt.config.rate_lease_ttl
+        return link.down
+
+    async def _publish(self, rows: Sequence[LeaseRow], resigned: bool, started: float) -> set[str]:
         """Write ``rows`` into this shard's database and every peer's at once; the shards whose
         databases took every row. A failure on this shard's database is raised, after the
         peers' writes have finished (each is bounded by its own timeout)."""
@@ -272,7 +312,8 @@ class Budget:
         loop = asyncio.get_running_loop()
         own = loop.create_task(store.rate_publish(self.conn, *args))
         peers = {
-            name: loop.create_task(link.publish(*args, timeout=cfg.rate_trust / 2)) for name, link in self.links.items()
+            name: loop.create_task(link.publish(*args, timeout=cfg.rate_trust / 2, started=started))
+            for name, link in self.links.items()
         }
         tasks: list[asyncio.Task[int] | asyncio.Task[bool]] = [own, *peers.values()]
         try:
@@ -298,6 +339,6 @@ class Budget:
                 async with asyncio.timeout(RESIGN_TIMEOUT):
                     # a round cut off by the session's end may have dropped a link: connect again
                     await asyncio.gather(*(link.connect_now(RESIGN_TIMEOUT) for link in self.links.values()))
-                    await self._publish(rows, resigned=True)
+                    await self._publish(rows, resigned=True, started=self.rt.clock.monotonic())
         for link in self.links.values():
             await link.close()

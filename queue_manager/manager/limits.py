@@ -82,9 +82,14 @@ class TokenBucket:
         return int(self.tokens + _EPS)
 
     def take(self, n: int, now: float) -> None:
-        """``n`` events were fired (at most what ``available`` said)."""
+        """``n`` events go (at most what ``available`` said)."""
         self._refill(now)
         self.tokens = max(0.0, self.tokens - n)
+
+    def give_back(self, n: int, now: float) -> None:
+        """``n`` events taken were not fired after all (within the burst)."""
+        self._refill(now)
+        self.tokens = min(self.burst, self.tokens + n)
 
     def wait(self, now: float) -> float:
         """Seconds until one more event may be fired (inf at rate 0)."""
@@ -270,6 +275,8 @@ class QueueLimits:
         self.cut = False
         self.cut_by_rate_at = -INF
         self.cut_by_concurrency_at = -INF
+        #: tokens taken by the last admit() and not yet settled by spent()
+        self._reserved = 0
         #: events fired since the last measure()
         self._fired = 0
         self._measured_at: float | None = None
@@ -293,7 +300,14 @@ class QueueLimits:
             self.bucket.set_rate(rate, now)
 
     def admit(self, limit: int, in_flight: int, max_qps: float | None, max_concurrency: int | None, now: float) -> int:
-        """How many of ``limit`` events (what credit and the batch allow) may be fired now."""
+        """How many of ``limit`` events (what credit and the batch allow) may be fired now.
+
+        Their tokens are taken at once, so the bucket refills while the fire runs; :meth:`spent`
+        gives back those not fired (as does the next admit(), for a fire that never happened).
+        """
+        if self._reserved:
+            self.bucket.give_back(self._reserved, now)
+            self._reserved = 0
         allowed = limit
         if max_concurrency is not None:
             room = self.concurrency_now(max_concurrency, now) - in_flight
@@ -307,13 +321,19 @@ class QueueLimits:
                 allowed = tokens
                 self.cut_by_rate_at = now
         self.cut = allowed < limit
-        return max(0, allowed)
+        allowed = max(0, allowed)
+        if max_qps is not None and allowed:
+            self.bucket.take(allowed, now)
+            self._reserved = allowed
+        return allowed
 
     def spent(self, fired: int, now: float) -> None:
-        """``fired`` events were fired (after an admit())."""
-        if fired > 0:
-            self.bucket.take(fired, now)
-            self._fired += fired
+        """``fired`` of the events the last admit() allowed were fired."""
+        unused = self._reserved - fired
+        self._reserved = 0
+        if unused > 0:
+            self.bucket.give_back(unused, now)
+        self._fired += max(0, fired)
 
     def wait(self, in_flight: int, max_qps: float | None, max_concurrency: int | None, now: float) -> float:
         """Seconds until the limits admit one more event: 0 when they do now, inf when only an

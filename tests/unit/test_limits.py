@@ -235,6 +235,15 @@ def test_a_limited_queue_fires_nothing_until_its_slice_is_trusted() -> None:
     lim.spent(2, 1.9)
     assert lim.admit(50, 0, 100.0, None, now=1.9) == 0
     assert lim.wait(0, 100.0, None, 1.9) == pytest.approx(0.01)
+    # taken at admit: the bucket refills while the fire runs; what was not fired comes back
+    assert lim.admit(50, 0, 100.0, None, now=1.92) == 2
+    assert lim.bucket.available(1.925) == 0  # the two are out while their fire runs
+    # an admit whose fire never came: the next one gets its tokens back (within the burst)
+    assert lim.admit(1, 0, 100.0, None, now=1.925) == 1
+    lim.spent(1, 1.925)
+    assert lim.admit(50, 0, 100.0, None, now=1.925) == 1
+    lim.spent(0, 1.925)  # not fired after all
+    assert lim.bucket.available(1.925) == 1
     assert lim.admit(50, 0, 100.0, None, now=2.5) == 0  # trust ran out
     assert lim.wait(0, 100.0, None, 2.5) == INF
 
