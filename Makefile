@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-archive bench-spark clean-local
+.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-archive bench-spark bench-ratelimit clean-local
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,9 @@ bench-spark: $(STAMP) ## Spark bulk enqueue of 1M events into two shards vs Spar
 
 bench-archive: $(STAMP) ## archive 200k settled events of two shards to Parquet and delete them (JSON on stdout)
 	$(BIN)/python benchmarks/archive.py
+
+bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
+	$(BIN)/python benchmarks/ratelimit.py
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local

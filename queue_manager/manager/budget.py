@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Sequence
 
 import psycopg
@@ -268,9 +269,14 @@ class Budget:
         for q in queues:
             s, lim = q.settings, q.limits
             raised = False
+            if not lim.trusted(now) and lim.trusted_until > -math.inf:
+                if not lim.lapsed:
+                    rt.metrics.limit_lapses.inc(queue=q.name)
+                lim.lapsed = True
             if reached_all:
                 raised = not lim.trusted(now)  # trusted again (or for the first time): look at it at once
                 lim.trusted_until = started + cfg.rate_trust
+                lim.lapsed = False
             peers_rate, peers_conc = self._peers(q.name)
             if s.max_qps is not None:
                 raised = lim.rate.adopt(s.max_qps, self.me, peers_rate, reached_all) or raised

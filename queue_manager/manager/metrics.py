@@ -228,6 +228,11 @@ class ManagerMetrics:
         self.limit_peers = r.gauge(
             "qm_limit_peers_live", "Other shards' managers whose lease rows are live on this shard's database."
         )
+        self.limit_lapses = r.counter(
+            "qm_limit_trust_lapses_total",
+            "Times this manager's slices of a queue's limits went untrusted (no publish reached every live peer in "
+            "time): it fired nothing of that queue until the next one did.",
+        )
         self.limit_publish_failures = r.counter(
             "qm_limit_publish_failures_total",
             "Publishes of this manager's slices that did not reach a shard's database, by shard.",
