@@ -52,9 +52,9 @@ def test_an_idle_bucket_earns_no_more_than_its_burst() -> None:
 def test_a_lower_rate_cuts_the_tokens_to_its_burst_at_once() -> None:
     b = TokenBucket()
     b.set_rate(10_000.0, now=0.0)
-    assert b.available(1.0) == 200
+    assert b.available(1.0) == 10_000 * BURST_SECONDS
     b.set_rate(100.0, now=1.0)
-    assert b.available(1.0) == 2
+    assert b.available(1.0) == 100 * BURST_SECONDS
     b.set_rate(0.0, now=1.0)
     assert b.available(5.0) == 0 and b.wait(5.0) == INF
 
@@ -231,19 +231,20 @@ def test_a_limited_queue_fires_nothing_until_its_slice_is_trusted() -> None:
     lim.trusted_until = 2.0
     # untrusted time earned nothing: the bucket fills from the moment the slice is trusted
     assert lim.admit(50, 0, 100.0, None, now=1.5) == 0
-    assert lim.admit(50, 0, 100.0, None, now=1.9) == 2  # a burst of 2 at 100/s
-    lim.spent(2, 1.9)
+    assert BURST_SECONDS == 0.04
+    assert lim.admit(50, 0, 100.0, None, now=1.9) == 4  # a burst of 4 at 100/s
+    lim.spent(4, 1.9)
     assert lim.admit(50, 0, 100.0, None, now=1.9) == 0
     assert lim.wait(0, 100.0, None, 1.9) == pytest.approx(0.01)
     # taken at admit: the bucket refills while the fire runs; what was not fired comes back
-    assert lim.admit(50, 0, 100.0, None, now=1.92) == 2
-    assert lim.bucket.available(1.925) == 0  # the two are out while their fire runs
+    assert lim.admit(50, 0, 100.0, None, now=1.94) == 4
+    assert lim.bucket.available(1.945) == 0  # the four are out while their fire runs
     # an admit whose fire never came: the next one gets its tokens back (within the burst)
-    assert lim.admit(1, 0, 100.0, None, now=1.925) == 1
-    lim.spent(1, 1.925)
-    assert lim.admit(50, 0, 100.0, None, now=1.925) == 1
-    lim.spent(0, 1.925)  # not fired after all
-    assert lim.bucket.available(1.925) == 1
+    assert lim.admit(1, 0, 100.0, None, now=1.945) == 1
+    lim.spent(1, 1.945)
+    assert lim.admit(50, 0, 100.0, None, now=1.945) == 3
+    lim.spent(0, 1.945)  # not fired after all
+    assert lim.bucket.available(1.945) == 3
     assert lim.admit(50, 0, 100.0, None, now=2.5) == 0  # trust ran out
     assert lim.wait(0, 100.0, None, 2.5) == INF
 
