@@ -18,7 +18,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    run_script(op.get_bind(), read_sql("schema_0008.sql"))
+    run_script(op.get_bind(), read_sql("schema_0008_rate_leases.sql"))
 
 
 def downgrade() -> None:

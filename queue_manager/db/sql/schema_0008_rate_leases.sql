@@ -1,4 +1,4 @@
--- Revision 0008: rate and concurrency limits that hold across all shards, and settings changes
+-- Revision 0008_rate_leases: rate and concurrency limits that hold across all shards, and settings changes
 -- (pause, resume) that reach the manager at once.
 --
 --   qm.rate_leases       one row per (queue, shard whose manager wrote it): the slice of the queue's
