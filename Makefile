@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-archive bench-spark bench-adopt bench-maintenance clean-local
+.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit clean-local
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,9 @@ bench-archive: $(STAMP) ## archive 200k settled events of two shards to Parquet 
 
 bench-adopt: $(STAMP) ## qm queue adopt: 100k legacy rows into two shards, by slice size (JSON on stdout)
 	$(BIN)/python benchmarks/adopt.py
+
+bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
+	$(BIN)/python benchmarks/ratelimit.py
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local

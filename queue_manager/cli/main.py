@@ -306,6 +306,8 @@ def cmd_manager(args: argparse.Namespace) -> int:
             idle_slices=args.idle_slices,
             standby_slices=args.standby_slices,
             durable_fires=not args.async_fires,
+            topology=topology,
+            rate_lease_ttl=args.rate_lease_ttl,
         )
     except ValueError as exc:
         raise ConfigurationError(f"qm manager: {exc}") from None
@@ -657,6 +659,13 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="take maintenance slices while a standby (default on)",
+    )
+    p.add_argument(
+        "--rate-lease-ttl",
+        type=float,
+        default=0.6,
+        help="a shard's slice of a queue's max_qps/max_concurrency lives this long unrenewed; a down shard's share "
+        "is taken after about this long, s (default 0.6)",
     )
     p.add_argument(
         "--async-fires",

@@ -8,6 +8,7 @@ import secrets
 import socket
 from dataclasses import dataclass, field, fields
 
+from queue_manager.domain.topology import Topology
 from queue_manager.manager.auth import TokenStore
 
 #: how close to the lease's end the manager stops trusting it (seconds)
@@ -73,6 +74,14 @@ class ManagerConfig:
     recover_within: float | None = None
     #: fires wait for their WAL flush before the push (see docs/manager.md, "Durable fires")
     durable_fires: bool = True
+    #: every shard of the deployment: the manager writes its slices of the queues' max_qps and
+    #: max_concurrency into each of their databases (docs/design.md, "Rate and concurrency limits
+    #: across shards"). None: only its own shard's database, so it shares the limits only with
+    #: managers that write there (alone, it takes the whole limits)
+    topology: Topology | None = None
+    #: a slice of a limit is live this long after its last publish, seconds; a manager whose peer
+    #: stops publishing takes its share after about this long (published every sixth of it)
+    rate_lease_ttl: float = 0.6
     #: this process's identity in the lease
     holder: str = field(default_factory=_default_holder)
 
@@ -109,6 +118,10 @@ class ManagerConfig:
             raise ValueError("recover_within must be a positive number of seconds")
         if not self.holder:
             raise ValueError("holder must be a non-empty name")
+        if not (math.isfinite(self.rate_lease_ttl) and 0.1 <= self.rate_lease_ttl <= 60):
+            raise ValueError("rate_lease_ttl must be between 0.1 and 60 seconds")
+        if self.topology is not None and self.shard is not None:
+            self.topology.by_name(self.shard)  # TopologyError naming the shards it has
 
     @property
     def renew_interval(self) -> float:
@@ -118,6 +131,17 @@ class ManagerConfig:
     def recovery_deadline(self) -> float:
         """Seconds a leader may stay unable to dispatch before it gives the lease up."""
         return self.lease_ttl if self.recover_within is None else self.recover_within
+
+    @property
+    def rate_interval(self) -> float:
+        """How often the slices are published and the peers' rows read, seconds."""
+        return self.rate_lease_ttl / 6
+
+    @property
+    def rate_trust(self) -> float:
+        """How long after the start of a publish that reached every live peer its slices may be
+        used, seconds: the lease less a margin for the time the publish and the read took."""
+        return self.rate_lease_ttl * 0.75
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -79,8 +79,9 @@ class Dispatcher:
                 await self._sleep(cfg.rescan_interval)
                 continue
             if now >= self.next_reload:
-                await self.reload()
+                # set first: a request that comes while this reload runs asks for one more
                 self.next_reload = now + cfg.rescan_interval
+                await self.reload()
             queues = active(rt.queues.values())
             watched = [q for q in queues if not q.armed and now >= q.next_holder_check]
             if watched:
@@ -143,6 +144,8 @@ class Dispatcher:
         progressed = False
         if r.fire_direct:
             fired = await self._fire_direct(q)
+            if not fired and q.limits.cut and (hint or dirty):
+                q.due_hint = True  # held back by the queue's limits: fire when they admit it (limits.py)
             if fired and r.polling:
                 q.poll_until = now + plan.POLL_LINGER
             # a poll that emptied the queue waits POLL_INTERVAL before the next one
@@ -168,6 +171,7 @@ class Dispatcher:
                     next_scan=q.next_scan,
                     armed=q.armed,
                     waiting=q.waiting,
+                    limit_wait=self._limit_wait(q, now, db_now),
                 )
                 for q in queues
             ],
@@ -269,7 +273,15 @@ class Dispatcher:
             return subs, 0
         s = q.settings
         limit = plan.capacity([c.free for c in subs], self.rt.config.fire_batch, s.max_concurrency, q.in_flight)
-        return subs, limit
+        # this shard's slices of max_qps and max_concurrency (budget.py, limits.py)
+        return subs, q.limits.admit(limit, q.in_flight, s.max_qps, s.max_concurrency, self.rt.clock.monotonic())
+
+    def _limit_wait(self, q: QueueRuntime, now: float, db_now: float) -> float:
+        """Seconds until the queue's limits admit an event that is due (0: not held back by them)."""
+        if not (q.backlog or q.due_hint or q.cache.has_due(db_now)):
+            return 0.0
+        s = q.settings
+        return q.limits.wait(q.in_flight, s.max_qps, s.max_concurrency, now)
 
     @staticmethod
     def _chooser(subs: list[Subscriber]) -> Callable[[str], Subscriber | None]:
@@ -284,6 +296,7 @@ class Dispatcher:
         used = floors.begin(q.watch.cap)
         pick_time = self.rt.db_clock.now()
         rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used)
+        q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         # more are due if the batch was full or some partition gave its whole quota
         per_part: dict[int, int] = {}
@@ -319,6 +332,7 @@ class Dispatcher:
         if not taken:
             return 0
         rows = await store.fire(self.conn, q.settings, self.term, [e.id for e, _ in taken])
+        q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         by_id = {e.id: (e, c) for e, c in taken}
         self._push(q, rows, {i: c for i, (_, c) in by_id.items()})

@@ -237,6 +237,22 @@ class ManagerMetrics:
             "qm_wake_lock_waits_total",
             "Times the dispatcher waited for a queue's wake-up lock behind an open producer transaction.",
         )
+        self.limit_share = r.gauge(
+            "qm_limit_share",
+            "This manager's slice of a queue's limit across shards, by limit (qps, concurrency).",
+        )
+        self.limit_peers = r.gauge(
+            "qm_limit_peers_live", "Other shards' managers whose lease rows are live on this shard's database."
+        )
+        self.limit_lapses = r.counter(
+            "qm_limit_trust_lapses_total",
+            "Times this manager's slices of a queue's limits went untrusted (no publish reached every live peer in "
+            "time): it fired nothing of that queue until the next one did.",
+        )
+        self.limit_publish_failures = r.counter(
+            "qm_limit_publish_failures_total",
+            "Publishes of this manager's slices that did not reach a shard's database, by shard.",
+        )
 
     def bind_gauges(
         self,

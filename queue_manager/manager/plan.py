@@ -115,6 +115,9 @@ class IdleState:
     armed: bool
     #: a waiter waits for the lock behind an open producer transaction: producers NOTIFY too
     waiting: bool
+    #: seconds until the queue's rate or concurrency slice admits a due event (0: they do not hold
+    #: one back; inf: only an ack or a larger slice can)
+    limit_wait: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +158,9 @@ def plan_idle(
         if q.polling:
             timeout = min(timeout, POLL_INTERVAL)
         if q.next_fire_at is not None and q.has_free:
-            timeout = min(timeout, max(0.0, q.next_fire_at - db_now))
+            timeout = min(timeout, max(0.0, q.next_fire_at - db_now, q.limit_wait))
+        if q.limit_wait > 0:  # due events held back by the limits: look again when they admit one
+            timeout = min(timeout, q.limit_wait)
     timeout = min(timeout, max(0.0, next_reload - now))
     return Idle(tuple(disarm), tuple(stop_waiting), tuple(arm), timeout)
 

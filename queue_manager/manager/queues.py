@@ -16,6 +16,7 @@ from typing import Protocol
 from queue_manager.domain.settings import QueueSettings
 from queue_manager.manager.cache import WindowCache
 from queue_manager.manager.floors import Floors, HolderWatch
+from queue_manager.manager.limits import QueueLimits
 from queue_manager.wire.ledger import Ledger
 
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
@@ -109,6 +110,8 @@ class QueueRuntime:
         self.reset_at = 0.0
         #: the partition whose floor the next safety lookback lowers
         self.safety_partition = 0
+        #: this manager's slices of max_qps and max_concurrency, and its token bucket (budget.py)
+        self.limits = QueueLimits()
 
     @property
     def name(self) -> str:
@@ -159,6 +162,7 @@ class QueueRuntime:
         self.watch.stop()
         self.armed = False
         self.waiting = False
+        self.limits = QueueLimits()  # the session's slices were given back: the next one starts from none
         self.nudge(Reason.SESSION)
 
 

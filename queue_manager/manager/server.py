@@ -101,10 +101,26 @@ class Manager:
             "holder": self.config.holder,
             "receivers": len(self.connections),
             "queues": {
-                q.name: {"cache": len(q.cache), "in_flight": q.in_flight, "subscribers": len(q.subscribers)}
+                q.name: {
+                    "cache": len(q.cache),
+                    "in_flight": q.in_flight,
+                    "subscribers": len(q.subscribers),
+                    **self._limits(q),
+                }
                 for q in self.queues.values()
             },
         }
+
+    def _limits(self, q: QueueRuntime) -> dict[str, Any]:
+        """This shard's slices of the queue's limits across shards (only for a limited queue)."""
+        s, lim = q.settings, q.limits
+        now = self.rt.clock.monotonic()
+        out: dict[str, Any] = {}
+        if s.max_qps is not None:
+            out["qps_share"] = round(lim.rate_now(s.max_qps, now), 3)
+        if s.max_concurrency is not None:
+            out["concurrency_share"] = lim.concurrency_now(s.max_concurrency, now)
+        return out
 
     # ------------------------------------------------------------------ lifecycle
 

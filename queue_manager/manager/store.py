@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -66,7 +67,7 @@ MANAGER_ROLE_OPTION = "-c qm.role=manager"
 PLANNER_SETTINGS = {"plan_cache_mode": "force_custom_plan", "enable_bitmapscan": "off"}
 
 
-async def connect(dsn: str, application_name: str, *, durable: bool = True) -> AsyncConn:
+async def connect(dsn: str, application_name: str, *, durable: bool = True, connect_timeout: int = 5) -> AsyncConn:
     """An autocommit connection with guards: no statement or idle transaction may hang for long.
 
     ``durable=False`` turns ``synchronous_commit`` off for the connection (see docs/manager.md,
@@ -81,7 +82,7 @@ async def connect(dsn: str, application_name: str, *, durable: bool = True) -> A
     if not durable:
         options += " -c synchronous_commit=off"
     return await psycopg.AsyncConnection.connect(
-        dsn, autocommit=True, application_name=application_name[:63], options=options, connect_timeout=5
+        dsn, autocommit=True, application_name=application_name[:63], options=options, connect_timeout=connect_timeout
     )
 
 
@@ -181,7 +182,7 @@ async def fire(
     """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON) of those fired."""
     cur = await conn.execute(
         queue_sql("mgr_fire", q.name),
-        {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds},
+        {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds, "queue_id": q.id},
         prepare=True,
     )
     return await cur.fetchall()
@@ -213,6 +214,7 @@ async def fire_due(
             "limit": limit,
             "floors": _array(lows),
             "ack_timeout": q.ack_timeout_seconds,
+            "queue_id": q.id,
         },
         prepare=True,
     )
@@ -394,3 +396,76 @@ async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> 
 async def count_maintenance(conn: AsyncConn, job: str, what: str, n: int = 1) -> None:
     """Count a maintenance slice shard-wide (``what``: recruited, finished, aborted or events)."""
     await conn.execute(_static("mgr_count_maintenance"), {"job": job, "what": what, "n": n}, prepare=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """One limited queue's lease row, as this manager publishes it (``None``: no such limit)."""
+
+    queue: str
+    want_qps: float | None
+    claim_qps: float | None
+    pending_qps: bool
+    want_concurrency: float | None
+    claim_concurrency: float | None
+    pending_concurrency: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLease:
+    """Another shard's lease row of one queue, as one database holds it."""
+
+    queue: str
+    shard: str
+    term: int
+    seq: int
+    resigned: bool
+    ttl_seconds: float
+    #: by that database's own clock
+    live: bool
+    want_qps: float | None
+    claim_qps: float | None
+    pending_qps: bool
+    want_concurrency: float | None
+    claim_concurrency: float | None
+    pending_concurrency: bool
+
+
+async def rate_publish(
+    conn: AsyncConn,
+    shard: str,
+    holder: str,
+    term: int,
+    ttl: float,
+    rows: Sequence[LeaseRow],
+    resigned: bool = False,
+) -> int:
+    """Write this manager's lease rows into ``conn``'s database; how many were written (fewer when
+    a newer leader of this shard wrote them there)."""
+    cur = await conn.execute(
+        _static("mgr_rate_publish"),
+        {
+            "shard": shard,
+            "holder": holder,
+            "term": term,
+            "ttl": ttl,
+            "resigned": resigned,
+            "queues": [r.queue for r in rows],
+            "want_qps": [r.want_qps for r in rows],
+            "claim_qps": [r.claim_qps for r in rows],
+            "pending_qps": [r.pending_qps for r in rows],
+            "want_c": [r.want_concurrency for r in rows],
+            "claim_c": [r.claim_concurrency for r in rows],
+            "pending_c": [r.pending_concurrency for r in rows],
+        },
+        prepare=True,
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def rate_view(conn: AsyncConn, shard: str, queues: Sequence[str]) -> list[PeerLease]:
+    """The other shards' lease rows of ``queues`` in this database."""
+    async with conn.cursor(row_factory=class_row(PeerLease)) as cur:
+        await cur.execute(_static("mgr_rate_view"), {"shard": shard, "queues": list(queues)}, prepare=True)
+        return await cur.fetchall()

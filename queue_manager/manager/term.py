@@ -1,12 +1,13 @@
 """One leadership term's session: its connections and tasks, which never outlive it.
 
-A session holds three connections: the dispatcher's (scans, fires, wake-up locks), the writer's
-(acks, nacks, extends, releases, maintenance) and the listener's (LISTEN ``qm_wake``), plus the
-waiter's when a producer transaction keeps a wake-up lock. Any failure of one of its tasks fails
-the session (the leadership loop then starts a new one, or gives the lease up), and only that
-session: a task reports to the session that started it, never to the manager as a whole, and a
-session that has ended ignores its tasks' last words. :meth:`TermSession.close` cancels every task
-and waits until each has finished.
+A session holds four connections: the dispatcher's (scans, fires, wake-up locks), the writer's
+(acks, nacks, extends, releases, maintenance), the listener's (LISTEN ``qm_wake``) and the
+budget's (the lease rows of the queues' limits, ``budget.py``), plus the waiter's when a producer
+transaction keeps a wake-up lock, and the budget's links to the other shards' databases. Any
+failure of one of its tasks fails the session (the leadership loop then starts a new one, or gives
+the lease up), and only that session: a task reports to the session that started it, never to the
+manager as a whole, and a session that has ended ignores its tasks' last words.
+:meth:`TermSession.close` cancels every task and waits until each has finished.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from queue_manager.manager import store
+from queue_manager.manager.budget import Budget
 from queue_manager.manager.dispatch import Dispatcher
 from queue_manager.manager.maintenance import Maintenance
 from queue_manager.manager.queues import Reason
@@ -49,6 +51,7 @@ class TermSession:
         self._writer: Writer | None = None
         self._dispatcher: Dispatcher | None = None
         self._waiter: Waiter | None = None
+        self._budget: Budget | None = None
         self.maintenance: Maintenance | None = None
 
     @property
@@ -85,6 +88,8 @@ class TermSession:
         work = await self._connect("work", durable=cfg.durable_fires)
         write = await self._connect("write", durable=True)
         listen = await self._connect("listen", durable=True)
+        # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
+        limits = await self._connect("limits", durable=False)
         self._writer = Writer(write, self.term)
         self._waiter = waiter = Waiter(cfg.dsn, f"qm-manager-wait {cfg.holder}", self._wake_lock_granted)
         self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter)
@@ -93,6 +98,7 @@ class TermSession:
             on_wake=self._on_wake,
             on_settled=rt.settled_by_sql,
             on_unknown=dispatcher.request_reload,
+            on_settings=dispatcher.request_reload,
             known=rt.queues.__contains__,
             loop_time=rt.clock.monotonic,
         )
@@ -103,6 +109,8 @@ class TermSession:
         self._spawn(dispatcher.run(), "qm-dispatch")
         self._spawn(self._writer.run(), "qm-writer")
         self._spawn(listener.run(), "qm-listen")
+        self._budget = Budget(rt, limits, self.term, rt.shard_name or cfg.shard or "")
+        self._spawn(self._budget.run(), "qm-limits")
         self.maintenance = Maintenance(rt, self.slicer)
         rt.session = self
         self.maintenance.start()
@@ -179,6 +187,8 @@ class TermSession:
                 "session tasks did not stop",
                 extra={"action": "session_close", "tasks": [t.get_name() for t in pending]},
             )
+        if self._budget is not None:
+            await self._budget.resign()  # the dispatcher is gone: nothing more is fired under these slices
         if self._waiter is not None:
             await self._waiter.close()
         for conn in self.conns.values():

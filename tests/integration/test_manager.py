@@ -703,6 +703,7 @@ def test_fire_and_sweep_statements_probe_the_primary_key(shard: Shard, queue: st
                 "limit": 500,
                 "ack_timeout": 30.0,
                 "floors": "{NULL,NULL,NULL,NULL}",
+                "queue_id": 1,
             },
             "mgr_sweep": {
                 "term": 1,
@@ -762,7 +763,7 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
         ids = "{" + ",".join(str(i) for i in range(1, 21)) + "}"
         ones = "{" + ",".join("1" for _ in range(20)) + "}"
         named = {
-            "mgr_fire": {"term": 1, "ids": ids, "ack_timeout": 30.0},
+            "mgr_fire": {"term": 1, "ids": ids, "ack_timeout": 30.0, "queue_id": 1},
             "mgr_ack": {"term": 1, "ids": ids, "attempts": ones, "queue_id": 1},
             "mgr_release": {
                 "term": 1,
@@ -791,6 +792,7 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
                 "limit": 500,
                 "ack_timeout": 30.0,
                 "floors": "{NULL,NULL,NULL,NULL}",
+                "queue_id": 1,
             },
             "mgr_sweep": {
                 "term": 1,

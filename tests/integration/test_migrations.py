@@ -17,7 +17,7 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0009_maintenance_slices"
+HEAD = "0010_rate_leases"
 
 
 def _old_shuffle_set(tenant: str, n: int, k: int) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ def listener(calls: list[tuple[Any, ...]]) -> Listener:
         on_wake=lambda q, due, since, t: calls.append(("wake", q, due, since, t)),
         on_settled=lambda q, i, a, p, s: calls.append(("settled", q, i, a, p, s)),
         on_unknown=lambda: calls.append(("unknown",)),
+        on_settings=lambda: calls.append(("settings",)),
         known={"orders", "audit"}.__contains__,
         loop_time=lambda: 42.0,
     )
@@ -30,6 +31,8 @@ def test_notices_from_producers_operators_and_the_settled_trigger() -> None:
         "audit settled 9223372036854775807 3 15 acked",
         "audit settled 7 1 0 deleted",
         "newqueue due 1",
+        "orders settings",  # qm.queues' trigger: paused, resumed, altered
+        "newqueue settings",  # created
     ):
         lst.handle(payload)
     assert calls == [
@@ -40,6 +43,8 @@ def test_notices_from_producers_operators_and_the_settled_trigger() -> None:
         ("settled", "audit", 9223372036854775807, 3, 15, "acked"),
         ("settled", "audit", 7, 1, 0, "deleted"),
         ("unknown",),
+        ("settings",),
+        ("settings",),
     ]
 
 

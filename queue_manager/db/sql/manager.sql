@@ -74,12 +74,13 @@ SELECT extract(epoch FROM clock_timestamp())::double precision
 
 -- mgr_fire --
 -- Mark due events fired (attempt + 1, ack deadline) under the current term; only the rows returned
--- were fired and may be pushed. fire_at <= now() keeps "never early" by the database clock.
+-- were fired and may be pushed. fire_at <= now() keeps "never early" by the database clock. A
+-- paused queue fires nothing: a statement that starts after the pause commits sees it.
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
-  FROM (SELECT qm.fence(%(term)s) AS term) f
- WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
+  FROM (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused) f
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now() AND f.paused IS FALSE
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
 
 -- mgr_fire_due --
@@ -88,14 +89,14 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 -- earliest due events from the partition's floor (%(floors)s, epoch seconds by partition + 1, NULL =
 -- none: the index range scan then starts after what is known fired, not at the dead entries of
 -- everything fired since the last vacuum), at most %(quota)s each and %(limit)s in all. Locked
--- rows are skipped.
+-- rows are skipped. A paused queue picks and fires nothing.
 -- The picked ids reach the UPDATE as an array, so it probes the primary key: joined to the CTE,
 -- the planner hashed it against a sequential scan of the whole table (measured: 7.9 ms instead of
 -- 3.5 ms for 500 rows of a 30 000-row backlog, and growing with the backlog).
-WITH f AS (SELECT qm.fence(%(term)s) AS term),
+WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
      pick AS MATERIALIZED (
         SELECT e.id
-          FROM generate_series(0, %(partitions)s - 1) AS g(i)
+          FROM f, generate_series(0, %(partitions)s - 1) AS g(i)
          CROSS JOIN LATERAL (
                 SELECT q.id FROM {queue} q
                  WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.state = 'to_be_fired'
@@ -105,6 +106,7 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
                  ORDER BY q.fire_at
                  LIMIT %(quota)s
                    FOR UPDATE SKIP LOCKED) e
+         WHERE f.paused IS FALSE
          LIMIT %(limit)s)
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
@@ -272,3 +274,38 @@ SELECT qm.reconcile_partition(%(queue)s, %(partition)s)
 -- mgr_count_maintenance --
 -- Count a maintenance slice shard-wide: recruited, finished, aborted, or the events it handled.
 SELECT qm.count_maintenance(%(job)s, %(what)s, %(n)s)
+
+-- mgr_rate_publish --
+-- This manager's lease rows (one per limited queue) into one shard's database: the slices it
+-- may use, what it wants, whether a raise is pending. renewed_at is this database's clock. A row
+-- of a newer leader term of the same shard is never overwritten (a deposed manager's late write
+-- changes nothing); seq grows with every write. Returns how many rows were written.
+WITH w AS (
+    INSERT INTO qm.rate_leases AS r
+           (queue, shard, holder, term, seq, renewed_at, ttl_seconds, resigned,
+            want_qps, claim_qps, pending_qps, want_concurrency, claim_concurrency, pending_concurrency)
+    SELECT u.queue, %(shard)s, %(holder)s, %(term)s, 1, clock_timestamp(), %(ttl)s, %(resigned)s,
+           u.want_qps, u.claim_qps, u.pending_qps, u.want_c, u.claim_c, u.pending_c
+      FROM unnest(%(queues)s::text[], %(want_qps)s::double precision[], %(claim_qps)s::double precision[],
+                  %(pending_qps)s::boolean[], %(want_c)s::double precision[], %(claim_c)s::double precision[],
+                  %(pending_c)s::boolean[])
+           AS u(queue, want_qps, claim_qps, pending_qps, want_c, claim_c, pending_c)
+    ON CONFLICT (queue, shard) DO UPDATE
+       SET holder = EXCLUDED.holder, term = EXCLUDED.term,
+           seq = CASE WHEN r.term = EXCLUDED.term THEN r.seq + 1 ELSE 1 END,
+           renewed_at = EXCLUDED.renewed_at, ttl_seconds = EXCLUDED.ttl_seconds, resigned = EXCLUDED.resigned,
+           want_qps = EXCLUDED.want_qps, claim_qps = EXCLUDED.claim_qps, pending_qps = EXCLUDED.pending_qps,
+           want_concurrency = EXCLUDED.want_concurrency, claim_concurrency = EXCLUDED.claim_concurrency,
+           pending_concurrency = EXCLUDED.pending_concurrency
+     WHERE r.term <= EXCLUDED.term
+    RETURNING 1)
+SELECT count(*) FROM w
+
+-- mgr_rate_view --
+-- The other shards' lease rows of the given queues, as this database holds them, with their
+-- liveness judged by this database's own clock (the clock that stamped renewed_at).
+SELECT queue, shard, term, seq, resigned, ttl_seconds,
+       clock_timestamp() - renewed_at < make_interval(secs => ttl_seconds) AS live,
+       want_qps, claim_qps, pending_qps, want_concurrency, claim_concurrency, pending_concurrency
+  FROM qm.rate_leases
+ WHERE queue = ANY(%(queues)s::text[]) AND shard <> %(shard)s
