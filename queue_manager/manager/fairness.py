@@ -11,7 +11,8 @@ tenant settings (a weight or cap override, or a default per-tenant cap) is dispa
 settled; a batch never takes a tenant past its cap. Other tenants keep flowing.
 
 **Weights: start-time fair queueing over tenants.** Each batch first takes candidates (the
-earliest due events of each partition, round-robin from the cursor, about twice the batch), then
+earliest due events of each partition, round-robin from the cursor, about twice the batch and at
+least 32, up to the batch or at least 8 per partition: :func:`candidate_quota`), then
 fires the ``limit`` candidates with the smallest *start tags*. A tenant's j-th candidate (by
 fire_at) has the tag ``max(F_t, V) + (j - 1) / w_t``, where ``F_t`` is the tenant's finish tag
 (its served events / weight, carried across batches) and ``V`` the virtual time (the largest tag
@@ -38,6 +39,18 @@ K = TypeVar("K")
 CAP_LOOKAHEAD = 32
 #: candidates per batch, as a multiple of the batch: room for the weights to choose
 CANDIDATES_PER_FIRE = 2
+#: the fewest candidates a batch looks at, and per partition: a small batch (the receivers'
+#: credit frees a few slots at a time) still sees enough of each tenant for the weights to act
+MIN_CANDIDATES = 32
+MIN_PARTITION_CANDIDATES = 8
+
+
+def candidate_quota(limit: int, partitions: int) -> tuple[int, int]:
+    """(candidates per partition, candidates in all) of a fair pick of ``limit`` events."""
+    per_part = min(limit, max(-(-CANDIDATES_PER_FIRE * limit // max(1, partitions)), MIN_PARTITION_CANDIDATES))
+    return max(1, per_part), max(CANDIDATES_PER_FIRE * limit, MIN_CANDIDATES)
+
+
 #: a tenant is over its fair share when its events in flight exceed this many times its share
 OVER_SHARE_FACTOR = 2.0
 
@@ -115,13 +128,13 @@ class FairShare:
                 capped.append(tenant)
             else:
                 listed[tenant] = room
-        for tenant in policy.weights:
-            if tenant not in listed:
+        for tenant in (*policy.weights, *policy.caps):
+            if tenant not in listed and tenant not in capped:
                 listed[tenant] = policy.room(tenant, in_flight.get(tenant, 0))
         for tenant in self.finish:
-            if tenant not in listed:
+            if tenant not in listed and tenant not in capped:
                 listed[tenant] = policy.room(tenant, in_flight.get(tenant, 0))
-        names = tuple(t for t in listed if t not in capped)
+        names = tuple(listed)
         return FairPick(
             capped=tuple(capped),
             tenants=names,

@@ -19,7 +19,7 @@ from psycopg.rows import class_row
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.settings import QueueSettings, TenantSettings
-from queue_manager.manager.fairness import CANDIDATES_PER_FIRE, CAP_LOOKAHEAD, FairPick
+from queue_manager.manager.fairness import CAP_LOOKAHEAD, FairPick, candidate_quota
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -232,8 +232,7 @@ async def fire_due_fair(
     """As :func:`fire_due`, by tenant (``mgr_fire_due_fair``, see fairness.py): returns the rows,
     the per-partition quota of candidates and how many candidates were seen."""
     partitions = max(1, q.partitions_physical)
-    candidates = CANDIDATES_PER_FIRE * limit
-    quota = max(1, math.ceil(candidates / partitions))
+    quota, candidates = candidate_quota(limit, partitions)
     lows = [None if floors is None or p >= len(floors) else floors[p] for p in range(partitions)]
     cur = await conn.execute(
         queue_sql("mgr_fire_due_fair", q.name),

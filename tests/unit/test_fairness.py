@@ -11,7 +11,7 @@ from queue_manager.domain.settings import TENANT_SETTINGS, TenantSettings, check
 from queue_manager.errors import ConfigurationError
 from queue_manager.manager import plan
 from queue_manager.manager.cache import Entry, WindowCache
-from queue_manager.manager.fairness import FairShare, TenantPolicy, over_fair_share
+from queue_manager.manager.fairness import FairShare, TenantPolicy, candidate_quota, over_fair_share
 from queue_manager.manager.metrics import TenantDwell
 from queue_manager.wire.ledger import Ledger
 
@@ -152,7 +152,9 @@ def test_tenant_settings_are_checked_like_queue_settings() -> None:
 
 def test_dwell_names_the_busiest_tenants_and_folds_the_rest_into_other() -> None:
     d = TenantDwell(top=2, window=60.0, slices=6)
-    d.observe(["big"] * 100 + ["mid"] * 50 + [f"small{i}" for i in range(30)], [0.01] * 100 + [0.1] * 50 + [1.0] * 30, 0.0)
+    d.observe(
+        ["big"] * 100 + ["mid"] * 50 + [f"small{i}" for i in range(30)], [0.01] * 100 + [0.1] * 50 + [1.0] * 30, 0.0
+    )
     rows = {t: (n, p50, p99) for t, n, p50, p99 in d.summary(1.0)}
     assert set(rows) == {"big", "mid", "other"}
     assert rows["other"][0] == 30
@@ -164,3 +166,15 @@ def test_dwell_names_the_busiest_tenants_and_folds_the_rest_into_other() -> None
     small = TenantDwell(top=5, max_tenants=3)
     small.observe([f"t{i}" for i in range(10)], [0.001] * 10, 0.0)
     assert {t: n for t, n, _, _ in small.summary(0.0)} == {"t0": 1, "t1": 1, "t2": 1, "other": 7}
+
+
+def test_a_tenant_with_its_own_cap_is_listed_with_its_room_before_it_has_anything_in_flight() -> None:
+    pick = FairShare().pick(TenantPolicy(caps={"own": 2}, default_cap=3), {})
+    assert dict(zip(pick.tenants, pick.rooms, strict=True)) == {"own": 2} and pick.default_room == 3
+
+
+def test_candidate_quota_gives_small_batches_enough_candidates_per_tenant() -> None:
+    assert candidate_quota(4, 8) == (4, 32)
+    assert candidate_quota(1, 16) == (1, 32)
+    assert candidate_quota(1000, 16) == (125, 2000)
+    assert candidate_quota(100, 1024) == (8, 200)
