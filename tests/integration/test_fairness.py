@@ -8,6 +8,7 @@ import re
 import urllib.request
 from typing import Any
 
+import psycopg
 import pytest
 
 from queue_manager import admin
@@ -107,7 +108,7 @@ async def test_weights_share_fires_one_to_three_under_saturation(
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         # credit 4: the receiver is the bottleneck, so every batch is small and both tenants stay backlogged
-        async with running_receiver(url(m), credit=4) as (receiver, rec):
+        async with running_receiver(url(m), credit=4) as (_, rec):
             await wait_for(lambda: len(rec.events) >= 200, what="200 events")
             first = [e.tenant for e in rec.events[:200]]
     ratio = first.count(heavy) / max(1, first.count(light))
@@ -136,3 +137,58 @@ async def test_per_tenant_dwell_and_the_over_fair_share_gauge_are_published(shar
             assert line is not None and 0 <= float(line.group(1)) < 30, (tenant, quantile)
     assert f'qm_tenant_dwell_events{{queue="orders",tenant="{noisy}"}} 10' in text
     assert 'tenant="other"' not in text  # 3 tenants: all among the top 10
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes += _plan_nodes(child)
+    return nodes
+
+
+def test_the_fair_pick_walks_the_due_index_in_order_and_fires_by_primary_key(shard: Shard, make_queue: Any) -> None:
+    """As mgr_fire_due (test_manager.py): no bitmap scan and sort of every due row of a partition, no
+    sequential scan of the table, with or without floors and capped tenants."""
+    from queue_manager.manager import store
+    from queue_manager.producer import Event, enqueue_batch
+
+    make_queue("orders", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 50)
+    with psycopg.connect(shard.dsn) as c:
+        enqueue_batch(c, "orders", [Event(tenants[i % 50], {"n": i}) for i in range(20_000)])
+        c.commit()
+        c.execute("ANALYZE orders")
+        for setting, value in store.PLANNER_SETTINGS.items():
+            c.execute(f"SET {setting} = {value}")
+        row = c.execute("SELECT extract(epoch FROM min(fire_at))::float8 + 0.001 FROM orders").fetchone()
+        assert row is not None
+        low = row[0]
+        stmt = store.queue_sql("mgr_fire_due_fair", "orders").as_string(c)
+        base = {
+            "term": 1,
+            "start": 0,
+            "partitions": 4,
+            "quota": 250,
+            "window": 250,
+            "candidates": 1000,
+            "limit": 500,
+            "ack_timeout": 30.0,
+            "capped": [],
+            "tenants": [tenants[1]],
+            "ahead": "{0.5}",
+            "weights": "{3}",
+            "rooms": "{NULL}",
+            "default_room": None,
+        }
+        for floors, capped in (("{NULL,NULL,NULL,NULL}", []), (f"{{{low},NULL,{low},{low}}}", tenants[:3])):
+            args = {**base, "floors": floors, "capped": capped, "window": 250 + (32 if capped else 0)}
+            plan = c.execute("EXPLAIN (FORMAT JSON) " + stmt, args).fetchone()[0][0]["Plan"]  # type: ignore[index]
+            nodes = _plan_nodes(plan)
+            scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "orders"]
+            assert ("Seq Scan", None) not in scans, scans
+            assert ("Index Scan", "orders_due") in scans, scans
+            assert ("Index Scan", "orders_pkey") in scans, scans
+            assert not [n for n in nodes if n["Node Type"] == "Bitmap Heap Scan"], scans
+            # a sort of the candidates (at most 1 000 rows) ranks them; none below the due index's scan
+            due = next(n for n in nodes if n.get("Index Name") == "orders_due")
+            assert not [n for n in _plan_nodes(due) if n["Node Type"] == "Sort"]
