@@ -99,6 +99,7 @@ def run_once(dsn: str, quiet: str, noisy_events: int, args: argparse.Namespace, 
                 raise RuntimeError("the producer did not become ready")
             recv.go.set()
             time.sleep(args.settle)
+            m.reset_ev.set()  # the manager's call counters count from here
             t0 = time.time()
             go.set()
             res = out_q.get(timeout=args.seconds + 120)
@@ -130,6 +131,14 @@ def run_once(dsn: str, quiet: str, noisy_events: int, args: argparse.Namespace, 
                 f"SELECT partition, count(*) FROM {QUEUE} WHERE tenant = %s GROUP BY 1 ORDER BY 1", (quiet,)
             ).fetchall()
         )
+        # the database's side: fire_at -> the fire statement's start (the wait for a pick)
+        fired = dict(
+            conn.execute(
+                f"SELECT id, extract(epoch FROM fired_at - fire_at)::float8 FROM {QUEUE} "
+                "WHERE tenant = %s AND fired_at IS NOT NULL",
+                (quiet,),
+            ).fetchall()
+        )
     first: dict[int, float] = {}
     fire_at: dict[int, float] = {}
     noisy_in_window = 0
@@ -141,12 +150,16 @@ def run_once(dsn: str, quiet: str, noisy_events: int, args: argparse.Namespace, 
             elif t0 <= t <= t1:
                 noisy_in_window += 1
     delays = [first[i] - fire_at[i] for i in first]
+    waits = [max(0.0, float(v)) for v in fired.values()]
     return {
         "quiet_events": n,
         "received": len(first),
         "p50_ms": pct_ms(delays, 50),
         "p99_ms": pct_ms(delays, 99),
         "max_ms": pct_ms(delays, 100),
+        "until_fired_p50_ms": pct_ms(waits, 50),
+        "until_fired_p99_ms": pct_ms(waits, 99),
+        "manager_db_calls": e2e._counters(m.info.get("counters", {})),
         "quiet_partitions_used": {str(k): int(v) for k, v in parts.items()},
         "noisy_received_per_s": round(noisy_in_window / (t1 - t0), 1) if noisy_events else 0.0,
         "noisy_backlog_left": noisy_left,
