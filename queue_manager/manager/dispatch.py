@@ -315,7 +315,7 @@ class Dispatcher:
         floors where they are: it may pass over rows below the ones it fires (a capped tenant's, or
         candidates the weights did not choose), so "nothing is due below what was fired" does not hold."""
         in_flight = q.ledger.by_tenant()
-        pick = q.fair.pick(q.policy, in_flight)
+        pick = q.fair.pick(q.policy, in_flight, limit)
         used = q.floors.begin(q.watch.cap)
         rows, quota, seen = await store.fire_due_fair(self.conn, q.settings, self.term, q.cursor, limit, pick, used)
         self.rt.signals.fired.emit(q.name)

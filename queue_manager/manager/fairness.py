@@ -116,22 +116,35 @@ class FairShare:
         f = self.finish.get(tenant)
         return 0.0 if f is None or f <= self.vtime else f - self.vtime
 
-    def pick(self, policy: TenantPolicy, in_flight: Mapping[str, int]) -> FairPick:
-        """The inputs of one fair pick, from the policy, the tenants' events in flight and this state."""
+    def pick(self, policy: TenantPolicy, in_flight: Mapping[str, int], limit: int) -> FairPick:
+        """The inputs of one fair pick of at most ``limit`` events, from the policy, the tenants'
+        events in flight and this state.
+
+        A tenant is listed when something about it differs from an unlisted tenant's: a weight, a
+        start ahead of the virtual time, or a room that could bind in this batch (below ``limit``,
+        or above a default room that is). With a default cap, the tenants in flight are many: only
+        those near their cap cost a place in the arrays."""
+        default = policy.default_cap
+        # an unlisted tenant's room binds only when it is below the batch
+        default_binds = default is not None and default < limit
         capped = []
         listed: dict[str, int | None] = {}
+
+        def consider(tenant: str, room: int | None) -> None:
+            # room None: no cap at all (no override, no default), as for an unlisted tenant
+            if room is not None and (room < limit or (default_binds and room != default)):
+                listed[tenant] = room
+
         for tenant, n in in_flight.items():
             room = policy.room(tenant, n)
-            if room is None:
-                continue
-            if room <= 0:
+            if room is not None and room <= 0:
                 capped.append(tenant)
-            else:
-                listed[tenant] = room
-        for tenant in (*policy.weights, *policy.caps):
-            if tenant not in listed and tenant not in capped:
-                listed[tenant] = policy.room(tenant, in_flight.get(tenant, 0))
-        for tenant in self.finish:
+            elif n:
+                consider(tenant, room)
+        for tenant in policy.caps:
+            if tenant not in listed and tenant not in in_flight:
+                consider(tenant, policy.room(tenant, 0))
+        for tenant in (*policy.weights, *self.finish):
             if tenant not in listed and tenant not in capped:
                 listed[tenant] = policy.room(tenant, in_flight.get(tenant, 0))
         names = tuple(listed)
@@ -141,7 +154,7 @@ class FairShare:
             ahead=tuple(self.ahead(t) for t in names),
             weights=tuple(policy.weight(t) for t in names),
             rooms=tuple(listed[t] for t in names),
-            default_room=policy.default_cap,
+            default_room=default,
         )
 
     def order(

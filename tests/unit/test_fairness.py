@@ -68,13 +68,17 @@ def test_the_fair_pick_lists_capped_tenants_and_rooms() -> None:
     policy = TenantPolicy(weights={"w": 2.0}, caps={"c": 2}, default_cap=5)
     fair = FairShare()
     fair.charge(["x", "x", "x"], policy)
-    pick = fair.pick(policy, {"c": 2, "d": 4, "e": 5})
+    pick = fair.pick(policy, {"c": 2, "d": 4, "e": 5, "far": 1}, 3)
     assert set(pick.capped) == {"c", "e"}
     rows = dict(zip(pick.tenants, zip(pick.ahead, pick.weights, pick.rooms, strict=True), strict=True))
     assert rows["d"] == (0.0, 1.0, 1)
     assert rows["w"] == (0.0, 2.0, 5)
     assert rows["x"][0] > 0 and rows["x"][2] == 5  # ahead of the virtual time
+    assert "far" not in rows  # room 4 cannot bind a batch of 3: it goes as an unlisted tenant
     assert pick.default_room == 5
+    # a default room below the batch binds unlisted tenants: a tenant with a larger own cap is listed
+    pick = FairShare().pick(TenantPolicy(caps={"big": 50}, default_cap=2), {"small": 1}, 10)
+    assert dict(zip(pick.tenants, pick.rooms, strict=True)) == {"small": 1, "big": 50}
     assert not TenantPolicy().active and TenantPolicy(default_cap=1).active
     built = TenantPolicy.build([TenantSettings(1, "a", 2.0, None), TenantSettings(1, "b", 1.0, 4)], None)
     assert built == TenantPolicy(weights={"a": 2.0}, caps={"b": 4})
@@ -169,7 +173,7 @@ def test_dwell_names_the_busiest_tenants_and_folds_the_rest_into_other() -> None
 
 
 def test_a_tenant_with_its_own_cap_is_listed_with_its_room_before_it_has_anything_in_flight() -> None:
-    pick = FairShare().pick(TenantPolicy(caps={"own": 2}, default_cap=3), {})
+    pick = FairShare().pick(TenantPolicy(caps={"own": 2}, default_cap=3), {}, 10)
     assert dict(zip(pick.tenants, pick.rooms, strict=True)) == {"own": 2} and pick.default_room == 3
 
 
