@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 _LabelKey = tuple[tuple[str, str], ...]
@@ -155,12 +155,14 @@ class TenantDwell:
 
     The window (``window`` seconds) is cut into ``slices``; each slice keeps, per tenant, the events
     pushed and a sparse log-scale histogram of their dwell (buckets 2^(1/8) apart: a quantile is
-    known within 9 %). At most ``max_tenants`` tenants are kept per slice; later ones count as
-    "other". Rendering merges the slices, names the ``top`` tenants by events in the window and
-    puts every other tenant in the ``other`` series.
+    known within 9 %); large batches are sampled (:meth:`observe`). At most ``max_tenants`` tenants
+    are kept per slice; later ones count as "other". Rendering merges the slices, names the ``top``
+    tenants by events in the window and puts every other tenant in the ``other`` series.
     """
 
     OTHER = "other"
+    #: most events of one batch observed (the rest are represented by them)
+    SAMPLE = 64
     #: smallest bucket bound (seconds) and the ratio between bounds
     LOW = 0.0001
     RATIO = 2 ** (1 / 8)
@@ -185,12 +187,20 @@ class TenantDwell:
         while self.slices and self.slices[0][0] + self.slice_len <= now - self.window:
             self.slices.pop(0)
 
-    def observe(self, tenants: Iterable[str], delays: Iterable[float], now: float) -> None:
-        """One fired batch: the tenants and dwell times (seconds) of its events; ``now`` monotonic."""
+    def observe(self, tenants: Sequence[str], delays: Sequence[float], now: float) -> None:
+        """One fired batch: the tenants and dwell times (seconds) of its events; ``now`` monotonic.
+
+        A batch of more than SAMPLE events is sampled: every k-th event counts k times (a drain's
+        batches of 1 000 then cost the manager 64 observations, not 1 000; measured 0.39 us per
+        observation). Batches of a quiet queue are counted whole."""
         cur = self._current(now)
         low, log_ratio, cap = self.LOW, math.log(self.RATIO), self.max_tenants
         log = math.log
-        for tenant, d in zip(tenants, delays, strict=True):
+        n = len(tenants)
+        k = 1 if n <= self.SAMPLE else -(-n // self.SAMPLE)
+        for i in range(0, n, k):
+            tenant = tenants[i]
+            d = delays[i]
             row = cur.get(tenant)
             if row is None:
                 if len(cur) >= cap:
@@ -198,11 +208,11 @@ class TenantDwell:
                     row = cur.get(tenant)
                 if row is None:
                     row = cur[tenant] = [0, 0.0, {}]
-            row[0] += 1
-            row[1] += d
+            row[0] += k
+            row[1] += d * k
             b = 0 if d <= low else int(log(d / low) / log_ratio) + 1
             h = row[2]
-            h[b] = h.get(b, 0) + 1
+            h[b] = h.get(b, 0) + k
 
     def summary(self, now: float) -> list[tuple[str, int, float | None, float | None]]:
         """(tenant or "other", events, p50, p99) over the window: the top tenants by events, then other."""
@@ -322,7 +332,7 @@ class ManagerMetrics:
         #: per queue: dwell of the busiest tenants (rendered by bind_gauges' gauges)
         self.dwell: dict[str, TenantDwell] = {}
 
-    def observe_dwell(self, queue: str, tenants: Iterable[str], delays: Iterable[float], now: float) -> None:
+    def observe_dwell(self, queue: str, tenants: Sequence[str], delays: Sequence[float], now: float) -> None:
         d = self.dwell.get(queue)
         if d is None:
             d = self.dwell[queue] = TenantDwell()

@@ -182,3 +182,11 @@ def test_candidate_quota_gives_small_batches_enough_candidates_per_tenant() -> N
     assert candidate_quota(1, 16) == (1, 32)
     assert candidate_quota(1000, 16) == (125, 2000)
     assert candidate_quota(100, 1024) == (8, 200)
+
+
+def test_dwell_samples_large_batches_and_keeps_the_counts() -> None:
+    d = TenantDwell()
+    d.observe(["a"] * 640 + ["b"] * 640, [0.002] * 640 + [0.2] * 640, 0.0)
+    rows = {t: (n, p50, p99) for t, n, p50, p99 in d.summary(0.0)}
+    assert rows["a"][0] == 640 and rows["b"][0] == 640
+    assert rows["b"][1] == pytest.approx(0.2, rel=0.1)
