@@ -13,7 +13,10 @@ For each case (the quiet tenant sharing ``overlap`` of its 4 partitions with the
   INSERT each) for ``--seconds``;
 * **beside**: the noisy tenant's ``--noisy-events`` events are preloaded (one COPY, all due), the
   receivers subscribe and fill every slot, and ``--settle`` seconds later the quiet tenant's
-  producer runs as above.
+  producer runs as above;
+* **capped** (with ``--tenant-cap C``, after each pair): beside again, with the queue's
+  ``tenant_max_in_flight`` at C, so the fair pick dispatches by tenant and a noisy tenant capped
+  below the receivers' slots leaves some free for the others.
 
 Pickup delay = the receiver's handler start (``time.time()``) minus the event's ``fire_at``
 (database clock, the moment the row was formed; same machine, same clock). Per run: p50, p99 and
@@ -24,7 +27,8 @@ alone (target: at most 2).
 
     .venv/bin/python benchmarks/fairness.py [--reps 3] [--overlaps 2,0] [--seconds 30] [--rate 20]
                                             [--receivers 2] [--credit 50] [--service 0.05]
-                                            [--noisy-events 100000] [--dsn URI] [--json-only]
+                                            [--noisy-events 100000] [--tenant-cap C] [--dsn URI]
+                                            [--json-only]
 """
 
 from __future__ import annotations
@@ -77,9 +81,18 @@ def pct_ms(values: Sequence[float], p: float) -> float | None:
     return round(e2e.percentile(sorted(values), p) * 1000, 3) if values else None
 
 
-def run_once(dsn: str, quiet: str, noisy_events: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """One run: the quiet tenant's trickle, with the noisy backlog when ``noisy_events`` > 0."""
+def set_tenant_cap(dsn: str, cap: int | None) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT qm.alter_queue(%s, %s::jsonb)", (QUEUE, json.dumps({"tenant_max_in_flight": cap})))
+
+
+def run_once(
+    dsn: str, quiet: str, noisy_events: int, args: argparse.Namespace, seed: int, cap: int | None = None
+) -> dict[str, Any]:
+    """One run: the quiet tenant's trickle, with the noisy backlog when ``noisy_events`` > 0, and
+    with the queue's per-tenant cap ``cap`` (the fair pick) when given."""
     e2e.reset(dsn)
+    set_tenant_cap(dsn, cap)
     if noisy_events:
         e2e.preload(dsn, [Event(NOISY, {"n": i}) for i in range(noisy_events)])
     n = int(args.rate * args.seconds)
@@ -181,14 +194,17 @@ def run_case(dsn: str, overlap: int, args: argparse.Namespace) -> dict[str, Any]
     logger.info("overlap %d: quiet %s %s, noisy %s %s", overlap, quiet, quiet_set, NOISY, noisy_set)
     alone: list[dict[str, Any]] = []
     beside: list[dict[str, Any]] = []
+    capped: list[dict[str, Any]] = []
     for rep in range(args.reps):
         order = [("alone", 0), ("beside", args.noisy_events)]
         if rep % 2:
             order.reverse()
+        if args.tenant_cap:
+            order.append(("capped", args.noisy_events))
         for name, events in order:
-            r = run_once(dsn, quiet, events, args, seed=rep)
+            r = run_once(dsn, quiet, events, args, seed=rep, cap=args.tenant_cap if name == "capped" else None)
             logger.info("overlap %d rep %d %s: %s", overlap, rep, name, json.dumps(r))
-            (alone if name == "alone" else beside).append(r)
+            {"alone": alone, "beside": beside, "capped": capped}[name].append(r)
     a99, b99 = spread(alone, "p99_ms")["median"], spread(beside, "p99_ms")["median"]
     pairs = [
         round(b["p99_ms"] / a["p99_ms"], 2) if a["p99_ms"] and b["p99_ms"] else None
@@ -211,6 +227,17 @@ def run_case(dsn: str, overlap: int, args: argparse.Namespace) -> dict[str, Any]
             "runs": beside,
         },
         "p99_beside_over_alone": ratio,
+        "beside_noisy_capped": None
+        if not capped
+        else {
+            "tenant_max_in_flight": args.tenant_cap,
+            "p50_ms": spread(capped, "p50_ms"),
+            "p99_ms": spread(capped, "p99_ms"),
+            "p99_over_alone": round(spread(capped, "p99_ms")["median"] / a99, 2)
+            if a99 and spread(capped, "p99_ms")["median"]
+            else None,
+            "runs": capped,
+        },
         "p99_ratio_per_pair": pairs,
         # a quiet tenant whose every partition the noisy one shares waits behind its backlog by
         # design (shuffle sharding bounds how many tenants that is: about (k/N)^k); reported, not a target
@@ -232,6 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--service", type=float, default=0.05, help="seconds the handler takes (default 0.05)")
     parser.add_argument("--noisy-events", type=int, default=100_000, help="the noisy tenant's backlog (default 100000)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds between subscribe and the quiet trickle")
+    parser.add_argument(
+        "--tenant-cap",
+        type=int,
+        help="also run beside with the queue's tenant_max_in_flight at this value (the fair pick; below the "
+        "receivers' slots, the noisy tenant leaves some free)",
+    )
     parser.add_argument("--dsn", help="administrative database of an existing server (default: an embedded one)")
     parser.add_argument("--json-only", action="store_true", help="no logs on stderr (only warnings)")
     args = parser.parse_args(argv)
@@ -269,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "service_s": args.service,
             "receiver_capacity_per_s": capacity,
             "noisy_events": args.noisy_events,
+            "tenant_cap": args.tenant_cap,
             "target_p99_ratio_max": TARGET_RATIO,
         },
         "cases": cases,
