@@ -194,6 +194,32 @@ def xmin_horizon(shard: Shard) -> dict[str, Any] | None:
     return None if row is None else dict(row)
 
 
+def maintenance_counts(shard: Shard) -> dict[str, dict[str, int]]:
+    """The maintenance slices of every manager of the shard together, per job: recruited, finished,
+    aborted, and the events they handled (deleted by retention, corrected by reconciliation, moved
+    by the collector). Counted since the shard's revision 0009; docs/manager.md, "Maintenance slices"."""
+    with psycopg.connect(shard.dsn, autocommit=True) as conn:
+        rows = conn.execute(query("maintenance_counts")).fetchall()
+    return {
+        str(job): {"recruited": int(r), "finished": int(f), "aborted": int(a), "events": int(e)}
+        for job, r, f, a, e in rows
+    }
+
+
+def render_maintenance(entry: dict[str, Any]) -> list[str]:
+    """``qm status`` lines for a shard's maintenance counts (none when the entry has none)."""
+    counts = entry.get("maintenance")
+    if not counts:
+        return []
+    lines = ["  maintenance slices (all managers):"]
+    for job, c in counts.items():
+        lines.append(
+            f"    {job:<15} recruited {c['recruited']}  finished {c['finished']}  aborted {c['aborted']}"
+            f"  events {c['events']}"
+        )
+    return lines
+
+
 def status(topology: Topology) -> dict[str, Any]:
     """Status of every queue on every shard, as plain data (what ``qm status --json`` prints)."""
     shards = []
@@ -202,6 +228,7 @@ def status(topology: Topology) -> dict[str, Any]:
         try:
             qs = shard_status(shard)
             horizon = xmin_horizon(shard)
+            entry["maintenance"] = maintenance_counts(shard)
         except psycopg.OperationalError as exc:
             entry["error"] = f"unreachable: {exc}".strip()
             shards.append(entry)
@@ -262,6 +289,7 @@ def render_status(data: dict[str, Any]) -> str:
             )
         for warning in shard.get("warnings", []):
             lines.append(f"  WARNING: {warning}")
+        lines.extend(render_maintenance(shard))
         if not shard["queues"]:
             lines.append("  no queues")
         for q in shard["queues"]:

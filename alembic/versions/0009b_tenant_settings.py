@@ -2,7 +2,7 @@
 and cap overrides (qm.tenant_settings, qm.set_tenant, qm.unset_tenant).
 
 Revision ID: 0009b
-Revises: 0007
+Revises: 0009_maintenance_slices
 Create Date: 2026-11-25
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from queue_manager.db.sqlfiles import read_sql, run_script
 
 revision = "0009b"
-down_revision = "0007"
+down_revision = "0009_maintenance_slices"
 branch_labels = None
 depends_on = None
 
@@ -30,6 +30,6 @@ def downgrade() -> None:
         "CREATE OR REPLACE FUNCTION qm.settable_columns() RETURNS text[] LANGUAGE sql IMMUTABLE "
         "RETURN ARRAY['partitions', 'shuffle', 'window_seconds', 'cache_size', 'ack_timeout_seconds', "
         "'backoff_min_seconds', 'backoff_max_seconds', 'max_attempts', 'max_qps', 'max_concurrency', "
-        "'retention_seconds', 'payload_limit_bytes', 'max_delay_seconds', 'paused']"
+        "'retention_seconds', 'failed_retention_seconds', 'payload_limit_bytes', 'max_delay_seconds', 'paused']"
     )
     op.execute("ALTER TABLE qm.queues DROP COLUMN tenant_max_in_flight")

@@ -114,6 +114,15 @@ class QueueSettings:
         None, "--max-concurrency", "most events in flight", int, nullable=True, minimum=1
     )
     retention_seconds: float = _setting(604_800.0, "--retention", "seconds acked events are kept", float, minimum=0)
+    #: dead letters wait for `qm events retry` or an operator, so they are kept longer than acked events
+    failed_retention_seconds: float | None = _setting(
+        2_592_000.0,
+        "--failed-retention",
+        "seconds failed (dead-lettered) events are kept after their last fire; null keeps them",
+        float,
+        nullable=True,
+        minimum=0,
+    )
     payload_limit_bytes: int = _setting(
         65_536, "--payload-limit", "largest payload in bytes", int, minimum=16, maximum=104_857_600
     )

@@ -41,10 +41,22 @@ class ManagerConfig:
     standby_poll: float = 0.5
     #: how often the old-event collector runs, seconds
     sweep_interval: float = 1.0
-    #: how often the retention purge runs (deletes acked events older than the queue's retention)
+    #: how often the leader's floor run of the retention purge walks the partitions (deletes settled
+    #: events older than the queue's retentions); slices come on top (``slice_interval``)
     purge_interval: float = 5.0
-    #: how often the producers' load counters are re-anchored on a count of live events
+    #: how often the leader's floor run re-anchors every partition's load counter on a count of its
+    #: live events; slices come on top
     reconcile_interval: float = 60.0
+    #: least time between two maintenance slices this process recruits itself for (as leader in its
+    #: dispatcher's idle moments, as standby on its maintenance loop), seconds; the floor runs of
+    #: ``purge_interval`` and ``reconcile_interval`` come on top (docs/manager.md, "Maintenance slices")
+    slice_interval: float = 0.2
+    #: most acked events, and most failed events, one retention slice deletes
+    slice_rows: int = 500
+    #: the leader takes maintenance slices when its dispatcher has nothing to do
+    idle_slices: bool = True
+    #: a standby takes maintenance slices (it has spare cycles and a database connection)
+    standby_slices: bool = True
     #: every partition of a queue is rescanned at least this often (the safety net), seconds
     rescan_interval: float = 2.0
     #: most events fired by one statement
@@ -73,6 +85,8 @@ class ManagerConfig:
             raise ValueError("lease_ttl must be at least 1 second")
         if not 1 <= self.fire_batch <= 10_000:
             raise ValueError("fire_batch must be between 1 and 10000")
+        if not 1 <= self.slice_rows <= 10_000:
+            raise ValueError("slice_rows must be between 1 and 10000")
         if not 1 <= self.max_events_per_frame <= 10_000:
             raise ValueError("max_events_per_frame must be between 1 and 10000")
         seconds = (
@@ -80,6 +94,7 @@ class ManagerConfig:
             "sweep_interval",
             "purge_interval",
             "reconcile_interval",
+            "slice_interval",
             "rescan_interval",
             "ping_interval",
             "ping_timeout",

@@ -222,7 +222,7 @@ class Dispatcher:
         for q in queues:
             if not q.armed:  # producers do not notify: read their locks on schedule
                 timeout = min(timeout, max(0.0, q.next_holder_check - now))
-        rt.signals.idle.emit(None)
+        rt.went_idle()
         if timeout > 0:
             await self._sleep(timeout)
         return False

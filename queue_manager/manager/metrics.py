@@ -315,11 +315,27 @@ class ManagerMetrics:
         )
         self.ack_latency = r.histogram("qm_ack_latency_seconds", "Time from push to the committed ack.")
         self.frame_errors = r.counter("qm_protocol_errors_total", "Client frames refused, by error code.")
-        self.maintenance = r.counter("qm_maintenance_runs_total", "Maintenance job runs by job and outcome.")
-        self.purged = r.counter("qm_events_purged_total", "Acked events deleted by the retention purge.")
+        self.maintenance = r.counter(
+            "qm_maintenance_runs_total",
+            "Runs of the leader's maintenance jobs (the collector, the retention and reconciliation floors) by job "
+            "and outcome.",
+        )
+        self.slices = r.counter(
+            "qm_maintenance_slices_total",
+            "Maintenance slices by job, outcome (recruited, finished, aborted) and source (idle, standby, floor; "
+            "leader for the collector's runs).",
+        )
+        self.slice_aborts = r.counter(
+            "qm_maintenance_slice_aborts_total",
+            "Aborted maintenance slices by job and reason (lock, conflict, timeout, connection, error).",
+        )
+        self.purged = r.counter(
+            "qm_events_purged_total", "Events deleted by the retention slices, by queue and state (acked, failed)."
+        )
         self.load_drift = r.gauge(
             "qm_load_drift_events",
-            "Sum over partitions of |counted load - live events| found by the last load reconciliation.",
+            "Sum over partitions of |counted load - live events| found by this process's last reconciliation slice "
+            "of each partition.",
         )
         self.fences = r.counter("qm_fenced_writes_total", "Writes the database refused because the term was stale.")
         self.poll = r.counter(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from queue_manager.clock import Clock, DatabaseClock
@@ -82,6 +82,8 @@ class Runtime:
         self.queues: dict[str, QueueRuntime] = {}
         self.session: Session | None = None
         self.shard_name: str | None = config.shard
+        #: the database was checked to be the configured shard (the leadership loop's first connection)
+        self.shard_checked = False
         #: stop dispatching new events (SIGTERM); acks keep flowing
         self.draining = False
         #: the dispatcher's one wake-up: set by every nudge
@@ -90,6 +92,9 @@ class Runtime:
         self._changed = asyncio.Event()
         #: resolved by the next settings reload
         self._reload_waiters: list[asyncio.Future[None]] = []
+        #: called each time the dispatcher finds nothing to do (maintenance slices enlist there);
+        #: each must return at once
+        self.idle_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ leading
 
@@ -103,6 +108,12 @@ class Runtime:
             and s.term == self.lease.term
             and self.lease.trusted(self.clock.monotonic())
         )
+
+    def went_idle(self) -> None:
+        """The dispatcher found nothing to do and is about to sleep."""
+        self.signals.idle.emit(None)
+        for listener in self.idle_listeners:
+            listener()
 
     # ------------------------------------------------------------------ the dispatcher's wake-up
 

@@ -22,6 +22,7 @@ from queue_manager.manager.dispatch import Dispatcher
 from queue_manager.manager.maintenance import Maintenance
 from queue_manager.manager.queues import Reason
 from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.slices import Slicer
 from queue_manager.manager.store import AsyncConn
 from queue_manager.manager.wakeups import Listener, Waiter
 from queue_manager.manager.writer import Unavailable, Writer
@@ -35,9 +36,10 @@ _CANCEL_ROUNDS = 10
 class TermSession:
     """The connections and tasks of one leadership term."""
 
-    def __init__(self, rt: Runtime, term: int) -> None:
+    def __init__(self, rt: Runtime, term: int, slicer: Slicer) -> None:
         self.rt = rt
         self.term = term
+        self.slicer = slicer
         self.failed: BaseException | None = None
         self.failed_event = asyncio.Event()
         self.ended = False
@@ -64,9 +66,12 @@ class TermSession:
         return d is not None and now - d.heartbeat > after
 
     @classmethod
-    async def open(cls, rt: Runtime, term: int) -> TermSession:
-        """Connect, load the queues and start the tasks; on any error nothing is left open."""
-        s = cls(rt, term)
+    async def open(cls, rt: Runtime, term: int, slicer: Slicer) -> TermSession:
+        """Connect, load the queues and start the tasks; on any error nothing is left open.
+
+        ``slicer`` is the process's maintenance slicer (it outlives the session): the session's
+        maintenance runs its floors."""
+        s = cls(rt, term, slicer)
         try:
             await s._open()
         except BaseException:
@@ -98,7 +103,7 @@ class TermSession:
         self._spawn(dispatcher.run(), "qm-dispatch")
         self._spawn(self._writer.run(), "qm-writer")
         self._spawn(listener.run(), "qm-listen")
-        self.maintenance = Maintenance(rt)
+        self.maintenance = Maintenance(rt, self.slicer)
         rt.session = self
         self.maintenance.start()
         rt.signals.session_started.emit(self.term)

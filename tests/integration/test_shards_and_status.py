@@ -278,7 +278,7 @@ def test_cli_manager_refuses_bad_maintenance_intervals(
     tokens = tmp_path / "tokens.toml"
     tokens.write_text('[[token]]\nname = "all"\nsecret = "secret-all-queues-0001"\nqueues = ["*"]\n')
     shard = shards.shards[0].name
-    for flag in ("--sweep-interval", "--purge-interval", "--reconcile-interval"):
+    for flag in ("--sweep-interval", "--purge-interval", "--reconcile-interval", "--slice-interval"):
         argv = ["manager", "--topology", str(topo), "--shard", shard, "--tokens", str(tokens), flag, "0"]
         assert main(argv) == 2
         err = capsys.readouterr().err

@@ -107,3 +107,24 @@ def test_the_holder_watch_reports_the_earliest_start_of_those_gone() -> None:
     assert w.settle() == 10.045 - m  # the lock is taken: every holder known (11) is gone too
     w.stop()
     assert w.cap is None and w.last_reading is None and w.settle() is None
+
+
+def test_a_holder_caught_committing_is_bounded_by_what_was_seen_before() -> None:
+    """A holder whose transaction start is gone (caught while it commits) bounds its rows by its
+    start in the previous reading, or by the previous reading itself: never by anything older
+    (the producer session's start stood in before, and sent picks back over every dead entry)."""
+    m = HOLDER_MARGIN
+    w = HolderWatch()
+    w.start(100.0)
+    assert w.read({7: 99.5}, at=100.01) is None
+    # 7 is caught committing: the same transaction as before, its start stands
+    assert w.read({7: None}, at=100.02) is None
+    assert w.read({}, at=100.03) == 99.5 - m
+    # 8 was not seen before: it took the lock after the previous reading (100.03)
+    assert w.read({8: None}, at=100.04) is None
+    assert w.read({}, at=100.05) == 100.03 - m
+    # still committing over two readings, then a new transaction of the same session
+    w.read({9: None}, at=100.06)
+    assert w.read({9: None}, at=100.07) is None
+    assert w.read({9: 100.065}, at=100.08) == 100.05 - m
+    assert w.settle() == min(100.08 - m, 100.065 - m)

@@ -13,7 +13,7 @@
 -- Columns are read by name into queue_manager.domain.settings.QueueSettings: select exactly its fields.
 SELECT id, name, partitions_physical, partitions, shuffle, window_seconds, cache_size, ack_timeout_seconds,
        backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
-       payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight
+       failed_retention_seconds, payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight
   FROM qm.queues ORDER BY id
 
 -- mgr_tenant_settings --
@@ -215,9 +215,9 @@ SELECT p.q,
 -- mgr_wake_lock_holders --
 -- Producer transactions holding a queue's wake-up lock in shared mode (they did not notify), with
 -- their start (epoch seconds), and the database clock of this reading. A transaction caught while
--- it commits shows no start any more: its session's start, earlier still, stands in.
+-- it commits shows no start any more (NULL): floors.HolderWatch.read bounds its rows.
 SELECT l.objid::integer AS queue_id, l.pid,
-       extract(epoch FROM coalesce(a.xact_start, a.backend_start))::double precision,
+       extract(epoch FROM a.xact_start)::double precision,
        extract(epoch FROM clock_timestamp())::double precision
   FROM pg_locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
@@ -277,29 +277,49 @@ RETURNING id
 -- events_wake --
 SELECT pg_notify('qm_wake', %(queue)s)
 
--- mgr_purge --
--- Retention: delete up to %(limit)s acked events acked more than %(retention)s seconds ago, oldest
--- first (the <queue>_acked index). Rows another transaction holds are skipped, not waited for.
--- Returns how many were deleted, and how many were candidates (a full page means more may wait).
-WITH f AS (SELECT qm.fence(%(term)s) AS term),
-     cand AS MATERIALIZED (
+-- mgr_slice_purge --
+-- A retention slice: in one partition, delete up to %(limit)s acked events acked more than
+-- %(retention)s seconds ago and up to %(limit)s failed events whose last fire (their settle time,
+-- as in archive.sql) is more than %(failed_retention)s seconds ago (NULL: failed events are kept),
+-- oldest first, by the <queue>_acked and <queue>_failed indexes. Rows another transaction holds
+-- are skipped, not waited for. Runs on any manager's maintenance connection, leader or standby:
+-- it is not fenced, since deleting a settled event is right whoever does it.
+-- The DELETE states its own guard: whatever the candidates, it never deletes a live event
+-- (to_be_fired or fired), however old. The state is compared as text so that the planner probes
+-- the primary key (see the top of this file).
+-- Returns the acked and failed events deleted, and the larger of the two candidate counts (a full
+-- page means more may wait in this partition).
+WITH acked AS MATERIALIZED (
         SELECT q.id FROM {queue} q
-         WHERE q.state = 'acked' AND q.acked_at < now() - make_interval(secs => %(retention)s)
+         WHERE q.partition = %(partition)s AND q.state = 'acked'
+           AND q.acked_at < now() - make_interval(secs => %(retention)s)
          ORDER BY q.acked_at
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED),
+     failed AS MATERIALIZED (
+        SELECT q.id FROM {queue} q
+         WHERE %(failed_retention)s::double precision IS NOT NULL
+           AND q.partition = %(partition)s AND q.state = 'failed'
+           AND coalesce(q.acked_at, q.fired_at, q.created_at)
+               < now() - make_interval(secs => %(failed_retention)s::double precision)
+         ORDER BY coalesce(q.acked_at, q.fired_at, q.created_at)
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED),
      gone AS (
-        DELETE FROM {queue} q USING f
-         WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state::text = 'acked'
-        RETURNING q.id)
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM cand)
+        DELETE FROM {queue} q
+         WHERE q.id = ANY(ARRAY(SELECT id FROM acked UNION ALL SELECT id FROM failed))
+           AND q.state::text IN ('acked', 'failed')
+        RETURNING q.state)
+SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FILTER (WHERE state = 'failed'),
+       greatest((SELECT count(*) FROM acked), (SELECT count(*) FROM failed))
+  FROM gone
 
--- mgr_reconcile --
--- Re-anchor the load counters (qm.reconcile_load) and return how far they had drifted: the sum
--- over partitions of |load before - live events|. The loads are read first: the CTE is
--- materialised, and the reconciliation is a lateral subquery over its row.
-WITH f AS (SELECT qm.fence(%(term)s) AS term),
-     b AS MATERIALIZED (SELECT qm.partition_loads(%(queue)s) AS before FROM f)
-SELECT (SELECT sum(abs(coalesce(x.before, 0) - x.live)) FROM unnest(r.before, r.live) AS x(before, live))
-  FROM b CROSS JOIN LATERAL (SELECT b.before, qm.reconcile_load(%(queue)s) AS live) r
+-- mgr_slice_reconcile --
+-- A reconciliation slice: one partition's load re-anchored on its live events (see
+-- qm.reconcile_partition: it gives up at once, lock_not_available, while an ack statement of the
+-- queue holds the load lock). Returns {load before, live events}.
+SELECT qm.reconcile_partition(%(queue)s, %(partition)s)
 
+-- mgr_count_maintenance --
+-- Count a maintenance slice shard-wide: recruited, finished, aborted, or the events it handled.
+SELECT qm.count_maintenance(%(job)s, %(what)s, %(n)s)

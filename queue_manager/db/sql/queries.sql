@@ -45,7 +45,8 @@ SELECT qm.finish_resize(%(queue)s) AS remaining
 -- list_queues --
 SELECT name, partitions, partitions_physical, shuffle, window_seconds, cache_size, ack_timeout_seconds,
        backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
-       payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight, created_at, updated_at
+       payload_limit_bytes, max_delay_seconds, paused, created_at, updated_at, failed_retention_seconds,
+       tenant_max_in_flight
   FROM qm.queues
  ORDER BY name
 
@@ -103,3 +104,8 @@ SELECT kind, holder, pid, application_name, state, age_seconds, xid_age FROM (
 ) h
 ORDER BY xid_age DESC NULLS LAST
 LIMIT 1
+
+-- maintenance_counts --
+-- The maintenance jobs' slices on this shard, every manager together: recruited, finished,
+-- aborted, and the events they handled (sequences, see schema_0009.sql).
+SELECT job, recruited, finished, aborted, events FROM qm.maintenance_counts()

@@ -7,7 +7,7 @@
 --                        queue's default). Kept on the tenant's own shard only (see qm.set_tenant).
 --   qm.set_tenant()      insert or update a tenant's overrides (absent keys keep their value)
 --   qm.unset_tenant()    drop a tenant's overrides
---   qm.settable_columns(), qm.write_settings()  the same as revision 0001's, plus tenant_max_in_flight
+--   qm.settable_columns(), qm.write_settings()  the same as revision 0009's, plus tenant_max_in_flight
 --
 -- The manager reads qm.tenant_settings with the queue settings (on every settings reload).
 
@@ -29,7 +29,8 @@ CREATE OR REPLACE FUNCTION qm.settable_columns() RETURNS text[]
 LANGUAGE sql IMMUTABLE
 RETURN ARRAY['partitions', 'shuffle', 'window_seconds', 'cache_size', 'ack_timeout_seconds',
              'backoff_min_seconds', 'backoff_max_seconds', 'max_attempts', 'max_qps', 'max_concurrency',
-             'retention_seconds', 'payload_limit_bytes', 'max_delay_seconds', 'paused', 'tenant_max_in_flight'];
+             'retention_seconds', 'failed_retention_seconds', 'payload_limit_bytes', 'max_delay_seconds',
+             'paused', 'tenant_max_in_flight'];
 
 CREATE OR REPLACE FUNCTION qm.write_settings(queue_id integer, settings jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -48,6 +49,9 @@ BEGIN
         max_qps             = CASE WHEN settings ? 'max_qps' THEN (settings->>'max_qps')::double precision ELSE max_qps END,
         max_concurrency     = CASE WHEN settings ? 'max_concurrency' THEN (settings->>'max_concurrency')::integer ELSE max_concurrency END,
         retention_seconds   = coalesce((settings->>'retention_seconds')::double precision, retention_seconds),
+        failed_retention_seconds = CASE WHEN settings ? 'failed_retention_seconds'
+                                        THEN (settings->>'failed_retention_seconds')::double precision
+                                        ELSE failed_retention_seconds END,
         payload_limit_bytes = coalesce((settings->>'payload_limit_bytes')::integer, payload_limit_bytes),
         max_delay_seconds   = coalesce((settings->>'max_delay_seconds')::double precision, max_delay_seconds),
         paused              = coalesce((settings->>'paused')::boolean, paused),
