@@ -263,6 +263,7 @@ async def receiver(
     out_q: Any,
     profile_path: str | None,
     library: bool = False,
+    service: float = 0.0,
 ) -> None:
     """One receiver connection in its own process.
 
@@ -270,7 +271,9 @@ async def receiver(
     slots: ``credit`` of them) instead of the bare benchmark client.
 
     ``mode`` is ``drain`` (connect at go; no-op handler), ``latency`` (connect first; record
-    (payload seq, handler start)) or ``fire`` (connect first; record (id, fire_at, handler start)).
+    (payload seq, handler start)), ``fire`` (connect first; record (id, fire_at, handler start)) or
+    ``tenant`` (connect first; record (tenant, id, fire_at, handler start), then take ``service``
+    seconds: a handler of fixed service time, which keeps the receiver's slots busy).
     ``handled``/``acked`` are shared counters; ``last_ack`` the time.time() the ack count last moved.
     """
     from receivers.client import Event, Receiver
@@ -296,6 +299,15 @@ async def receiver(
             t = now()
             records.append((event.id, event.fire_at, t, event.attempt))
             handled.value += 1
+
+    elif mode == "tenant":
+
+        async def handler(event: Event) -> None:
+            t = now()
+            records.append((event.tenant, event.id, event.fire_at, t))
+            handled.value += 1
+            if service > 0:
+                await asyncio.sleep(service)
 
     else:  # pragma: no cover
         raise ValueError(mode)
@@ -372,19 +384,28 @@ INSERT = f"INSERT INTO {QUEUE} (tenant, payload) VALUES (%s, %s)"
 
 
 async def produce(
-    dsn: str, n: int, warmup: int, rate: float, conns: int, seed: int, ready_ev: Any, go_ev: Any, out_q: Any
+    dsn: str,
+    n: int,
+    warmup: int,
+    rate: float,
+    conns: int,
+    seed: int,
+    ready_ev: Any,
+    go_ev: Any,
+    out_q: Any,
+    tenant: str | None = None,
 ) -> None:
     """Open-loop pacing: event k is due at t0 + k/rate; ``conns`` connections take turns (k mod conns).
 
-    Each event is one autocommit INSERT (one transaction); its payload carries the sequence number
-    (negative for warm-up events) and the time.time() the call started. Reports
-    seq -> (call start, commit returned) for every event.
+    Each event is one autocommit INSERT (one transaction) for a random tenant of TENANTS, or for
+    ``tenant`` when given; its payload carries the sequence number (negative for warm-up events) and
+    the time.time() the call started. Reports seq -> (call start, commit returned) for every event.
     """
     import psycopg
 
     rng = random.Random(seed)
     total = warmup + n
-    tenants = [rng.choice(TENANTS) for _ in range(total)]
+    tenants = [tenant or rng.choice(TENANTS) for _ in range(total)]
     connections = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(conns)]
     sent: dict[int, tuple[float, float]] = {}
     ready_ev.set()

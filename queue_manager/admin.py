@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 from queue_manager.db.errors import translate
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
-from queue_manager.domain.settings import check_settings
+from queue_manager.domain.settings import check_settings, check_tenant_settings
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQueueError
 
@@ -28,6 +28,10 @@ from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQ
 def _admin_error(exc: psycopg.Error, queue: str) -> QueueManagerError | psycopg.Error:
     if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "queues"):
         return ConfigurationError(f"queue {queue!r}: invalid settings ({exc.diag.message_primary})")
+    if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "tenant_settings"):
+        return ConfigurationError(f"queue {queue!r}: invalid tenant settings ({exc.diag.message_primary})")
+    if isinstance(exc, pg.UndefinedTable):
+        return UnknownQueueError(exc.diag.message_primary or f"no queue named {queue!r}")
     if isinstance(exc, pg.InvalidParameterValue | pg.InvalidTextRepresentation | pg.NumericValueOutOfRange):
         return ConfigurationError(f"queue {queue!r}: {exc.diag.message_primary}")
     if isinstance(exc, pg.DuplicateTable):
@@ -64,6 +68,50 @@ def alter_queue(topology: Topology, queue: str, settings: Mapping[str, Any]) -> 
         raise ConfigurationError("nothing to change: give at least one setting")
     params = {"queue": queue, "settings": json.dumps(check_settings(settings))}
     return _on_every_shard(topology, queue, "alter_queue", params)
+
+
+def set_tenant(topology: Topology, queue: str, tenant: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Set a tenant's overrides of a queue (weight, max_in_flight) on the tenant's shard, the only
+    one that dispatches its events; returns the stored row. The manager applies them at its next
+    settings reload (every rescan interval, 2 s by default)."""
+    check_queue_name(queue)
+    if not tenant:
+        raise ConfigurationError("give a non-empty tenant")
+    if not settings:
+        raise ConfigurationError("nothing to change: give --weight and/or --max-in-flight")
+    shard = topology.shard_for(tenant)
+    params = {"queue": queue, "tenant": tenant, "settings": json.dumps(check_tenant_settings(settings))}
+    try:
+        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+            row = conn.execute(query("set_tenant"), params).fetchone()
+    except psycopg.Error as exc:
+        raise _admin_error(exc, queue) from exc
+    assert row is not None
+    return {"shard": shard.name, **dict(row)}
+
+
+def unset_tenant(topology: Topology, queue: str, tenant: str) -> bool:
+    """Drop a tenant's overrides of a queue (it goes back to weight 1 and the queue's default cap);
+    True when it had some."""
+    check_queue_name(queue)
+    shard = topology.shard_for(tenant)
+    try:
+        with psycopg.connect(shard.dsn) as conn:
+            row = conn.execute(query("unset_tenant"), {"queue": queue, "tenant": tenant}).fetchone()
+    except psycopg.Error as exc:
+        raise _admin_error(exc, queue) from exc
+    return bool(row and row[0])
+
+
+def list_tenants(topology: Topology, queue: str | None = None) -> list[dict[str, Any]]:
+    """Every tenant override of a queue (or of every queue), with the shard that holds it."""
+    if queue is not None:
+        check_queue_name(queue)
+    out = []
+    for shard in topology.shards:
+        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query("list_tenants"), {"queue": queue})]
+    return out
 
 
 def list_queues(topology: Topology) -> dict[str, list[dict[str, Any]]]:

@@ -4,6 +4,7 @@
     qm local stop --dir DIR                 stop them (a later start reuses the data)
     qm migrate --topology T                 apply the schema history to every shard
     qm queue create|alter|list|pause|resume manage queues on every shard
+    qm queue tenant set|unset|list Q [T]    a tenant's weight and in-flight cap
     qm queue adopt QUEUE --from DSN --table T   move a legacy queue table's events into QUEUE, while it is written
     qm enqueue QUEUE TENANT [PAYLOAD]       enqueue one event (routed to the tenant's shard)
     qm status [--json]                      length and state of every queue on every shard
@@ -38,7 +39,7 @@ import psycopg
 
 from queue_manager import admin, adopt, logs
 from queue_manager.domain.adopt import AdoptMapping, parse_assignments
-from queue_manager.domain.settings import SETTINGS
+from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS
 from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
 from queue_manager.errors import ConfigurationError, QueueManagerError
 
@@ -149,6 +150,36 @@ def cmd_queue_list(args: argparse.Namespace) -> int:
                 f"cache={q['cache_size']} ack_timeout={q['ack_timeout_seconds']}s max_attempts={q['max_attempts']}"
                 f"{' PAUSED' if q['paused'] else ''}"
             )
+    return 0
+
+
+def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
+    settings = {key: getattr(args, key) for key in TENANT_SETTINGS if getattr(args, key) is not None}
+    if args.default_max_in_flight:
+        settings["max_in_flight"] = None
+    row = admin.set_tenant(_topology(args), args.name, args.tenant, settings)
+    cap = "queue default" if row["max_in_flight"] is None else row["max_in_flight"]
+    print(f"{row['shard']}: queue {args.name} tenant {args.tenant}: weight={row['weight']:g} max_in_flight={cap}")
+    return 0
+
+
+def cmd_queue_tenant_unset(args: argparse.Namespace) -> int:
+    removed = admin.unset_tenant(_topology(args), args.name, args.tenant)
+    what = "removed" if removed else "had none"
+    print(f"queue {args.name} tenant {args.tenant}: overrides {what} (weight 1, the queue's default cap)")
+    return 0
+
+
+def cmd_queue_tenant_list(args: argparse.Namespace) -> int:
+    rows = admin.list_tenants(_topology(args), args.name)
+    if args.json:
+        _print(rows, True)
+        return 0
+    for r in rows:
+        cap = r["max_in_flight"] if r["max_in_flight"] is not None else f"default ({r['queue_default_max_in_flight']})"
+        print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<32} weight={r['weight']:g} max_in_flight={cap}")
+    if not rows:
+        print("no tenant overrides")
     return 0
 
 
@@ -605,6 +636,29 @@ def build_parser() -> argparse.ArgumentParser:
         p = with_topology(queue.add_parser(verb, help=f"{verb} dispatching of a queue"))
         p.add_argument("name")
         p.set_defaults(func=lambda a, paused=paused: cmd_queue_pause(a, paused))
+
+    tenant = queue.add_parser(
+        "tenant", help="per-tenant weight and in-flight cap of a queue (on the tenant's shard)"
+    ).add_subparsers(dest="tenant_command", required=True)
+    p = with_topology(tenant.add_parser("set", help="set a tenant's weight and/or in-flight cap"))
+    p.add_argument("name", help="queue")
+    p.add_argument("tenant")
+    for key, spec in TENANT_SETTINGS.items():
+        default = "the queue's tenant_max_in_flight" if spec.default is None else f"{spec.default:g}"
+        assert spec.flag is not None
+        p.add_argument(spec.flag, dest=key, type=spec.kind, help=f"{spec.help} (default {default})")
+    p.add_argument(
+        "--default-max-in-flight", action="store_true", help="drop the tenant's own cap (the queue's default applies)"
+    )
+    p.set_defaults(func=cmd_queue_tenant_set)
+    p = with_topology(tenant.add_parser("unset", help="drop a tenant's overrides"))
+    p.add_argument("name", help="queue")
+    p.add_argument("tenant")
+    p.set_defaults(func=cmd_queue_tenant_unset)
+    p = with_topology(tenant.add_parser("list", help="list tenant overrides"))
+    p.add_argument("name", nargs="?", help="queue (default: every queue)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_queue_tenant_list)
 
     _add_adopt_parser(queue)
 

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from queue_manager.clock import Clock, DatabaseClock
-from queue_manager.domain.settings import QueueSettings
+from queue_manager.domain.settings import QueueSettings, TenantSettings
 from queue_manager.manager.config import LEASE_MARGIN, ManagerConfig
+from queue_manager.manager.fairness import TenantPolicy
 from queue_manager.manager.metrics import ManagerMetrics
 from queue_manager.manager.queues import QueueRuntime, Reason
 from queue_manager.manager.signals import ManagerSignals
@@ -171,15 +172,25 @@ class Runtime:
             if not fut.done():
                 fut.set_result(None)
 
-    def apply_settings(self, rows: Iterable[QueueSettings]) -> None:
-        """Install freshly loaded queue settings; subscribers of dropped queues are told and closed."""
+    def apply_settings(self, rows: Iterable[QueueSettings], tenants: Iterable[TenantSettings] = ()) -> None:
+        """Install freshly loaded queue settings and tenant overrides; subscribers of dropped
+        queues are told and closed."""
         seen = set()
+        by_queue: dict[int, list[TenantSettings]] = {}
+        for t in tenants:
+            by_queue.setdefault(t.queue_id, []).append(t)
         for settings in rows:
             seen.add(settings.name)
             q = self.queues.get(settings.name)
+            policy = TenantPolicy.build(by_queue.get(settings.id, ()), settings.tenant_max_in_flight)
             if q is None:
-                self.queues[settings.name] = QueueRuntime(settings)
+                q = self.queues[settings.name] = QueueRuntime(settings)
+                q.policy = policy
                 continue
+            if policy != q.policy:
+                q.policy = policy
+                q.cap_blocked.clear()
+                self.nudge(q, Reason.DUE)  # caps may have been raised
             old = q.settings
             q.settings = settings
             q.floors.resize(settings.partitions_physical)

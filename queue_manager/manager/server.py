@@ -22,6 +22,7 @@ from websockets.datastructures import Headers
 from queue_manager.clock import Clock, SystemClock
 from queue_manager.manager.config import ManagerConfig
 from queue_manager.manager.connection import ReceiverConnection
+from queue_manager.manager.fairness import over_fair_share
 from queue_manager.manager.http import HttpFront
 from queue_manager.manager.leadership import Leadership
 from queue_manager.manager.metrics import ManagerMetrics
@@ -63,6 +64,10 @@ class Manager:
             leader=lambda: 1.0 if self.role == "leader" else 0.0,
             term=lambda: float(self.term or 0),
             receivers=lambda: float(len(self.connections)),
+            over_share=lambda: [
+                (q.name, float(over_fair_share(q.ledger.by_tenant(), q.policy))) for q in self.queues.values()
+            ],
+            clock=self.rt.clock.monotonic,
         )
 
     # ------------------------------------------------------------------ what others read

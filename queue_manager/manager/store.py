@@ -21,7 +21,8 @@ from psycopg.rows import class_row
 
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
-from queue_manager.domain.settings import QueueSettings
+from queue_manager.domain.settings import QueueSettings, TenantSettings
+from queue_manager.manager.fairness import CAP_LOOKAHEAD, FairPick, candidate_quota
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -102,6 +103,12 @@ async def shard_name(conn: AsyncConn) -> str | None:
 async def load_queues(conn: AsyncConn) -> list[QueueSettings]:
     async with conn.cursor(row_factory=class_row(QueueSettings)) as cur:
         await cur.execute(_static("mgr_queues"))
+        return await cur.fetchall()
+
+
+async def load_tenant_settings(conn: AsyncConn) -> list[TenantSettings]:
+    async with conn.cursor(row_factory=class_row(TenantSettings)) as cur:
+        await cur.execute(_static("mgr_tenant_settings"))
         return await cur.fetchall()
 
 
@@ -219,6 +226,46 @@ async def fire_due(
         prepare=True,
     )
     return await cur.fetchall(), quota
+
+
+async def fire_due_fair(
+    conn: AsyncConn,
+    q: QueueSettings,
+    term: int,
+    start: int,
+    limit: int,
+    pick: FairPick,
+    floors: Sequence[float | None] | None = None,
+) -> tuple[list[tuple[int, str, int, int, float, str]], int, int]:
+    """As :func:`fire_due`, by tenant (``mgr_fire_due_fair``, see fairness.py): returns the rows,
+    the per-partition quota of candidates and how many candidates were seen."""
+    partitions = max(1, q.partitions_physical)
+    quota, candidates = candidate_quota(limit, partitions)
+    lows = [None if floors is None or p >= len(floors) else floors[p] for p in range(partitions)]
+    cur = await conn.execute(
+        queue_sql("mgr_fire_due_fair", q.name),
+        {
+            "term": term,
+            "start": start % partitions,
+            "partitions": partitions,
+            "quota": quota,
+            "window": quota + (CAP_LOOKAHEAD if pick.capped else 0),
+            "candidates": candidates,
+            "limit": limit,
+            "floors": _array(lows),
+            "capped": list(pick.capped),
+            "tenants": list(pick.tenants),
+            "ahead": _array(pick.ahead),
+            "weights": _array(pick.weights),
+            "rooms": _array(pick.rooms),
+            "default_room": pick.default_room,
+            "ack_timeout": q.ack_timeout_seconds,
+        },
+        prepare=True,
+    )
+    rows = await cur.fetchall()
+    seen = int(rows[0][6]) if rows else 0
+    return [r[:6] for r in rows], quota, seen
 
 
 def _array(values: Iterable[int | float | None]) -> str:

@@ -13,8 +13,13 @@
 -- Columns are read by name into queue_manager.domain.settings.QueueSettings: select exactly its fields.
 SELECT id, name, partitions_physical, partitions, shuffle, window_seconds, cache_size, ack_timeout_seconds,
        backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
-       failed_retention_seconds, payload_limit_bytes, max_delay_seconds, paused
+       failed_retention_seconds, payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight
   FROM qm.queues ORDER BY id
+
+-- mgr_tenant_settings --
+-- Per-tenant overrides of this shard's queues (weight, max_in_flight), read with the queue settings.
+-- Columns are read by name into queue_manager.domain.settings.TenantSettings.
+SELECT queue_id, tenant, weight, max_in_flight FROM qm.tenant_settings ORDER BY queue_id, tenant
 
 -- mgr_shard --
 SELECT name FROM qm.shard
@@ -114,6 +119,52 @@ UPDATE {queue} q
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state::text = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
+
+-- mgr_fire_due_fair --
+-- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py): the same walk
+-- over partitions from %(start)s and the floors, without locks, taking per partition at most
+-- %(quota)s candidates among its first %(window)s due rows that are not of a tenant at its cap
+-- (%(capped)s; the window bounds how far a pick looks past a capped tenant's backlog), at most
+-- %(candidates)s in all. Each candidate gets its start tag: its tenant's offset ahead of the virtual
+-- time (%(ahead)s, 0 when not listed) + (its rank by fire_at among its tenant's candidates - 1) /
+-- the tenant's weight (1 when not listed); a tenant takes at most its room (%(rooms)s, else
+-- %(default_room)s, NULL = no cap). The %(limit)s smallest tags (ties in walk order) are locked
+-- (SKIP LOCKED) and fired by primary key. The last column counts the candidates seen.
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     seen AS MATERIALIZED (
+        SELECT e.id, e.tenant, e.fire_at, g.i AS turn
+          FROM generate_series(0, %(partitions)s - 1) AS g(i)
+         CROSS JOIN LATERAL (
+                SELECT s.id, s.tenant, s.fire_at
+                  FROM (SELECT q.id, q.tenant, q.fire_at FROM {queue} q
+                         WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.state = 'to_be_fired'
+                           AND q.fire_at <= now()
+                           AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[(%(start)s + g.i) %% %(partitions)s + 1]),
+                                                     '-infinity'::timestamptz)
+                         ORDER BY q.fire_at
+                         LIMIT %(window)s) s
+                 WHERE s.tenant <> ALL(%(capped)s::text[])
+                 LIMIT %(quota)s) e
+         LIMIT %(candidates)s),
+     tagged AS (
+        SELECT r.id, r.turn, r.fire_at, coalesce(t.ahead, 0) + (r.j - 1) / coalesce(t.weight, 1) AS tag
+          FROM (SELECT id, tenant, fire_at, turn, row_number() OVER (PARTITION BY tenant ORDER BY fire_at, id) AS j
+                  FROM seen) r
+          LEFT JOIN unnest(%(tenants)s::text[], %(ahead)s::double precision[], %(weights)s::double precision[],
+                           %(rooms)s::integer[]) AS t(tenant, ahead, weight, room) ON t.tenant = r.tenant
+         WHERE r.j <= coalesce(t.room, %(default_room)s::integer, 2147483647)),
+     chosen AS MATERIALIZED (SELECT id FROM tagged ORDER BY tag, turn, fire_at LIMIT %(limit)s),
+     locked AS MATERIALIZED (
+        SELECT q.id FROM {queue} q
+         WHERE q.id = ANY(ARRAY(SELECT id FROM chosen)) AND q.state::text = 'to_be_fired'
+           FOR UPDATE SKIP LOCKED)
+UPDATE {queue} q
+   SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
+       ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
+  FROM f
+ WHERE q.id = ANY(ARRAY(SELECT id FROM locked)) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
+RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
+          (SELECT count(*) FROM seen)::integer
 
 -- mgr_ack --
 -- fired -> acked for (id, attempt) pairs still fired at that attempt; bumps the done counters.
