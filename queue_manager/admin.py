@@ -72,8 +72,8 @@ def alter_queue(topology: Topology, queue: str, settings: Mapping[str, Any]) -> 
 
 def set_tenant(topology: Topology, queue: str, tenant: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     """Set a tenant's overrides of a queue (weight, max_in_flight) on the tenant's shard, the only
-    one that dispatches its events; returns the stored row. The manager applies them at its next
-    settings reload (every rescan interval, 2 s by default)."""
+    one that dispatches its events; returns the stored row. The change reaches the shard's manager
+    at once (a NOTIFY from qm.tenant_settings makes it reload its settings)."""
     check_queue_name(queue)
     if not tenant:
         raise ConfigurationError("give a non-empty tenant")

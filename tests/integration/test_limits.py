@@ -371,3 +371,30 @@ async def test_the_fire_statements_fire_nothing_of_a_paused_queue(shards: Topolo
         await asyncio.to_thread(admin.alter_queue, shards, "orders", {"paused": False})
         assert len(await store.fire(conn, settings, term, ids[:5])) == 5
         assert len((await store.fire_due(conn, settings, term, 0, 10))[0]) == 5
+
+
+async def test_tenant_overrides_and_every_setting_reach_the_manager_at_once(
+    shards: Topology,
+    shard: Shard,
+    make_queue,  # type: ignore[no-untyped-def]
+) -> None:
+    """The periodic reload is 30 s away: a tenant override (qm.tenant_settings) and a setting added
+    after the settings notices (tenant_max_in_flight) still reach the manager within half a second;
+    the counters' bookkeeping sends nothing."""
+    make_queue("orders", partitions=4, shuffle=2)
+    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
+        await wait_leader(m)
+        q = m.queues["orders"]
+        for change in (
+            lambda: admin.set_tenant(shards, "orders", "acme", {"weight": 3}),
+            lambda: admin.alter_queue(shards, "orders", {"tenant_max_in_flight": 7}),
+            lambda: admin.unset_tenant(shards, "orders", "acme"),
+        ):
+            m.signals.reloaded.clear()
+            await asyncio.to_thread(change)
+            await m.signals.reloaded.wait(timeout=0.5)
+        assert q.policy.weight("acme") == 1.0 and q.settings.tenant_max_in_flight == 7
+        m.signals.reloaded.clear()
+        await backlog(shard, 5)  # enqueue counters move (sequences): no settings notice
+        with pytest.raises(AssertionError, match="no signal"):
+            await m.signals.reloaded.wait(timeout=0.3)
