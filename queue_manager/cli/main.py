@@ -199,6 +199,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
             sweep_interval=args.sweep_interval,
             purge_interval=args.purge_interval,
             reconcile_interval=args.reconcile_interval,
+            health_interval=args.health_interval,
             durable_fires=not args.async_fires,
         )
     except ValueError as exc:
@@ -460,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge-interval", type=float, default=5.0, help="retention purge period, seconds (default 5)")
     p.add_argument(
         "--reconcile-interval", type=float, default=60.0, help="load counter reconciliation period, s (default 60)"
+    )
+    p.add_argument(
+        "--health-interval",
+        type=float,
+        default=10.0,
+        help="database health reading period for the metrics, seconds (default 10)",
     )
     p.add_argument(
         "--async-fires",

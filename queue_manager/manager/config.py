@@ -45,6 +45,9 @@ class ManagerConfig:
     purge_interval: float = 5.0
     #: how often the producers' load counters are re-anchored on a count of live events
     reconcile_interval: float = 60.0
+    #: how often the leader reads the database's health for its gauges (xmin horizon, dead tuples,
+    #: sizes, bloat estimate, NOTIFY queue; docs/operations.md, "Database health"), seconds
+    health_interval: float = 10.0
     #: every partition of a queue is rescanned at least this often (the safety net), seconds
     rescan_interval: float = 2.0
     #: most events fired by one statement
@@ -80,6 +83,7 @@ class ManagerConfig:
             "sweep_interval",
             "purge_interval",
             "reconcile_interval",
+            "health_interval",
             "rescan_interval",
             "ping_interval",
             "ping_timeout",

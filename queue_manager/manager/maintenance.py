@@ -1,10 +1,12 @@
-"""Maintenance of the active manager: the old-event collector, the retention purge and the load
-reconciliation. Each is a job with a ``run_once()`` that returns its counts (tests call it
-directly); :func:`schedule` runs them periodically with APScheduler (``max_instances=1``,
-``coalesce=True``), as tasks that end with their session.
+"""Maintenance of the active manager: the old-event collector, the retention purge, the load
+reconciliation, and the database health reading for the gauges (:mod:`.health`). Each is a job
+with a ``run_once()`` that returns its counts (tests call it directly); :func:`schedule` runs them
+periodically with APScheduler (``max_instances=1``, ``coalesce=True``), as tasks that end with
+their session.
 
-Every statement goes through the session's writer, fenced like any other write, so maintenance
-never runs beside a deposed term's writes and never holds a second connection.
+Every write goes through the session's writer, fenced like any other write, so maintenance never
+runs beside a deposed term's writes and never holds a second writing connection. The health
+reading only reads, on a connection of its own, so acks never wait behind it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from queue_manager.manager.health import HealthMonitor
 from queue_manager.manager.queues import QueueRuntime
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.writer import OpKind, Unavailable
@@ -178,6 +181,7 @@ class Maintenance:
         self.collector = Collector(rt)
         self.retention = Retention(rt)
         self.reconciliation = Reconciliation(rt)
+        self.health = HealthMonitor(rt)
         self._scheduler = AsyncIOScheduler()
         self._running: set[asyncio.Task[Any]] = set()
         cfg = rt.config
@@ -185,6 +189,7 @@ class Maintenance:
             (self.collector.run_once, cfg.sweep_interval),
             (self.retention.run_once, cfg.purge_interval),
             (self.reconciliation.run_once, cfg.reconcile_interval),
+            (self.health.run_once, cfg.health_interval),
         ]
         for run_once, seconds in jobs:
             self._scheduler.add_job(
@@ -208,7 +213,11 @@ class Maintenance:
     def start(self) -> None:
         self._scheduler.start()
         # the collector runs at once on takeover: events a crashed manager left fired
-        task = asyncio.get_running_loop().create_task(self._tracked(self.collector.run_once)())
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._tracked(self.collector.run_once)())
+        self._running.add(task)
+        # and the health gauges are filled at once, not one interval into the term
+        task = loop.create_task(self._tracked(self.health.run_once)())
         self._running.add(task)
 
     async def close(self) -> None:
@@ -219,3 +228,4 @@ class Maintenance:
             t.cancel()
         if running:
             await asyncio.wait(running, timeout=5)
+        await self.health.close()

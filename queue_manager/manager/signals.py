@@ -76,6 +76,8 @@ class ManagerSignals:
     purged: TestSignal[int] = field(default_factory=TestSignal)
     #: a run of the load reconciliation finished (drift found)
     reconciled: TestSignal[int] = field(default_factory=TestSignal)
+    #: a database health reading was taken (its warnings)
+    health_read: TestSignal[list[str]] = field(default_factory=TestSignal)
     #: this queue's wake-up lock was taken
     armed: TestSignal[str] = field(default_factory=TestSignal)
 
