@@ -113,10 +113,12 @@ def sample(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     (table,) = [t for t in reading.tables if t.queue == QUEUE]
     row = conn.execute(
         "SELECT n_tup_ins, n_tup_upd, n_tup_del, n_tup_hot_upd, vacuum_count, autovacuum_count, "
-        "pg_relation_size(relid) FROM pg_stat_user_tables WHERE relid = %s::regclass",
+        "pg_relation_size(relid), to_jsonb(s) FROM pg_stat_user_tables s WHERE relid = %s::regclass",
         (QUEUE,),
     ).fetchone()
     assert row is not None
+    # the manager's own rows: the lease (renewed every lease_ttl / 3) and the registry
+    own = dict(conn.execute("SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'qm'").fetchall())
     return {
         "t": time.time(),
         "heap_bytes": int(row[6]),
@@ -127,6 +129,11 @@ def sample(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         "live_tuples": table.live_tuples,
         "dead_tuples": table.dead_tuples,
         "autovacuum_count": table.autovacuum_count,
+        "vacuum_count": int(row[4]),
+        # PostgreSQL 18 on: milliseconds spent in (auto)vacuum of the table so far
+        "total_vacuum_ms": row[7].get("total_vacuum_time"),
+        "total_autovacuum_ms": row[7].get("total_autovacuum_time"),
+        "qm_tables_dead_tuples": {str(k): int(v) for k, v in own.items() if v},
         "inserted": int(row[0]),
         "updated": int(row[1]),
         "deleted": int(row[2]),
@@ -191,8 +198,8 @@ def prepare(dsn: str, table_options: str | None) -> None:
                     sql.SQL(table_options),  # checked by parse_args
                 )
             )
-        conn.execute("SELECT pg_stat_reset_single_table_counters(%s::regclass)", (QUEUE,))
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(QUEUE)))
+        conn.execute("SELECT pg_stat_reset_single_table_counters(%s::regclass)", (QUEUE,))
 
 
 def run_once(dsn: str, args: argparse.Namespace, held: bool, have_pgstattuple: bool) -> dict[str, Any]:
@@ -344,6 +351,7 @@ def summarize(
                 "live": s["live_tuples"],
                 "dead": s["dead_tuples"],
                 "autovacuums": s["autovacuum_count"],
+                "vacuums_by_the_leader": s["vacuum_count"],
                 "warnings": len(s["warnings"]),
                 "reading_ms": s["reading_ms"],
             }
@@ -460,6 +468,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample", type=float, default=10.0, help="seconds between samples (default 10)")
     parser.add_argument("--table-options", help="ALTER TABLE ... SET (these) before each run, for experiments")
     parser.add_argument("--server-set", action="append", default=[], help="NAME=VALUE for the embedded server")
+    parser.add_argument(
+        "--vacuum-after",
+        type=float,
+        default=15.0,
+        help="the manager's vacuum_after (default 15; 0: leave vacuum to autovacuum alone)",
+    )
     parser.add_argument("--dsn", help="administrative database of an existing server")
     parser.add_argument("--json-only", action="store_true", help="no logs on stderr (only warnings)")
     parser.add_argument("--seed", type=int, default=11)
@@ -485,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING if args.json_only else logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s"
     )
     settings = dict(item.split("=", 1) for item in args.server_set)
+    e2e.MANAGER_OVERRIDES["vacuum_after"] = args.vacuum_after
     queue = {"partitions": 16, "shuffle": 4, "retention_seconds": args.retention}
     started = time.time()
     with bench_server(args.dsn, "churn", settings) as (_admin, dsn):
@@ -519,6 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "table_options_set": args.table_options,
             "server_set": settings,
             "credit": CREDIT,
+            "manager": dict(e2e.MANAGER_OVERRIDES),
             "pgstattuple": have_pgstattuple,
         },
         "runs": runs,

@@ -200,6 +200,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
             purge_interval=args.purge_interval,
             reconcile_interval=args.reconcile_interval,
             health_interval=args.health_interval,
+            vacuum_after=args.vacuum_after,
             durable_fires=not args.async_fires,
         )
     except ValueError as exc:
@@ -467,6 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=10.0,
         help="database health reading period for the metrics, seconds (default 10)",
+    )
+    p.add_argument(
+        "--vacuum-after",
+        type=float,
+        default=15.0,
+        help="vacuum a queue table autovacuum leaves past its trigger this long, seconds (default 15; 0: never)",
     )
     p.add_argument(
         "--async-fires",

@@ -29,6 +29,10 @@ DEAD_TUPLES_WARN_MIN = 100_000
 #: INDEX_BLOAT_WARN_MIN_BYTES: worth a REINDEX CONCURRENTLY
 INDEX_BLOAT_WARN_RATIO = 0.5
 INDEX_BLOAT_WARN_MIN_BYTES = 64 * 1024 * 1024
+#: the leader vacuums a queue table itself (``qm manager --vacuum-after``) only up to this size (heap and
+#: indexes): a VACUUM it runs does not give way to a conflicting lock as autovacuum does (a DDL on the
+#: table waits for it) and is not throttled, so a larger table is left to autovacuum
+VACUUM_MAX_BYTES = 1 << 30
 #: the server's NOTIFY queue more than this full (0 to 1): a listener is not consuming; when it is
 #: full, every transaction that notifies fails at commit (the producers' wake-ups among them)
 NOTIFY_QUEUE_WARN = 0.10
@@ -217,6 +221,36 @@ def warnings(h: ShardHealth, t: Thresholds | None = None) -> list[str]:
                     f"{tb.queue}: index {ix.name} is about {ix.bloat_ratio:.0%} bloat ({wasted} of {size}, "
                     f"estimated): REINDEX INDEX CONCURRENTLY {ix.name}"
                 )
+    return out
+
+
+def tables_to_vacuum(h: ShardHealth, after: float, max_bytes: int = VACUUM_MAX_BYTES) -> list[str]:
+    """The queue tables worth a VACUUM now, when autovacuum is late: past autovacuum's trigger and
+    not vacuumed for ``after`` seconds (0: never any).
+
+    Autovacuum visits a database once per ``autovacuum_naptime`` (60 s by default), and a queue
+    table under churn passes its trigger within a second or two: at 500 events/s the dead tuples
+    reached 90 000 between two visits, and the table grew by what they took (docs/benchmarks.md,
+    "Churn"). Left out: tables with autovacuum turned off (an operator's choice), tables over
+    ``max_bytes``, and tables whose last vacuum ran under the horizon still held (a session or
+    prepared transaction older than that vacuum: another one would remove nothing more).
+    """
+    if after <= 0:
+        return []
+    hz = h.horizon
+    held = None if hz is None or hz.kind == "slot" else hz.age_seconds
+    out = []
+    for t in h.tables:
+        waited = t.vacuum_age_seconds if t.vacuum_age_seconds is not None else t.queue_age_seconds
+        if (
+            t.autovacuum_enabled
+            and t.autovacuum_trigger is not None
+            and t.dead_tuples > t.autovacuum_trigger
+            and waited >= after
+            and t.table_bytes + t.index_bytes <= max_bytes
+            and not (held is not None and t.vacuum_age_seconds is not None and held >= t.vacuum_age_seconds)
+        ):
+            out.append(t.queue)
     return out
 
 

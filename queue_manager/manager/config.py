@@ -48,6 +48,9 @@ class ManagerConfig:
     #: how often the leader reads the database's health for its gauges (xmin horizon, dead tuples,
     #: sizes, bloat estimate, NOTIFY queue; docs/operations.md, "Database health"), seconds
     health_interval: float = 10.0
+    #: a queue table past autovacuum's trigger that autovacuum has not vacuumed for this long is
+    #: vacuumed by the leader itself (docs/operations.md, "Vacuum"); 0 leaves it to autovacuum
+    vacuum_after: float = 15.0
     #: every partition of a queue is rescanned at least this often (the safety net), seconds
     rescan_interval: float = 2.0
     #: most events fired by one statement
@@ -94,6 +97,8 @@ class ManagerConfig:
                 raise ValueError(f"{name} must be a positive number of seconds")
         if not (math.isfinite(self.drain_timeout) and self.drain_timeout >= 0):
             raise ValueError("drain_timeout must be zero or a positive number of seconds")
+        if not (math.isfinite(self.vacuum_after) and self.vacuum_after >= 0):
+            raise ValueError("vacuum_after must be zero (off) or a positive number of seconds")
         if self.recover_within is not None and not (math.isfinite(self.recover_within) and self.recover_within > 0):
             raise ValueError("recover_within must be a positive number of seconds")
         if not self.holder:

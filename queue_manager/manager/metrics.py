@@ -225,6 +225,10 @@ class ManagerMetrics:
             "qm_wake_lock_waits_total",
             "Times the dispatcher waited for a queue's wake-up lock behind an open producer transaction.",
         )
+        self.vacuums = r.counter(
+            "qm_queue_vacuums_total",
+            "VACUUMs the leader ran on a queue table that autovacuum had left past its trigger.",
+        )
         #: the leader's latest database health reading (manager/health.py), None when not leading
         self.health: ShardHealth | None = None
         self.health_warnings: list[str] = []

@@ -78,6 +78,8 @@ class ManagerSignals:
     reconciled: TestSignal[int] = field(default_factory=TestSignal)
     #: a database health reading was taken (its warnings)
     health_read: TestSignal[list[str]] = field(default_factory=TestSignal)
+    #: the leader vacuumed this queue's table (autovacuum was late)
+    vacuumed: TestSignal[str] = field(default_factory=TestSignal)
     #: this queue's wake-up lock was taken
     armed: TestSignal[str] = field(default_factory=TestSignal)
 

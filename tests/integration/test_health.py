@@ -194,3 +194,56 @@ def _gauge(text: str, name: str) -> float:
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert m is not None, name
     return float(m.group(1))
+
+
+def _vacuum_count(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'orders'::regclass").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_the_leader_vacuums_a_queue_table_autovacuum_is_late_for(
+    shard: Shard, orders: psycopg.Connection[Any]
+) -> None:
+    orders.execute("ALTER TABLE orders SET (autovacuum_vacuum_threshold = 100, autovacuum_vacuum_scale_factor = 0)")
+    _insert(orders, shard, 1000)
+    async with running_manager(shard.dsn, health_interval=0.2, vacuum_after=0.5) as m:
+        await wait_leader(m)
+        # under the trigger: nothing to do
+        await m.signals.health_read.wait(10)
+        await m.signals.health_read.wait(10)
+        assert m.metrics.vacuums.total() == 0
+        _flushed(orders, "DELETE FROM orders WHERE id <= 500")
+        assert await m.signals.vacuumed.wait(10) == "orders"
+        assert _vacuum_count(orders) == 1
+        reading = read_health(orders)
+        assert reading.tables[0].dead_tuples == 0
+
+        # under a held snapshot one vacuum runs (it removes what is older), then no more: the
+        # next would remove nothing
+        with psycopg.connect(shard.dsn) as holder:
+            holder.execute("SELECT txid_current()")
+            await asyncio.sleep(0.6)  # past vacuum_after since the last vacuum
+            _flushed(orders, "DELETE FROM orders WHERE id <= 700")
+            await m.signals.vacuumed.wait(10)
+            m.signals.vacuumed.clear()
+            for _ in range(5):  # readings that see the dead tuples still there
+                await m.signals.health_read.wait(10)
+            assert read_health(orders).tables[0].dead_tuples == 200
+            assert m.metrics.vacuums.get(queue="orders") == 2
+            holder.rollback()
+        # released: the next vacuum removes them
+        assert await m.signals.vacuumed.wait(10) == "orders"
+        assert read_health(orders).tables[0].dead_tuples == 0
+        assert 'qm_queue_vacuums_total{queue="orders"} 3' in m.metrics.render()
+
+
+async def test_vacuum_after_zero_leaves_vacuum_to_autovacuum(shard: Shard, orders: psycopg.Connection[Any]) -> None:
+    orders.execute("ALTER TABLE orders SET (autovacuum_vacuum_threshold = 100, autovacuum_vacuum_scale_factor = 0)")
+    _insert(orders, shard, 1000)
+    _flushed(orders, "DELETE FROM orders WHERE id <= 500")
+    async with running_manager(shard.dsn, health_interval=0.2, vacuum_after=0) as m:
+        await wait_leader(m)
+        for _ in range(5):
+            await m.signals.health_read.wait(10)
+    assert m.metrics.vacuums.total() == 0 and _vacuum_count(orders) == 0

@@ -110,3 +110,26 @@ def test_plain_data_keeps_every_reading() -> None:
     assert t["dead_ratio"] == round(1_000 / 1_001_000, 4)
     assert t["index_bloat_bytes"] == 10 << 20
     assert t["indexes"][0]["name"] == "orders_pkey"
+
+
+def test_the_leader_vacuums_a_table_autovacuum_left_past_its_trigger() -> None:
+    late = replace(TABLE, dead_tuples=30_000, vacuum_age_seconds=20.0, table_bytes=8 << 20, index_bytes=2 << 20)
+    shard = replace(HEALTHY, tables=(late,))
+    assert health.tables_to_vacuum(shard, 15.0) == ["orders"]
+    assert health.tables_to_vacuum(shard, 0.0) == []  # off
+    assert health.tables_to_vacuum(shard, 30.0) == []  # vacuumed recently enough
+    assert health.tables_to_vacuum(replace(shard, tables=(replace(late, dead_tuples=20_000),)), 15.0) == []
+    never = replace(late, vacuum_age_seconds=None)
+    assert health.tables_to_vacuum(replace(shard, tables=(never,)), 15.0) == ["orders"]  # the queue is a day old
+    young = replace(never, queue_age_seconds=5.0)
+    assert health.tables_to_vacuum(replace(shard, tables=(young,)), 15.0) == []
+    # autovacuum turned off is the operator's choice; a large table is autovacuum's
+    assert health.tables_to_vacuum(replace(shard, tables=(replace(late, autovacuum_enabled=False),)), 15.0) == []
+    big = replace(late, table_bytes=health.VACUUM_MAX_BYTES)
+    assert health.tables_to_vacuum(replace(shard, tables=(big,)), 15.0) == []
+    # a snapshot older than the last vacuum: another vacuum would remove nothing more
+    held = replace(shard, horizon=replace(SESSION, age_seconds=25.0))
+    assert health.tables_to_vacuum(held, 15.0) == []
+    assert health.tables_to_vacuum(replace(shard, horizon=replace(SESSION, age_seconds=19.0)), 15.0) == ["orders"]
+    slot = replace(shard, horizon=Horizon("slot", "standby", None, None, None, None, 500))
+    assert health.tables_to_vacuum(slot, 15.0) == ["orders"]
