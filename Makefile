@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-archive bench-spark clean-local
+.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-archive bench-spark clean-local
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,9 @@ bench-e2e: $(STAMP) ## one shard end to end: drain, latency, fire accuracy, vs P
 
 bench-held-snapshot: $(STAMP) ## dispatch while a long transaction holds back vacuum, 500/s and 2000/s, ~10 min (JSON on stdout)
 	$(BIN)/python benchmarks/held_snapshot.py
+
+bench-churn: $(STAMP) ## 10 min of churn with retention on, clean and with a snapshot held 2 min, ~25 min (JSON on stdout)
+	$(BIN)/python benchmarks/churn.py
 
 bench-spark: $(STAMP) ## Spark bulk enqueue of 1M events into two shards vs Spark's JDBC writer and COPY (JSON on stdout)
 	$(BIN)/python benchmarks/spark_load.py

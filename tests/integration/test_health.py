@@ -15,7 +15,7 @@ from queue_manager.db.health import read_health
 from queue_manager.domain.health import Thresholds
 from queue_manager.domain.topology import Shard, Topology
 from tests.conftest import tenants_of
-from tests.managerkit import running_manager, wait_leader
+from tests.managerkit import running_manager, wait_for, wait_leader
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -133,7 +133,8 @@ def test_index_bloat_estimate_is_close_to_what_pgstattuple_measures(
         pages = est[name]["size_bytes"] // 8192
         # measured waste: leaf space below the fillfactor (90) plus wholly empty pages, of the whole index
         measured = (leaf * (1 - min(density, 90.0) / 90.0) + empty) / pages
-        assert abs(est[name]["bloat_ratio"] - measured) < 0.15, (name, est[name], measured)
+        # measured: 0.737 estimated against 0.723 (pkey), 0.744 against 0.740 (due)
+        assert abs(est[name]["bloat_ratio"] - measured) < 0.05, (name, est[name], measured)
         assert est[name]["bloat_ratio"] > 0.5
     assert any("index orders_pkey is about" in w and "REINDEX INDEX CONCURRENTLY orders_pkey" in w for w in warnings)
 
@@ -210,32 +211,37 @@ async def test_the_leader_vacuums_a_queue_table_autovacuum_is_late_for(
     async with running_manager(shard.dsn, health_interval=0.2, vacuum_after=0.5) as m:
         await wait_leader(m)
         # under the trigger: nothing to do
-        await m.signals.health_read.wait(10)
-        await m.signals.health_read.wait(10)
+        m.signals.health_read.clear()
+        for _ in range(3):
+            await m.signals.health_read.wait(10)
         assert m.metrics.vacuums.total() == 0
-        _flushed(orders, "DELETE FROM orders WHERE id <= 500")
-        assert await m.signals.vacuumed.wait(10) == "orders"
+        for attempt in range(3):
+            _flushed(orders, "DELETE FROM orders WHERE id <= %s", (500 + 100 * attempt,))
+            try:
+                assert await m.signals.vacuumed.wait(3) == "orders"
+                break
+            except AssertionError:  # autovacuum (once a minute) came first: the leader had nothing to do
+                continue
+        else:
+            pytest.fail("the leader never vacuumed the table")
         assert _vacuum_count(orders) == 1
-        reading = read_health(orders)
-        assert reading.tables[0].dead_tuples == 0
+        assert read_health(orders).tables[0].dead_tuples == 0
 
-        # under a held snapshot one vacuum runs (it removes what is older), then no more: the
-        # next would remove nothing
+        # under a held snapshot: at most one vacuum (it removes what is older), then none while
+        # the same transaction holds the horizon, since another would remove nothing
         with psycopg.connect(shard.dsn) as holder:
             holder.execute("SELECT txid_current()")
-            await asyncio.sleep(0.6)  # past vacuum_after since the last vacuum
-            _flushed(orders, "DELETE FROM orders WHERE id <= 700")
-            await m.signals.vacuumed.wait(10)
-            m.signals.vacuumed.clear()
-            for _ in range(5):  # readings that see the dead tuples still there
+            _flushed(orders, "DELETE FROM orders WHERE id <= 900")
+            before = m.metrics.vacuums.get(queue="orders")
+            m.signals.health_read.clear()
+            for _ in range(8):  # 1.6 s of readings, over three times vacuum_after
                 await m.signals.health_read.wait(10)
-            assert read_health(orders).tables[0].dead_tuples == 200
-            assert m.metrics.vacuums.get(queue="orders") == 2
+            assert read_health(orders).tables[0].dead_tuples == 900 - (500 + 100 * attempt)
+            assert m.metrics.vacuums.get(queue="orders") - before <= 1
             holder.rollback()
         # released: the next vacuum removes them
-        assert await m.signals.vacuumed.wait(10) == "orders"
-        assert read_health(orders).tables[0].dead_tuples == 0
-        assert 'qm_queue_vacuums_total{queue="orders"} 3' in m.metrics.render()
+        await wait_for(lambda: read_health(orders).tables[0].dead_tuples == 0, 10, "the dead tuples removed")
+        assert 'qm_queue_vacuums_total{queue="orders"}' in m.metrics.render()
 
 
 async def test_vacuum_after_zero_leaves_vacuum_to_autovacuum(shard: Shard, orders: psycopg.Connection[Any]) -> None:
@@ -247,3 +253,21 @@ async def test_vacuum_after_zero_leaves_vacuum_to_autovacuum(shard: Shard, order
         for _ in range(5):
             await m.signals.health_read.wait(10)
     assert m.metrics.vacuums.total() == 0 and _vacuum_count(orders) == 0
+
+
+def test_the_holder_is_named_not_a_later_snapshot_that_shares_its_xmin(
+    shards: Topology, shard: Shard, orders: psycopg.Connection[Any]
+) -> None:
+    with psycopg.connect(shard.dsn, application_name="the-holder") as holder:
+        holder.execute("SELECT txid_current()")
+        with psycopg.connect(shard.dsn, application_name="a-later-reader") as reader:
+            reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            reader.execute("SELECT count(*) FROM orders")  # its snapshot's xmin is the holder's xid
+            row = orders.execute(
+                "SELECT age(backend_xmin) FROM pg_stat_activity WHERE application_name = 'a-later-reader'"
+            ).fetchone()
+            assert row is not None and row[0] is not None
+            horizon = admin.status(shards)["shards"][0]["xmin_horizon"]
+            assert horizon["holder"] == "the-holder" and horizon["pid"] == holder.info.backend_pid
+            reader.rollback()
+        holder.rollback()
