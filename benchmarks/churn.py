@@ -523,6 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     e2e.MANAGER_OVERRIDES["vacuum_after"] = args.vacuum_after
     queue = {"partitions": 16, "shuffle": 4, "retention_seconds": args.retention}
     started = time.time()
+    code = e2e.code_version()  # before the runs: the tree may change during 25 minutes
     with bench_server(args.dsn, "churn", settings) as (_admin, dsn):
         one_shard_queue(dsn, QUEUE, queue)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -545,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine_info(),
         **info,
         "autovacuum": autovacuum,
-        "code": e2e.code_version(),
+        "code": code,
         "params": {
             "minutes": args.minutes,
             "rate": args.rate,

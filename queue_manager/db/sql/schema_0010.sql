@@ -13,7 +13,7 @@
 --       as revision 0001 set them: vacuum after 2 % of the table changed, not PostgreSQL's 20 %
 --       (analyze: 10 %). On a churned queue table the trigger is passed within a second or two
 --       (at 500 events/s with 30 s retention, 90 000 dead tuples piled up between two autovacuum
---       visits against a trigger of about 350): what bounds the dead rows is how often vacuum
+--       visits against a trigger of about 400): what bounds the dead rows is how often vacuum
 --       comes (autovacuum_naptime, server-wide, 60 s by default), which the leader makes up for by
 --       vacuuming the table itself (qm manager --vacuum-after). The trigger also says when it does.
 --   autovacuum_vacuum_cost_limit = 2000
