@@ -1,7 +1,7 @@
 """Queue tables tuned for churn: qm.tune_queue_tables() sets their autovacuum parameters, called by
 qm.create_queue and applied to every existing queue.
 
-Revision ID: 0010
+Revision ID: 0010_table_health
 Revises: 0007
 Create Date: 2026-11-25
 """
@@ -12,7 +12,7 @@ from alembic import op
 
 from queue_manager.db.sqlfiles import read_sql, run_script
 
-revision = "0010"
+revision = "0010_table_health"
 down_revision = "0007"
 branch_labels = None
 depends_on = None

@@ -57,7 +57,7 @@ def test_0005_regenerates_routing_and_keeps_stored_events(shard_at_0004: Shard) 
 
     with psycopg.connect(shard_at_0004.dsn, autocommit=True) as c:
         rev = c.execute("SELECT version_num FROM qm.alembic_version").fetchone()
-        assert rev == ("0010",)
+        assert rev == ("0010_table_health",)
         after = {r[0]: (r[1], r[2]) for r in c.execute("SELECT id, tenant, partition FROM orders").fetchall()}
         assert after == before  # nothing refused, nothing moved
         c.execute("INSERT INTO orders (tenant, payload) SELECT t, '{}' FROM unnest(%s::text[]) AS t", (tenants,))
@@ -74,10 +74,10 @@ def test_0005_regenerates_routing_and_keeps_stored_events(shard_at_0004: Shard) 
     assert unused_before <= {p for _, p in new}
 
 
-def test_head_is_0010(shard: Shard) -> None:
+def test_head_is_0010_table_health(shard: Shard) -> None:
     with psycopg.connect(shard.dsn) as c:
         row: Any = c.execute("SELECT version_num FROM qm.alembic_version").fetchone()
-    assert row == ("0010",)
+    assert row == ("0010_table_health",)
 
 
 #: the storage parameters revision 0010 gives every queue table (qm.tune_queue_tables)
