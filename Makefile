@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-archive bench-spark clean-local
+.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit clean-local
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,11 +40,23 @@ bench-held-snapshot: $(STAMP) ## dispatch while a long transaction holds back va
 bench-churn: $(STAMP) ## 10 min of churn with retention on, clean and with a snapshot held 2 min, ~25 min (JSON on stdout)
 	$(BIN)/python benchmarks/churn.py
 
+bench-fairness: $(STAMP) ## a quiet tenant's pickup delay alone and beside a 100k-event noisy tenant, ~8 min (JSON on stdout)
+	$(BIN)/python benchmarks/fairness.py
+
 bench-spark: $(STAMP) ## Spark bulk enqueue of 1M events into two shards vs Spark's JDBC writer and COPY (JSON on stdout)
 	$(BIN)/python benchmarks/spark_load.py
 
+bench-maintenance: $(STAMP) ## what a maintenance slice costs, and the acks beside reconciliation slices (JSON on stdout)
+	$(BIN)/python benchmarks/maintenance.py
+
 bench-archive: $(STAMP) ## archive 200k settled events of two shards to Parquet and delete them (JSON on stdout)
 	$(BIN)/python benchmarks/archive.py
+
+bench-adopt: $(STAMP) ## qm queue adopt: 100k legacy rows into two shards, by slice size (JSON on stdout)
+	$(BIN)/python benchmarks/adopt.py
+
+bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
+	$(BIN)/python benchmarks/ratelimit.py
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local

@@ -65,7 +65,13 @@ async def _wait_mp_event(ev: Any, poll: float = 0.01) -> None:
 # --------------------------------------------------------------------------- manager
 
 
-def _instrument_store(counters: dict[str, list[float]]) -> None:
+#: a manager database call (or an event-loop stall) longer than this is recorded with its time
+SLOW_CALL = 0.02
+#: most slow calls kept (the latest)
+SLOW_KEEP = 20_000
+
+
+def _instrument_store(counters: dict[str, list[float]], slow: list[tuple[str, float, float]] | None = None) -> None:
     """Time every database call of the manager (count, seconds awaited, items) by wrapping ``store``.
 
     Every coroutine function of ``queue_manager.manager.store`` except the ``connect*`` ones and
@@ -73,7 +79,8 @@ def _instrument_store(counters: dict[str, list[float]]) -> None:
     manager calls them through the module, so replacing the module's attributes in this process is
     enough. Items: the length of a list 4th argument (the ids of fire, ack, release, extend), else of
     a list result (rows), else of a scan's rows. The seconds are wall time from the call to its
-    result, which includes the time other tasks of the loop ran before this one resumed.
+    result, which includes the time other tasks of the loop ran before this one resumed. Calls
+    longer than SLOW_CALL go to ``slow`` as (name, wall-clock start, seconds).
     """
     from queue_manager.manager import store
 
@@ -94,10 +101,15 @@ def _instrument_store(counters: dict[str, list[float]]) -> None:
                 result = await original(*args, **kwargs)
                 return result
             finally:
+                took = time.perf_counter() - t
                 c = counters.setdefault(name, [0, 0.0, 0])
                 c[0] += 1
-                c[1] += time.perf_counter() - t
+                c[1] += took
                 c[2] += items_of(args, result)
+                if slow is not None and took > SLOW_CALL:
+                    slow.append((name, time.time() - took, took))
+                    if len(slow) > SLOW_KEEP:
+                        del slow[: len(slow) - SLOW_KEEP]
 
         return timed
 
@@ -158,7 +170,8 @@ async def _manager(
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dump_tasks)
     counters: dict[str, list[float]] = {}
-    _instrument_store(counters)
+    slow: list[tuple[str, float, float]] = []
+    _instrument_store(counters, slow)
     _instrument_frames(counters)
     manager = Manager(ManagerConfig(dsn=dsn, tokens=TokenStore.from_entries(token_entries()), **overrides))
     task = asyncio.create_task(manager.run())
@@ -176,7 +189,16 @@ async def _manager(
         await _wait_mp_event(reset_ev)
         counters.clear()
 
+    async def loop_lag() -> None:  # event-loop stalls: a 5 ms sleep that took much longer
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.005)
+            lag = time.perf_counter() - t - 0.005
+            if lag > SLOW_CALL:
+                slow.append(("loop_lag", time.time() - lag, lag))
+
     resetter = asyncio.create_task(on_reset())
+    lagger = asyncio.create_task(loop_lag())
     profiler = cProfile.Profile() if profile_path else None
     status_q.put(("ready", manager.port))
     if profiler is not None:
@@ -186,6 +208,7 @@ async def _manager(
         profiler.disable()
         profiler.dump_stats(profile_path)
     resetter.cancel()
+    lagger.cancel()
     snapshot = {k: list(v) for k, v in counters.items()}
     manager.request_stop()
     # asyncio.wait, not wait_for: wait_for would cancel the task on timeout and then wait for it
@@ -193,7 +216,7 @@ async def _manager(
     hung = not done
     if done and not task.cancelled() and task.exception() is not None:
         logging.getLogger("bench.e2e").warning("manager.run() raised %r", task.exception())
-    status_q.put(("done", {"counters": snapshot, "role": manager.role, "stop_hung": hung}))
+    status_q.put(("done", {"counters": snapshot, "slow": slow[-SLOW_KEEP:], "role": manager.role, "stop_hung": hung}))
     if hung:
         # Manager.run() did not return after request_stop(): report, then leave without waiting
         # for its tasks (asyncio.run would wait for them again at exit).
@@ -240,6 +263,7 @@ async def receiver(
     out_q: Any,
     profile_path: str | None,
     library: bool = False,
+    service: float = 0.0,
 ) -> None:
     """One receiver connection in its own process.
 
@@ -247,7 +271,9 @@ async def receiver(
     slots: ``credit`` of them) instead of the bare benchmark client.
 
     ``mode`` is ``drain`` (connect at go; no-op handler), ``latency`` (connect first; record
-    (payload seq, handler start)) or ``fire`` (connect first; record (id, fire_at, handler start)).
+    (payload seq, handler start)), ``fire`` (connect first; record (id, fire_at, handler start)) or
+    ``tenant`` (connect first; record (tenant, id, fire_at, handler start), then take ``service``
+    seconds: a handler of fixed service time, which keeps the receiver's slots busy).
     ``handled``/``acked`` are shared counters; ``last_ack`` the time.time() the ack count last moved.
     """
     from receivers.client import Event, Receiver
@@ -273,6 +299,15 @@ async def receiver(
             t = now()
             records.append((event.id, event.fire_at, t, event.attempt))
             handled.value += 1
+
+    elif mode == "tenant":
+
+        async def handler(event: Event) -> None:
+            t = now()
+            records.append((event.tenant, event.id, event.fire_at, t))
+            handled.value += 1
+            if service > 0:
+                await asyncio.sleep(service)
 
     else:  # pragma: no cover
         raise ValueError(mode)
@@ -349,19 +384,28 @@ INSERT = f"INSERT INTO {QUEUE} (tenant, payload) VALUES (%s, %s)"
 
 
 async def produce(
-    dsn: str, n: int, warmup: int, rate: float, conns: int, seed: int, ready_ev: Any, go_ev: Any, out_q: Any
+    dsn: str,
+    n: int,
+    warmup: int,
+    rate: float,
+    conns: int,
+    seed: int,
+    ready_ev: Any,
+    go_ev: Any,
+    out_q: Any,
+    tenant: str | None = None,
 ) -> None:
     """Open-loop pacing: event k is due at t0 + k/rate; ``conns`` connections take turns (k mod conns).
 
-    Each event is one autocommit INSERT (one transaction); its payload carries the sequence number
-    (negative for warm-up events) and the time.time() the call started. Reports
-    seq -> (call start, commit returned) for every event.
+    Each event is one autocommit INSERT (one transaction) for a random tenant of TENANTS, or for
+    ``tenant`` when given; its payload carries the sequence number (negative for warm-up events) and
+    the time.time() the call started. Reports seq -> (call start, commit returned) for every event.
     """
     import psycopg
 
     rng = random.Random(seed)
     total = warmup + n
-    tenants = [rng.choice(TENANTS) for _ in range(total)]
+    tenants = [tenant or rng.choice(TENANTS) for _ in range(total)]
     connections = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(conns)]
     sent: dict[int, tuple[float, float]] = {}
     ready_ev.set()

@@ -410,6 +410,7 @@ def start_receivers(
     concurrency: int,
     profile_dir: str | None = None,
     library: bool = False,
+    service: float = 0.0,
 ) -> Receivers:
     go, stop, out_q = _CTX.Event(), _CTX.Event(), _CTX.Queue()
     ready = [_CTX.Event() for _ in range(count)]
@@ -440,6 +441,7 @@ def start_receivers(
                     out_q,
                     prof,
                     library,
+                    service,
                 ),
                 name=f"e2e-receiver-{i}",
                 daemon=True,

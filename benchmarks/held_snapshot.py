@@ -16,7 +16,9 @@ moment the producer's INSERT returned; same machine, same ``time.time()``), the 
 the end), PostgreSQL's CPU seconds per 1 000 events (the server's processes, from /proc), the
 manager's CPU per 1 000 events, ``pg_stat_statements`` for the manager's statements (calls, buffer
 hits per call, ms per call), the size of the due-index, the dead tuples of the queue table (and of
-``qm.queue_load`` where it exists) and the share of HOT updates at the phase's end.
+``qm.queue_load`` where it exists) and the share of HOT updates at the phase's end; checkpoints
+completed during the phase, and the manager's stalls: its database calls that took over 20 ms and
+its event loop's stalls over 20 ms, with their times (where a burst of latency comes from).
 ``recovered_after_s``: seconds after the release until the 1-second p99 stays within 2x the clean
 phase's p99.
 
@@ -96,18 +98,20 @@ def statement_stats(dsn: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT query, calls, shared_blks_hit + shared_blks_read, total_exec_time, rows FROM pg_stat_statements "
+            "SELECT query, calls, shared_blks_hit + shared_blks_read, total_exec_time, rows, max_exec_time "
+            "FROM pg_stat_statements "
             "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
         ).fetchall()
-    for query, calls, blocks, ms, nrows in rows:
+    for query, calls, blocks, ms, nrows, max_ms in rows:
         name = classify(str(query))
         if name is None or not calls:
             continue
-        s = out.setdefault(name, {"calls": 0, "blocks": 0.0, "ms": 0.0, "rows": 0})
+        s = out.setdefault(name, {"calls": 0, "blocks": 0.0, "ms": 0.0, "rows": 0, "max_ms": 0.0})
         s["calls"] += int(calls)
         s["blocks"] += float(blocks)
         s["ms"] += float(ms)
         s["rows"] += int(nrows)
+        s["max_ms"] = max(s["max_ms"], float(max_ms))
     return {
         name: {
             "calls": s["calls"],
@@ -115,6 +119,7 @@ def statement_stats(dsn: str) -> dict[str, dict[str, float]]:
             "ms_per_call": round(s["ms"] / s["calls"], 3),
             "rows_per_call": round(s["rows"] / s["calls"], 1),
             "total_ms": round(s["ms"], 1),
+            "max_ms": round(s["max_ms"], 2),
         }
         for name, s in out.items()
     }
@@ -147,6 +152,31 @@ def table_stats(dsn: str) -> dict[str, Any]:
         "updates": int(hot[0]),
         "hot_updates": int(hot[1]),
     }
+
+
+def checkpoints(dsn: str) -> int:
+    """Checkpoints completed so far (PostgreSQL 17's pg_stat_checkpointer, else pg_stat_bgwriter)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if conn.execute("SELECT to_regclass('pg_catalog.pg_stat_checkpointer')").fetchone() != (None,):
+            row = conn.execute("SELECT num_timed + num_requested FROM pg_stat_checkpointer").fetchone()
+        else:
+            row = conn.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def stalls(slow: list[tuple[str, float, float]], start: float, end: float) -> dict[str, Any]:
+    """The manager's slow database calls and event-loop stalls (see _e2e_procs.SLOW_CALL) in [start, end):
+    per name, how many, the longest and their sum (ms); and the five longest with their time into the phase."""
+    inside = [(n, t, d) for n, t, d in slow if start <= t < end]
+    by_name: dict[str, dict[str, float]] = {}
+    for n, _, d in inside:
+        b = by_name.setdefault(n, {"count": 0, "max_ms": 0.0, "sum_ms": 0.0})
+        b["count"] += 1
+        b["max_ms"] = max(b["max_ms"], round(d * 1000, 1))
+        b["sum_ms"] = round(b["sum_ms"] + d * 1000, 1)
+    worst = sorted(inside, key=lambda x: -x[2])[:5]
+    return {"by_call": by_name, "worst": [[n, round(t - start, 2), round(d * 1000, 1)] for n, t, d in worst]}
 
 
 def reset_statements(dsn: str) -> None:
@@ -247,12 +277,13 @@ def run_rate(dsn: str, rate: int, phases: list[tuple[str, float]], seed: int) ->
             groups = {"manager": [int(m.proc.pid)], "receivers": recv.pids()}
             reset_statements(dsn)
             recv.go.set()
-            bounds: list[tuple[str, float, float, dict[str, float], dict[str, Any], dict[str, Any]]] = []
+            bounds: list[tuple[str, float, float, dict[str, float], dict[str, Any], dict[str, Any], int]] = []
             holder: psycopg.Connection[Any] | None = None
             released_at: float | None = None
             for name, seconds in phases:
                 t0 = time.time()
                 snap = e2e.cpu_snapshot()
+                ckpt0 = checkpoints(dsn)
                 if name == "held":
                     holder = psycopg.connect(dsn)
                     holder.execute("SELECT txid_current()")
@@ -267,7 +298,7 @@ def run_rate(dsn: str, rate: int, phases: list[tuple[str, float]], seed: int) ->
                 cpu = e2e.cpu_delta(snap, e2e.cpu_snapshot(), groups)
                 stmts = statement_stats(dsn)
                 reset_statements(dsn)
-                bounds.append((name, t0, time.time(), cpu, stmts, table_stats(dsn)))
+                bounds.append((name, t0, time.time(), cpu, stmts, table_stats(dsn), checkpoints(dsn) - ckpt0))
             res = out_q.get(timeout=120)
             prod.join(timeout=10)
             if "error" in res:
@@ -291,9 +322,12 @@ def run_rate(dsn: str, rate: int, phases: list[tuple[str, float]], seed: int) ->
         "missing": sorted(set(sent) - set(first))[:20],
         "phases": [],
     }
-    for name, start, end, cpu, stmts, tables in bounds:
+    slow = [(str(n), float(t), float(d)) for n, t, d in m.info.get("slow", [])]
+    for name, start, end, cpu, stmts, tables, ckpts in bounds:
         lat = [(c, first[s] - c) for s, (_, c) in sent.items() if start <= c < end and s in first]
         report = phase_report(name, start, end, lat, cpu, stmts, tables)
+        report["checkpoints"] = ckpts
+        report["manager_stalls"] = stalls(slow, start, end)
         depth = depth_series(commits, receipts, start, end)
         report["depth_max"] = max(depth) if depth else 0
         report["depth_p99"] = round(pct(depth, 99), 1) if depth else 0

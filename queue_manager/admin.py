@@ -23,7 +23,7 @@ from queue_manager.db.sqlfiles import query
 from queue_manager.domain import health
 from queue_manager.domain.health import Thresholds, format_bytes
 from queue_manager.domain.names import check_queue_name
-from queue_manager.domain.settings import check_settings
+from queue_manager.domain.settings import check_settings, check_tenant_settings
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQueueError
 
@@ -31,6 +31,10 @@ from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQ
 def _admin_error(exc: psycopg.Error, queue: str) -> QueueManagerError | psycopg.Error:
     if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "queues"):
         return ConfigurationError(f"queue {queue!r}: invalid settings ({exc.diag.message_primary})")
+    if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "tenant_settings"):
+        return ConfigurationError(f"queue {queue!r}: invalid tenant settings ({exc.diag.message_primary})")
+    if isinstance(exc, pg.UndefinedTable):
+        return UnknownQueueError(exc.diag.message_primary or f"no queue named {queue!r}")
     if isinstance(exc, pg.InvalidParameterValue | pg.InvalidTextRepresentation | pg.NumericValueOutOfRange):
         return ConfigurationError(f"queue {queue!r}: {exc.diag.message_primary}")
     if isinstance(exc, pg.DuplicateTable):
@@ -67,6 +71,50 @@ def alter_queue(topology: Topology, queue: str, settings: Mapping[str, Any]) -> 
         raise ConfigurationError("nothing to change: give at least one setting")
     params = {"queue": queue, "settings": json.dumps(check_settings(settings))}
     return _on_every_shard(topology, queue, "alter_queue", params)
+
+
+def set_tenant(topology: Topology, queue: str, tenant: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Set a tenant's overrides of a queue (weight, max_in_flight) on the tenant's shard, the only
+    one that dispatches its events; returns the stored row. The change reaches the shard's manager
+    at once (a NOTIFY from qm.tenant_settings makes it reload its settings)."""
+    check_queue_name(queue)
+    if not tenant:
+        raise ConfigurationError("give a non-empty tenant")
+    if not settings:
+        raise ConfigurationError("nothing to change: give --weight and/or --max-in-flight")
+    shard = topology.shard_for(tenant)
+    params = {"queue": queue, "tenant": tenant, "settings": json.dumps(check_tenant_settings(settings))}
+    try:
+        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+            row = conn.execute(query("set_tenant"), params).fetchone()
+    except psycopg.Error as exc:
+        raise _admin_error(exc, queue) from exc
+    assert row is not None
+    return {"shard": shard.name, **dict(row)}
+
+
+def unset_tenant(topology: Topology, queue: str, tenant: str) -> bool:
+    """Drop a tenant's overrides of a queue (it goes back to weight 1 and the queue's default cap);
+    True when it had some."""
+    check_queue_name(queue)
+    shard = topology.shard_for(tenant)
+    try:
+        with psycopg.connect(shard.dsn) as conn:
+            row = conn.execute(query("unset_tenant"), {"queue": queue, "tenant": tenant}).fetchone()
+    except psycopg.Error as exc:
+        raise _admin_error(exc, queue) from exc
+    return bool(row and row[0])
+
+
+def list_tenants(topology: Topology, queue: str | None = None) -> list[dict[str, Any]]:
+    """Every tenant override of a queue (or of every queue), with the shard that holds it."""
+    if queue is not None:
+        check_queue_name(queue)
+    out = []
+    for shard in topology.shards:
+        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query("list_tenants"), {"queue": queue})]
+    return out
 
 
 def list_queues(topology: Topology) -> dict[str, list[dict[str, Any]]]:
@@ -137,6 +185,32 @@ def shard_status(shard: Shard) -> list[QueueStatus]:
     return out
 
 
+def maintenance_counts(shard: Shard) -> dict[str, dict[str, int]]:
+    """The maintenance slices of every manager of the shard together, per job: recruited, finished,
+    aborted, and the events they handled (deleted by retention, corrected by reconciliation, moved
+    by the collector). Counted since the shard's revision 0009; docs/manager.md, "Maintenance slices"."""
+    with psycopg.connect(shard.dsn, autocommit=True) as conn:
+        rows = conn.execute(query("maintenance_counts")).fetchall()
+    return {
+        str(job): {"recruited": int(r), "finished": int(f), "aborted": int(a), "events": int(e)}
+        for job, r, f, a, e in rows
+    }
+
+
+def render_maintenance(entry: dict[str, Any]) -> list[str]:
+    """``qm status`` lines for a shard's maintenance counts (none when the entry has none)."""
+    counts = entry.get("maintenance")
+    if not counts:
+        return []
+    lines = ["  maintenance slices (all managers):"]
+    for job, c in counts.items():
+        lines.append(
+            f"    {job:<15} recruited {c['recruited']}  finished {c['finished']}  aborted {c['aborted']}"
+            f"  events {c['events']}"
+        )
+    return lines
+
+
 def status(topology: Topology, thresholds: Thresholds | None = None) -> dict[str, Any]:
     """Status of every queue on every shard, as plain data (what ``qm status --json`` prints).
 
@@ -152,6 +226,7 @@ def status(topology: Topology, thresholds: Thresholds | None = None) -> dict[str
             qs = shard_status(shard)
             with psycopg.connect(shard.dsn, autocommit=True) as conn:
                 reading = read_health(conn)
+            entry["maintenance"] = maintenance_counts(shard)
         except psycopg.OperationalError as exc:
             entry["error"] = f"unreachable: {exc}".strip()
             shards.append(entry)
@@ -214,6 +289,7 @@ def render_status(data: dict[str, Any]) -> str:
                 )
         for warning in shard.get("warnings", []):
             lines.append(f"  WARNING: {warning}")
+        lines.extend(render_maintenance(shard))
         tables = {t["queue"]: t for t in (h or {}).get("tables", [])}
         if not shard["queues"]:
             lines.append("  no queues")

@@ -14,7 +14,8 @@ what was expected, what to do).
     │   └── QueuePausedError      (reserved) the queue refuses new events
     ├── UnknownQueueError         no queue of that name on the shard
     ├── LocalClusterError         the embedded PostgreSQL servers could not be started
-    └── ArchiveError              the archive job found its output or a shard not as it left them
+    ├── ArchiveError              the archive job found its output or a shard not as it left them
+    └── AdoptError                qm queue adopt stopped: rows the queue refuses, or a run already going
 """
 
 from __future__ import annotations
@@ -70,3 +71,7 @@ class LocalClusterError(QueueManagerError):
 
 class ArchiveError(QueueManagerError):
     """The archive job stopped before deleting anything it could not vouch for."""
+
+
+class AdoptError(QueueManagerError):
+    """Adopting the legacy queue stopped; nothing taken from it was lost."""

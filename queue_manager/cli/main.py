@@ -4,6 +4,8 @@
     qm local stop --dir DIR                 stop them (a later start reuses the data)
     qm migrate --topology T                 apply the schema history to every shard
     qm queue create|alter|list|pause|resume manage queues on every shard
+    qm queue tenant set|unset|list Q [T]    a tenant's weight and in-flight cap
+    qm queue adopt QUEUE --from DSN --table T   move a legacy queue table's events into QUEUE, while it is written
     qm enqueue QUEUE TENANT [PAYLOAD]       enqueue one event (routed to the tenant's shard)
     qm status [--json]                      length and state of every queue on every shard
     qm manager --shard S --tokens F         run the manager of one shard (websocket, metrics, health)
@@ -24,7 +26,10 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,8 +37,9 @@ from typing import Any
 
 import psycopg
 
-from queue_manager import admin, logs
-from queue_manager.domain.settings import SETTINGS
+from queue_manager import admin, adopt, logs
+from queue_manager.domain.adopt import AdoptMapping, parse_assignments
+from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS
 from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
 from queue_manager.errors import ConfigurationError, QueueManagerError
 
@@ -147,6 +153,133 @@ def cmd_queue_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
+    settings = {key: getattr(args, key) for key in TENANT_SETTINGS if getattr(args, key) is not None}
+    if args.default_max_in_flight:
+        settings["max_in_flight"] = None
+    row = admin.set_tenant(_topology(args), args.name, args.tenant, settings)
+    cap = "queue default" if row["max_in_flight"] is None else row["max_in_flight"]
+    print(f"{row['shard']}: queue {args.name} tenant {args.tenant}: weight={row['weight']:g} max_in_flight={cap}")
+    return 0
+
+
+def cmd_queue_tenant_unset(args: argparse.Namespace) -> int:
+    removed = admin.unset_tenant(_topology(args), args.name, args.tenant)
+    what = "removed" if removed else "had none"
+    print(f"queue {args.name} tenant {args.tenant}: overrides {what} (weight 1, the queue's default cap)")
+    return 0
+
+
+def cmd_queue_tenant_list(args: argparse.Namespace) -> int:
+    rows = admin.list_tenants(_topology(args), args.name)
+    if args.json:
+        _print(rows, True)
+        return 0
+    for r in rows:
+        cap = r["max_in_flight"] if r["max_in_flight"] is not None else f"default ({r['queue_default_max_in_flight']})"
+        print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<32} weight={r['weight']:g} max_in_flight={cap}")
+    if not rows:
+        print("no tenant overrides")
+    return 0
+
+
+def _adopt_mapping(args: argparse.Namespace) -> AdoptMapping:
+    payload_cols = [c.strip() for c in args.payload_cols.split(",") if c.strip()] if args.payload_cols else []
+    return AdoptMapping.build(
+        args.table,
+        id_col=args.id_col,
+        payload_col=args.payload_col,
+        payload_cols=payload_cols,
+        tenant_col=args.tenant_col,
+        tenant=args.tenant,
+        run_at_col=args.run_at_col,
+        run_at_timezone=args.run_at_timezone,
+        dedup_col=args.dedup_col,
+        filters=parse_assignments(args.filter or [], "--filter"),
+        filter_null=args.filter_null or [],
+        marks=parse_assignments(args.mark or [], "--mark"),
+    )
+
+
+def _print_preflight(table: str, pre: adopt.Preflight) -> None:
+    print(f"{table}: {pre.total} row(s), {pre.pending} pending, {pre.bad} the queue would refuse")
+    for reason, n in sorted(pre.bad_by_reason.items()):
+        print(f"  {n} {reason}")
+    for example in pre.examples:
+        print(f"  e.g. {example}")
+
+
+def cmd_queue_adopt(args: argparse.Namespace) -> int:
+    topology = _topology(args)
+    source = topology.by_name(args.from_shard).dsn if args.from_shard else args.source_dsn
+    mapping = _adopt_mapping(args)
+    if args.check:
+        pre = adopt.check_adoption(topology, args.queue, source, mapping)
+        if args.json:
+            _print(vars(pre), True)
+        else:
+            _print_preflight(args.table, pre)
+        return 0 if pre.bad == 0 else 1
+    options = adopt.AdoptOptions(
+        slice_rows=args.slice,
+        follow=args.follow,
+        poll_seconds=args.poll,
+        until_idle=args.until_idle,
+        bad_rows=args.bad_rows,
+        name=args.name,
+        outbox=args.outbox,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if stop.is_set():  # a second signal: stop now (safe: a run may end anywhere)
+            raise KeyboardInterrupt
+        print(f"qm queue adopt: {signal.Signals(signum).name}: stopping after this slice", file=sys.stderr, flush=True)
+        stop.set()
+
+    last = [time.monotonic()]
+    out = sys.stderr if args.json else sys.stdout
+
+    def progress(report: adopt.AdoptReport) -> None:
+        if time.monotonic() - last[0] >= args.progress:
+            last[0] = time.monotonic()
+            print(
+                f"adopt {report.adoption}: {report.moved} moved, {report.adopted} adopted, "
+                f"{len(report.rejected)} rejected, {report.slices} slices",
+                file=out,
+                flush=True,
+            )
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        report = adopt.adopt(topology, args.queue, source, mapping, options, stop=stop, progress=progress)
+    except KeyboardInterrupt:
+        print("qm queue adopt: interrupted; nothing is lost: run the same command again to finish", file=sys.stderr)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if args.rejects and report.rejected:
+        with open(args.rejects, "a", encoding="utf-8") as f:
+            for r in report.rejected:
+                f.write(json.dumps({"adoption": report.adoption, **vars(r)}) + "\n")
+    if args.json:
+        _print(report.as_dict(), True)
+    else:
+        print(
+            f"adopt {report.adoption}: {report.ended}: {report.adopted} event(s) adopted into {report.queue} "
+            f"({report.moved} taken from {report.table}, {report.already} published by an earlier run, "
+            f"{report.deduplicated} dedup hits), {len(report.rejected)} rejected; "
+            f"{report.left_pending} still pending in {report.table}, {report.outbox_left} in {report.outbox}"
+        )
+        if report.rejected and not args.rejects:
+            for r in report.rejected[:20]:
+                print(f"  rejected {r.legacy_id} ({r.where}): {r.reason}", file=sys.stderr)
+            if len(report.rejected) > 20:
+                print(f"  ... {len(report.rejected) - 20} more (use --rejects FILE)", file=sys.stderr)
+    return 1 if report.rejected or report.outbox_left else 0
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from queue_manager.producer import Router
 
@@ -201,7 +334,13 @@ def cmd_manager(args: argparse.Namespace) -> int:
             reconcile_interval=args.reconcile_interval,
             health_interval=args.health_interval,
             vacuum_after=args.vacuum_after,
+            slice_interval=args.slice_interval,
+            slice_rows=args.slice_rows,
+            idle_slices=args.idle_slices,
+            standby_slices=args.standby_slices,
             durable_fires=not args.async_fires,
+            topology=topology,
+            rate_lease_ttl=args.rate_lease_ttl,
         )
     except ValueError as exc:
         raise ConfigurationError(f"qm manager: {exc}") from None
@@ -394,6 +533,69 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_adopt_parser(queue: Any) -> None:
+    p = queue.add_parser(
+        "adopt",
+        help="move the events of a legacy queue table into a queue, in slices, while it is still written",
+        description="Take pending rows out of an existing, unsharded queue table (on any PostgreSQL database) and "
+        "enqueue them, routed by tenant, slice by slice. Producers may keep writing to the table meanwhile; a run "
+        "may be stopped or killed at any time and re-run: nothing is lost or enqueued twice. Checks the mapping and "
+        "the rows first, before anything moves. Exit status: 0 done, 1 some rows rejected (left in the legacy table "
+        "or the outbox), 2 error (nothing lost). See docs/operations.md, 'Adopting a legacy queue table'.",
+    )
+    p.add_argument("--topology", help="topology TOML file (default: $QM_TOPOLOGY)")
+    p.add_argument("queue", help="the target queue (must exist on every shard)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from", dest="source_dsn", metavar="DSN", help="the legacy database (libpq DSN or URL)")
+    source.add_argument("--from-shard", metavar="SHARD", help="the legacy table is in this shard's database")
+    p.add_argument("--table", required=True, help="the legacy table: SCHEMA.TABLE, or a name on the search path")
+    p.add_argument("--id-col", default="id", help="unique id column, never reused (default id)")
+    p.add_argument("--payload-col", help="payload column: json, jsonb or text holding JSON (default payload)")
+    p.add_argument("--payload-cols", metavar="COL,COL", help="or: these columns, as one JSON object")
+    p.add_argument("--tenant-col", help="tenant column (text, enum, integer or uuid)")
+    p.add_argument("--tenant", help="or: this tenant for every row")
+    p.add_argument("--run-at-col", help="run-at column, the events' fire_at (default: due at once)")
+    p.add_argument("--run-at-timezone", help="zone of a timestamp-without-time-zone run-at column, e.g. UTC")
+    p.add_argument("--dedup-col", help="column to use as the events' dedup_key (default: none)")
+    p.add_argument(
+        "--filter",
+        action="append",
+        metavar="COLUMN=VALUE",
+        help="adopt only rows with this value (repeat: "
+        "values of one column are alternatives, columns must all match), e.g. status=pending",
+    )
+    p.add_argument("--filter-null", action="append", metavar="COLUMN", help="adopt only rows where COLUMN is NULL")
+    p.add_argument(
+        "--mark",
+        action="append",
+        metavar="COLUMN=VALUE",
+        help="take a row by setting COLUMN (repeat) instead of "
+        "deleting it; the row must then fail the filter, e.g. status=adopted",
+    )
+    p.add_argument("--slice", type=int, default=500, help="rows per slice, 1-10000 (default 500)")
+    p.add_argument("--follow", action="store_true", help="keep adopting new rows until SIGINT/SIGTERM or --until-idle")
+    p.add_argument("--poll", type=float, default=1.0, help="with --follow, look again after this long, s (default 1)")
+    p.add_argument("--until-idle", type=float, help="with --follow, stop once nothing was pending for this long, s")
+    p.add_argument(
+        "--bad-rows",
+        choices=["fail", "leave"],
+        default="fail",
+        help="rows the queue would refuse: stop before "
+        "anything moves (fail, default), or leave them in the legacy table and adopt the rest (leave)",
+    )
+    p.add_argument("--rejects", help="append the rejected rows to this file (JSON lines)")
+    p.add_argument("--name", help="the adoption's name (default DATABASE.SCHEMA.TABLE:QUEUE)")
+    p.add_argument(
+        "--outbox",
+        default=adopt.DEFAULT_OUTBOX,
+        help=f"outbox table beside the legacy table (default {adopt.DEFAULT_OUTBOX})",
+    )
+    p.add_argument("--check", action="store_true", help="check the mapping and the rows only; move nothing")
+    p.add_argument("--progress", type=float, default=10.0, help="print progress every this many seconds (default 10)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_queue_adopt)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qm", description="Sharded, table-backed queue manager on PostgreSQL")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -437,6 +639,31 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("name")
         p.set_defaults(func=lambda a, paused=paused: cmd_queue_pause(a, paused))
 
+    tenant = queue.add_parser(
+        "tenant", help="per-tenant weight and in-flight cap of a queue (on the tenant's shard)"
+    ).add_subparsers(dest="tenant_command", required=True)
+    p = with_topology(tenant.add_parser("set", help="set a tenant's weight and/or in-flight cap"))
+    p.add_argument("name", help="queue")
+    p.add_argument("tenant")
+    for key, spec in TENANT_SETTINGS.items():
+        default = "the queue's tenant_max_in_flight" if spec.default is None else f"{spec.default:g}"
+        assert spec.flag is not None
+        p.add_argument(spec.flag, dest=key, type=spec.kind, help=f"{spec.help} (default {default})")
+    p.add_argument(
+        "--default-max-in-flight", action="store_true", help="drop the tenant's own cap (the queue's default applies)"
+    )
+    p.set_defaults(func=cmd_queue_tenant_set)
+    p = with_topology(tenant.add_parser("unset", help="drop a tenant's overrides"))
+    p.add_argument("name", help="queue")
+    p.add_argument("tenant")
+    p.set_defaults(func=cmd_queue_tenant_unset)
+    p = with_topology(tenant.add_parser("list", help="list tenant overrides"))
+    p.add_argument("name", nargs="?", help="queue (default: every queue)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_queue_tenant_list)
+
+    _add_adopt_parser(queue)
+
     p = with_topology(sub.add_parser("enqueue", help="enqueue one event"))
     p.add_argument("queue")
     p.add_argument("tenant")
@@ -459,9 +686,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-ttl", type=float, default=5.0, help="leadership lease, seconds (default 5)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, wait this long for acks (default 30)")
     p.add_argument("--sweep-interval", type=float, default=1.0, help="old-event collector period, seconds (default 1)")
-    p.add_argument("--purge-interval", type=float, default=5.0, help="retention purge period, seconds (default 5)")
     p.add_argument(
-        "--reconcile-interval", type=float, default=60.0, help="load counter reconciliation period, s (default 60)"
+        "--purge-interval", type=float, default=5.0, help="the retention purge's floor period, seconds (default 5)"
+    )
+    p.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=60.0,
+        help="the load counter reconciliation's floor period, s (default 60)",
+    )
+    p.add_argument(
+        "--slice-interval",
+        type=float,
+        default=0.2,
+        help="least time between two maintenance slices this manager recruits itself for, s (default 0.2)",
+    )
+    p.add_argument(
+        "--slice-rows", type=int, default=500, help="most acked (and failed) events one retention slice deletes"
+    )
+    p.add_argument(
+        "--idle-slices",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="take maintenance slices when the dispatcher is idle (default on)",
+    )
+    p.add_argument(
+        "--standby-slices",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="take maintenance slices while a standby (default on)",
+    )
+    p.add_argument(
+        "--rate-lease-ttl",
+        type=float,
+        default=0.6,
+        help="a shard's slice of a queue's max_qps/max_concurrency lives this long unrenewed; a down shard's share "
+        "is taken after about this long, s (default 0.6)",
     )
     p.add_argument(
         "--health-interval",

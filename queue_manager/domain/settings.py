@@ -35,30 +35,30 @@ class Setting:
     exclusive_minimum: bool = False
     maximum: float | None = None
 
-    def check(self, key: str, value: Any) -> int | float | bool | None:
+    def check(self, key: str, value: Any, what: str = "queue setting") -> int | float | bool | None:
         """``value`` if it is valid for this setting; ConfigurationError naming the key otherwise."""
         if value is None:
             if self.nullable:
                 return None
-            raise ConfigurationError(f"queue setting {key!r} may not be null")
+            raise ConfigurationError(f"{what} {key!r} may not be null")
         if self.kind is bool:
             if not isinstance(value, bool):
-                raise ConfigurationError(f"queue setting {key!r} must be true or false, got {value!r}")
+                raise ConfigurationError(f"{what} {key!r} must be true or false, got {value!r}")
             return value
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or (self.kind is int and not isinstance(value, int))
         ):
-            what = "an integer" if self.kind is int else "a number"
-            raise ConfigurationError(f"queue setting {key!r} must be {what}, got {value!r}")
+            expected = "an integer" if self.kind is int else "a number"
+            raise ConfigurationError(f"{what} {key!r} must be {expected}, got {value!r}")
         if not math.isfinite(value):
-            raise ConfigurationError(f"queue setting {key!r} must be finite, got {value!r}")
+            raise ConfigurationError(f"{what} {key!r} must be finite, got {value!r}")
         too_low = self.minimum is not None and (
             value <= self.minimum if self.exclusive_minimum else value < self.minimum
         )
         if too_low or (self.maximum is not None and value > self.maximum):
-            raise ConfigurationError(f"queue setting {key!r} must be {self.range_text()}, got {value!r}")
+            raise ConfigurationError(f"{what} {key!r} must be {self.range_text()}, got {value!r}")
         return value
 
     def range_text(self) -> str:
@@ -114,6 +114,15 @@ class QueueSettings:
         None, "--max-concurrency", "most events in flight", int, nullable=True, minimum=1
     )
     retention_seconds: float = _setting(604_800.0, "--retention", "seconds acked events are kept", float, minimum=0)
+    #: dead letters wait for `qm events retry` or an operator, so they are kept longer than acked events
+    failed_retention_seconds: float | None = _setting(
+        2_592_000.0,
+        "--failed-retention",
+        "seconds failed (dead-lettered) events are kept after their last fire; null keeps them",
+        float,
+        nullable=True,
+        minimum=0,
+    )
     payload_limit_bytes: int = _setting(
         65_536, "--payload-limit", "largest payload in bytes", int, minimum=16, maximum=104_857_600
     )
@@ -126,12 +135,63 @@ class QueueSettings:
         exclusive_minimum=True,
     )
     paused: bool = _setting(False, None, "refuse to dispatch", bool)
+    tenant_max_in_flight: int | None = _setting(
+        None,
+        "--tenant-max-in-flight",
+        "most events of one tenant in flight (per shard; a tenant's own max_in_flight wins)",
+        int,
+        nullable=True,
+        minimum=1,
+    )
 
 
 #: the settable fields, in registry order: key -> Setting
 SETTINGS: Mapping[str, Setting] = {
     f.name: f.metadata["setting"] for f in fields(QueueSettings) if "setting" in f.metadata
 }
+
+
+#: a tenant's overrides of its queue's dispatch (``qm.tenant_settings``; ``qm queue tenant set``)
+TENANT_SETTINGS: Mapping[str, Setting] = {
+    "weight": Setting(
+        float,
+        1.0,
+        "--weight",
+        "the tenant's share of fires among backlogged tenants, relative to the others' weights",
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1000,
+    ),
+    "max_in_flight": Setting(
+        int,
+        None,
+        "--max-in-flight",
+        "most events of the tenant in flight (per shard; unset: the queue's tenant_max_in_flight)",
+        nullable=True,
+        minimum=1,
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSettings:
+    """One row of ``qm.tenant_settings`` as the manager loads it."""
+
+    queue_id: int
+    tenant: str
+    weight: float = 1.0
+    max_in_flight: int | None = None
+
+
+def check_tenant_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """As :func:`check_settings`, for a tenant's overrides (``qm.set_tenant`` checks them again)."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        spec = TENANT_SETTINGS.get(key)
+        if spec is None:
+            raise ConfigurationError(f"unknown tenant setting {key!r}; known settings: {', '.join(TENANT_SETTINGS)}")
+        out[key] = spec.check(key, value, "tenant setting")
+    return out
 
 
 def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:

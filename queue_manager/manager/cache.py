@@ -133,6 +133,65 @@ class WindowCache:
             order = still
         return out
 
+    def take_ordered(
+        self,
+        now: float,
+        limit: int,
+        choose: Callable[[Entry], R | None],
+        order: Callable[[list[Entry], int], list[Entry]],
+    ) -> list[tuple[Entry, R]]:
+        """As :meth:`take`, but the due events (up to LOOKAHEAD per partition, listed round-robin
+        from the cursor) are offered in the order ``order(candidates, n)`` gives (which may leave
+        some out): the per-tenant fair share of a queue with tenant settings (fairness.py)."""
+        out: list[tuple[Entry, R]] = []
+        if limit <= 0 or not self._parts:
+            return out
+        parts = sorted(p for p, d in self._parts.items() if d and d[0].fire_at <= now)
+        if not parts:
+            return out
+        start = next((i for i, p in enumerate(parts) if p >= self._cursor), 0)
+        parts = parts[start:] + parts[:start]
+        cands: list[Entry] = []
+        for i in range(LOOKAHEAD):
+            for p in parts:
+                d = self._parts[p]
+                if i < len(d) and d[i].fire_at <= now:
+                    cands.append(d[i])
+        turn = {p: i for i, p in enumerate(parts)}
+        last = -1
+        for e in order(cands, len(cands)):
+            if len(out) >= limit:
+                break
+            target = choose(e)
+            if target is None:
+                continue
+            d = self._parts[e.partition]
+            d.remove(e)
+            self._size -= 1
+            if not d:
+                del self._parts[e.partition]
+            out.append((e, target))
+            last = max(last, turn[e.partition])
+        if last >= 0:
+            self._cursor = parts[last] + 1
+        return out
+
+    def discard_ids(self, ids: set[int]) -> int:
+        """Drop cached events fired by another path, wherever they sit (a fair pick may fire past
+        a partition's head)."""
+        dropped = 0
+        for p in list(self._parts):
+            d = self._parts[p]
+            keep = [e for e in d if e.id not in ids]
+            if len(keep) != len(d):
+                dropped += len(d) - len(keep)
+                if keep:
+                    self._parts[p] = deque(keep)
+                else:
+                    del self._parts[p]
+        self._size -= dropped
+        return dropped
+
     def discard_heads(self, ids: set[int]) -> int:
         """Drop cached events fired by another path; they sit at the heads of their partitions."""
         dropped = 0

@@ -8,6 +8,7 @@ import secrets
 import socket
 from dataclasses import dataclass, field, fields
 
+from queue_manager.domain.topology import Topology
 from queue_manager.manager.auth import TokenStore
 
 #: how close to the lease's end the manager stops trusting it (seconds)
@@ -41,9 +42,11 @@ class ManagerConfig:
     standby_poll: float = 0.5
     #: how often the old-event collector runs, seconds
     sweep_interval: float = 1.0
-    #: how often the retention purge runs (deletes acked events older than the queue's retention)
+    #: how often the leader's floor run of the retention purge walks the partitions (deletes settled
+    #: events older than the queue's retentions); slices come on top (``slice_interval``)
     purge_interval: float = 5.0
-    #: how often the producers' load counters are re-anchored on a count of live events
+    #: how often the leader's floor run re-anchors every partition's load counter on a count of its
+    #: live events; slices come on top
     reconcile_interval: float = 60.0
     #: how often the leader reads the database's health for its gauges (xmin horizon, dead tuples,
     #: sizes, bloat estimate, NOTIFY queue; docs/operations.md, "Database health"), seconds
@@ -51,6 +54,16 @@ class ManagerConfig:
     #: a queue table past autovacuum's trigger that autovacuum has not vacuumed for this long is
     #: vacuumed by the leader itself (docs/operations.md, "Vacuum"); 0 leaves it to autovacuum
     vacuum_after: float = 15.0
+    #: least time between two maintenance slices this process recruits itself for (as leader in its
+    #: dispatcher's idle moments, as standby on its maintenance loop), seconds; the floor runs of
+    #: ``purge_interval`` and ``reconcile_interval`` come on top (docs/manager.md, "Maintenance slices")
+    slice_interval: float = 0.2
+    #: most acked events, and most failed events, one retention slice deletes
+    slice_rows: int = 500
+    #: the leader takes maintenance slices when its dispatcher has nothing to do
+    idle_slices: bool = True
+    #: a standby takes maintenance slices (it has spare cycles and a database connection)
+    standby_slices: bool = True
     #: every partition of a queue is rescanned at least this often (the safety net), seconds
     rescan_interval: float = 2.0
     #: most events fired by one statement
@@ -67,6 +80,14 @@ class ManagerConfig:
     recover_within: float | None = None
     #: fires wait for their WAL flush before the push (see docs/manager.md, "Durable fires")
     durable_fires: bool = True
+    #: every shard of the deployment: the manager writes its slices of the queues' max_qps and
+    #: max_concurrency into each of their databases (docs/design.md, "Rate and concurrency limits
+    #: across shards"). None: only its own shard's database, so it shares the limits only with
+    #: managers that write there (alone, it takes the whole limits)
+    topology: Topology | None = None
+    #: a slice of a limit is live this long after its last publish, seconds; a manager whose peer
+    #: stops publishing takes its share after about this long (published every sixth of it)
+    rate_lease_ttl: float = 0.6
     #: this process's identity in the lease
     holder: str = field(default_factory=_default_holder)
 
@@ -79,6 +100,8 @@ class ManagerConfig:
             raise ValueError("lease_ttl must be at least 1 second")
         if not 1 <= self.fire_batch <= 10_000:
             raise ValueError("fire_batch must be between 1 and 10000")
+        if not 1 <= self.slice_rows <= 10_000:
+            raise ValueError("slice_rows must be between 1 and 10000")
         if not 1 <= self.max_events_per_frame <= 10_000:
             raise ValueError("max_events_per_frame must be between 1 and 10000")
         seconds = (
@@ -87,6 +110,7 @@ class ManagerConfig:
             "purge_interval",
             "reconcile_interval",
             "health_interval",
+            "slice_interval",
             "rescan_interval",
             "ping_interval",
             "ping_timeout",
@@ -103,6 +127,10 @@ class ManagerConfig:
             raise ValueError("recover_within must be a positive number of seconds")
         if not self.holder:
             raise ValueError("holder must be a non-empty name")
+        if not (math.isfinite(self.rate_lease_ttl) and 0.1 <= self.rate_lease_ttl <= 60):
+            raise ValueError("rate_lease_ttl must be between 0.1 and 60 seconds")
+        if self.topology is not None and self.shard is not None:
+            self.topology.by_name(self.shard)  # TopologyError naming the shards it has
 
     @property
     def renew_interval(self) -> float:
@@ -112,6 +140,17 @@ class ManagerConfig:
     def recovery_deadline(self) -> float:
         """Seconds a leader may stay unable to dispatch before it gives the lease up."""
         return self.lease_ttl if self.recover_within is None else self.recover_within
+
+    @property
+    def rate_interval(self) -> float:
+        """How often the slices are published and the peers' rows read, seconds."""
+        return self.rate_lease_ttl / 6
+
+    @property
+    def rate_trust(self) -> float:
+        """How long after the start of a publish that reached every live peer its slices may be
+        used, seconds: the lease less a margin for the time the publish and the read took."""
+        return self.rate_lease_ttl * 0.75
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -61,10 +61,11 @@ class Dispatcher:
         rt = self.rt
         waiters = rt.reload_starts()
         rows = await store.load_queues(self.conn)
+        tenants = await store.load_tenant_settings(self.conn)
         sent = rt.clock.wall()
         clock = await store.db_now(self.conn)
         rt.db_clock.observe(clock, sent, rt.clock.wall())
-        rt.apply_settings(rows)
+        rt.apply_settings(rows, tenants)
         rt.reload_done(waiters)
         rt.signals.reloaded.emit(None)
 
@@ -79,8 +80,9 @@ class Dispatcher:
                 await self._sleep(cfg.rescan_interval)
                 continue
             if now >= self.next_reload:
-                await self.reload()
+                # set first: a request that comes while this reload runs asks for one more
                 self.next_reload = now + cfg.rescan_interval
+                await self.reload()
             queues = active(rt.queues.values())
             watched = [q for q in queues if not q.armed and now >= q.next_holder_check]
             if watched:
@@ -118,6 +120,8 @@ class Dispatcher:
             q.safety_partition = (q.safety_partition + 1) % partitions
             q.safety_at = now + SAFETY_INTERVAL / partitions
         dirty, hint = q.take_nudges()
+        if q.room_again():  # a tenant held back by its cap has room: its due events go now
+            hint = True
         r = plan.plan_round(
             plan.QueueState(
                 direct=q.direct(),
@@ -143,6 +147,8 @@ class Dispatcher:
         progressed = False
         if r.fire_direct:
             fired = await self._fire_direct(q)
+            if not fired and q.limits.cut and (hint or dirty):
+                q.due_hint = True  # held back by the queue's limits: fire when they admit it (limits.py)
             if fired and r.polling:
                 q.poll_until = now + plan.POLL_LINGER
             # a poll that emptied the queue waits POLL_INTERVAL before the next one
@@ -163,11 +169,12 @@ class Dispatcher:
                     backlog=q.backlog,
                     polling=q.polling(now),
                     has_due=q.cache.has_due(db_now),
-                    has_free=any(c.free > 0 for c in q.subscribers),
+                    has_free=not q.cache_held and any(c.free > 0 for c in q.subscribers),
                     next_fire_at=q.cache.next_fire_at(),
                     next_scan=q.next_scan,
                     armed=q.armed,
                     waiting=q.waiting,
+                    limit_wait=self._limit_wait(q, now, db_now),
                 )
                 for q in queues
             ],
@@ -219,7 +226,7 @@ class Dispatcher:
         for q in queues:
             if not q.armed:  # producers do not notify: read their locks on schedule
                 timeout = min(timeout, max(0.0, q.next_holder_check - now))
-        rt.signals.idle.emit(None)
+        rt.went_idle()
         if timeout > 0:
             await self._sleep(timeout)
         return False
@@ -269,7 +276,15 @@ class Dispatcher:
             return subs, 0
         s = q.settings
         limit = plan.capacity([c.free for c in subs], self.rt.config.fire_batch, s.max_concurrency, q.in_flight)
-        return subs, limit
+        # this shard's slices of max_qps and max_concurrency (budget.py, limits.py)
+        return subs, q.limits.admit(limit, q.in_flight, s.max_qps, s.max_concurrency, self.rt.clock.monotonic())
+
+    def _limit_wait(self, q: QueueRuntime, now: float, db_now: float) -> float:
+        """Seconds until the queue's limits admit an event that is due (0: not held back by them)."""
+        if not (q.backlog or q.due_hint or q.cache.has_due(db_now)):
+            return 0.0
+        s = q.settings
+        return q.limits.wait(q.in_flight, s.max_qps, s.max_concurrency, now)
 
     @staticmethod
     def _chooser(subs: list[Subscriber]) -> Callable[[str], Subscriber | None]:
@@ -280,10 +295,13 @@ class Dispatcher:
         subs, limit = self._capacity(q)
         if limit <= 0:
             return 0
+        if q.policy.active:
+            return await self._fire_direct_fair(q, subs, limit)
         floors = q.floors
         used = floors.begin(q.watch.cap)
         pick_time = self.rt.db_clock.now()
         rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used)
+        q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         # more are due if the batch was full or some partition gave its whole quota
         per_part: dict[int, int] = {}
@@ -298,9 +316,40 @@ class Dispatcher:
         floors.after_pick(tops, empty, pick_time)
         q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
         if rows:
-            q.cursor = (rows[-1][2] + 1) % max(1, q.settings.partitions_physical)
+            q.cursor = plan.next_cursor(q.cursor, per_part, q.settings.partitions_physical)
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
+            choose = self._chooser(subs)
+            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows})
+        return len(rows)
+
+    async def _fire_direct_fair(self, q: QueueRuntime, subs: list[Subscriber], limit: int) -> int:
+        """The direct path of a queue with tenant settings: a fair pick (fairness.py). It leaves the
+        floors where they are: it may pass over rows below the ones it fires (a capped tenant's, or
+        candidates the weights did not choose), so "nothing is due below what was fired" does not hold."""
+        in_flight = q.ledger.by_tenant()
+        pick = q.fair.pick(q.policy, in_flight, limit)
+        used = q.floors.begin(q.watch.cap)
+        rows, quota, seen = await store.fire_due_fair(self.conn, q.settings, self.term, q.cursor, limit, pick, used)
+        self.rt.signals.fired.emit(q.name)
+        per_part: dict[int, int] = {}
+        fired: dict[str, int] = {}
+        for r in rows:
+            per_part[r[2]] = per_part.get(r[2], 0) + 1
+            fired[r[1]] = fired.get(r[1], 0) + 1
+        # candidates left over, or a partition that gave its whole quota: more are due now
+        q.backlog = len(rows) >= limit or seen > len(rows) or any(n >= quota for n in per_part.values())
+        # tenants at their cap, or that reached it in this batch, may have more due: fire when they have room
+        q.cap_blocked.update(pick.capped)
+        for t, n in fired.items():
+            room = q.policy.room(t, in_flight.get(t, 0))
+            if room is not None and n >= room:
+                q.cap_blocked.add(t)
+        if rows:
+            q.fair.charge((r[1] for r in rows), q.policy)
+            q.cursor = plan.next_cursor(q.cursor, per_part, q.settings.partitions_physical)
+            if len(q.cache):
+                q.cache.discard_ids({r[0] for r in rows})
             choose = self._chooser(subs)
             self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows})
         return len(rows)
@@ -315,11 +364,24 @@ class Dispatcher:
         choose = self._chooser(subs)
         db_clock = self.rt.db_clock
         now_db = db_clock.now()
-        taken = q.cache.take(now_db, limit, lambda e: choose(e.tenant))
+        if q.policy.active:
+            in_flight = q.ledger.by_tenant()
+
+            def order(cands: list[Entry], n: int) -> list[Entry]:
+                return q.fair.order([(e, e.tenant, e.fire_at) for e in cands], q.policy, in_flight, n)
+
+            taken = q.cache.take_ordered(now_db, limit, lambda e: choose(e.tenant), order)
+            # due events held back by their tenants' caps: idle until an ack wakes the dispatcher
+            q.cache_held = not taken and q.cache.has_due(now_db)
+        else:
+            taken = q.cache.take(now_db, limit, lambda e: choose(e.tenant))
         if not taken:
             return 0
         rows = await store.fire(self.conn, q.settings, self.term, [e.id for e, _ in taken])
+        q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
+        if q.policy.active and rows:
+            q.fair.charge((r[1] for r in rows), q.policy)
         by_id = {e.id: (e, c) for e, c in taken}
         self._push(q, rows, {i: c for i, (_, c) in by_id.items()})
         for r in rows:
@@ -342,20 +404,23 @@ class Dispatcher:
         orphans: list[ReleaseItem] = []
         hold = q.ledger.hold
         delays = []
+        tenants = []
         event_json = frames.event_json
         for ident, tenant, part, attempt, fire_at, payload in rows:
             c = assign[ident]
             if c.closed:
                 orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
                 continue
-            hold(c.id, ident, attempt, mono)
+            hold(c.id, ident, attempt, mono, tenant)
             events = out.get(c)
             if events is None:
                 events = out[c] = []
             events.append(event_json(ident, attempt, tenant, part, fire_at, payload))
             delays.append(pushed_db - fire_at if pushed_db > fire_at else 0.0)
+            tenants.append(tenant)
         if delays:
             rt.metrics.pickup.observe_many(delays, queue=q.name)
+            rt.metrics.observe_dwell(q.name, tenants, delays, mono)
             rt.metrics.fired.inc(len(delays), queue=q.name)
         per_frame = rt.config.max_events_per_frame
         for c, events in out.items():

@@ -193,11 +193,22 @@ class HolderWatch:
         self._holders = {}
         self._last = self._previous = None
 
-    def read(self, holders: Mapping[int, float], at: float) -> float | None:
+    def read(self, holders: Mapping[int, float | None], at: float) -> float | None:
         """A reading at database time ``at``: pid -> transaction start. Returns the earliest time
-        rows of the holders gone since the last reading (they committed or rolled back) may have."""
+        rows of the holders gone since the last reading (they committed or rolled back) may have.
+
+        A holder caught while it commits shows no transaction start (None). Its rows are then no
+        older than its start in the previous reading, when it was seen there, or else than the
+        previous reading itself (it took the lock after that reading, and rows it did not announce
+        have a fire_at no earlier than the moment it took the lock, minus the margin). Its
+        session's start, which stood in before, was as old as the producer's connection: under a
+        held snapshot every such holder sent the picks back over every dead entry since then."""
+        if any(start is None for start in holders.values()):
+            since = self._last + HOLDER_MARGIN if self._last is not None else at
+            known = self._holders
+            holders = {pid: (start if start is not None else known.get(pid, since)) for pid, start in holders.items()}
         gone = [start for pid, start in self._holders.items() if holders.get(pid) != start]
-        self._holders = dict(holders)
+        self._holders = {pid: start for pid, start in holders.items() if start is not None}
         low = at - HOLDER_MARGIN
         self._previous, self._last = (self._last if self._last is not None else low), low
         return min(gone) - HOLDER_MARGIN if gone else None

@@ -171,6 +171,7 @@ class Leadership:
             logger.error("wrong shard", extra={"action": "start", "expected": cfg.shard, "found": name})
             raise WrongShard(f"the database is shard {name!r}, not {cfg.shard!r}")
         self.rt.shard_name = name
+        self.rt.shard_checked = True
         return self._ctl
 
     async def _drop_control(self) -> None:

@@ -1,12 +1,22 @@
-"""Maintenance of the active manager: the old-event collector, the retention purge, the load
-reconciliation, and the database health reading for the gauges (:mod:`.health`). Each is a job
-with a ``run_once()`` that returns its counts (tests call it directly); :func:`schedule` runs them
-periodically with APScheduler (``max_instances=1``, ``coalesce=True``), as tasks that end with
-their session.
+"""Maintenance of the active manager: the old-event collector, and the floors of the sliced jobs.
 
-Every write goes through the session's writer, fenced like any other write, so maintenance never
-runs beside a deposed term's writes and never holds a second writing connection. The health
-reading only reads, on a connection of its own, so acks never wait behind it.
+- The **old-event collector** moves fired events past their ack deadline back to to_be_fired (or
+  to failed). It stays the leader's, on the session's writer and fenced by its term, and is not
+  sliced for the standbys: it changes *fired* rows, whose holder is the leader's in-flight ledger
+  (it frees their credit slots and lowers the dispatcher's floors when it moves them), and a
+  deposed leader must not move them. It is no single point of failure all the same: every
+  takeover runs it at once, so a standby that takes the lease collects what a stopped leader left.
+- The **database health** reading (:mod:`.health`) fills the gauges every ``health_interval``
+  and vacuums a queue table autovacuum is late for. It only reads (and vacuums), on a connection
+  of its own, so acks never wait behind it.
+- The **retention purge** and the **load reconciliation** run in slices that any manager process
+  takes (slices.py). The leader's session adds their floors here: every ``purge_interval`` and
+  ``reconcile_interval`` a run over every partition, so that they progress even when the leader is
+  never idle and has no standby.
+
+Each job has a ``run_once()`` that returns its counts (tests call it directly); :func:`schedule`
+runs them periodically with APScheduler (``max_instances=1``, ``coalesce=True``), as tasks that
+end with their session.
 """
 
 from __future__ import annotations
@@ -15,14 +25,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from queue_manager.manager.health import HealthMonitor
-from queue_manager.manager.queues import QueueRuntime
+from queue_manager.manager.recruit import Job
 from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.slices import FloorResult, Slicer
 from queue_manager.manager.writer import OpKind, Unavailable
 
 logger = logging.getLogger(__name__)
@@ -43,46 +54,6 @@ class CollectorResult(RunResult):
     dead: int = 0
 
 
-@dataclass
-class RetentionResult(RunResult):
-    deleted: int = 0
-
-
-@dataclass
-class ReconciliationResult(RunResult):
-    #: per queue, the sum over partitions of |load - live events| the run corrected
-    drift: dict[str, int] = field(default_factory=dict)
-
-
-class _Job:
-    """Run one writer op per queue, in turn; stop at the first the database cannot serve."""
-
-    name = ""
-    kind = OpKind.SWEEP
-
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-
-    def _items(self, q: QueueRuntime) -> list[Any]:
-        return []
-
-    async def _each(self, result: RunResult, apply: Callable[[QueueRuntime, Any], None]) -> None:
-        rt = self.rt
-        if not rt.leading():
-            result.aborted = True
-            return
-        for q in list(rt.queues.values()):
-            try:
-                outcome = await rt.submit(self.kind, q, self._items(q))
-            except Unavailable:
-                rt.metrics.maintenance.inc(job=self.name, outcome="aborted")
-                result.aborted = True
-                return
-            rt.metrics.maintenance.inc(job=self.name, outcome="finished")
-            result.queues += 1
-            apply(q, outcome)
-
-
 #: the collector starts this far before where its last run stopped: a deadline set by a fire or an
 #: extend that committed after that run is no earlier than its statement's start (each is a single
 #: short statement), and the deadlines of events fired ack_timeout ago, all acked, are dead index
@@ -93,94 +64,84 @@ SWEEP_MARGIN = 1.0
 SWEEP_FULL_EVERY = 300
 
 
-class Collector(_Job):
-    """Events left fired past their ack deadline go back to to_be_fired (or failed).
+class Collector:
+    """Events left fired past their ack deadline go back to to_be_fired (or failed): one writer op
+    per queue, in turn, stopping at the first the database cannot serve.
 
     Each queue's sweep starts a little before where the last one stopped, not at the low end of
     the fired index, whose dead entries (every event acked since the last vacuum) pile up while a
-    transaction holds back vacuum.
+    transaction holds back vacuum. A run counts as one slice of the job ``collector`` (source
+    ``leader``), in the metrics and shard-wide.
     """
 
     name = "collector"
-    kind = OpKind.SWEEP
 
-    def __init__(self, rt: Runtime) -> None:
-        super().__init__(rt)
+    def __init__(self, rt: Runtime, slicer: Slicer | None = None) -> None:
+        self.rt = rt
+        self.slicer = slicer
         self._floors: dict[str, float] = {}
         self._runs = 0
 
-    def _items(self, q: QueueRuntime) -> list[Any]:
-        floor = self._floors.get(q.name)
-        return [] if floor is None else [floor]
-
     async def run_once(self) -> CollectorResult:
+        rt = self.rt
         result = CollectorResult()
         self._runs += 1
         if self._runs % SWEEP_FULL_EVERY == 1:
             self._floors.clear()
-
-        def apply(q: QueueRuntime, outcome: tuple[set[int], set[int], int, float | None]) -> None:
-            moved, failed, _pages, at = outcome
+        self._count("recruited")
+        if not rt.leading():
+            result.aborted = True
+        for q in list(rt.queues.values()) if not result.aborted else []:
+            floor = self._floors.get(q.name)
+            try:
+                moved, failed, _pages, at = await rt.submit(OpKind.SWEEP, q, [] if floor is None else [floor])
+            except Unavailable:
+                rt.metrics.maintenance.inc(job=self.name, outcome="aborted")
+                result.aborted = True
+                break
+            rt.metrics.maintenance.inc(job=self.name, outcome="finished")
+            result.queues += 1
             if at is not None:
                 self._floors[q.name] = at - SWEEP_MARGIN
             if moved:
-                self.rt.refired(q, moved, failed, at)
+                rt.refired(q, moved, failed, at)
                 result.requeued += len(moved - failed)
                 result.dead += len(failed)
-
-        await self._each(result, apply)
-        self.rt.signals.swept.emit(result.requeued)
+        self._count("aborted" if result.aborted else "finished", result.requeued + result.dead)
+        rt.signals.swept.emit(result.requeued)
         return result
 
-
-class Retention(_Job):
-    """Acked events older than each queue's retention are deleted, a bounded slice per run."""
-
-    name = "retention"
-    kind = OpKind.PURGE
-
-    async def run_once(self) -> RetentionResult:
-        result = RetentionResult()
-
-        def apply(q: QueueRuntime, deleted: int) -> None:
-            if deleted:
-                self.rt.metrics.purged.inc(deleted, queue=q.name)
-                result.deleted += deleted
-
-        await self._each(result, apply)
-        self.rt.signals.purged.emit(result.deleted)
-        return result
+    def _count(self, outcome: str, events: int = 0) -> None:
+        self.rt.metrics.slices.inc(job=self.name, outcome=outcome, source="leader")
+        if self.slicer is not None:
+            self.slicer.count_soon(self.name, outcome)
+            self.slicer.count_soon(self.name, "events", events)
 
 
-class Reconciliation(_Job):
-    """Each queue's load counters are re-anchored on a count of its live events.
+class Floor:
+    """The floor of one sliced job: a periodic run over every partition of every queue, in slices
+    (slices.py), so that the job progresses even when the leader is never idle and no standby runs."""
 
-    The counters drift by design: a rolled-back insert has already bumped its enqueue sequence,
-    and a published done counter of a rolled-back ack stays until that partition's next ack.
-    """
+    def __init__(self, rt: Runtime, slicer: Slicer, job: Job) -> None:
+        self.rt = rt
+        self.slicer = slicer
+        self.job = job
 
-    name = "reconciliation"
-    kind = OpKind.RECONCILE
-
-    async def run_once(self) -> ReconciliationResult:
-        result = ReconciliationResult()
-
-        def apply(q: QueueRuntime, drift: int) -> None:
-            self.rt.metrics.load_drift.set(drift, queue=q.name)
-            result.drift[q.name] = drift
-
-        await self._each(result, apply)
-        self.rt.signals.reconciled.emit(sum(result.drift.values()))
+    async def run_once(self) -> FloorResult:
+        result = await self.slicer.floor(self.job)
+        self.rt.metrics.maintenance.inc(job=self.job.value, outcome="aborted" if result.aborted else "finished")
+        signal = self.rt.signals.purged if self.job is Job.RETENTION else self.rt.signals.reconciled
+        signal.emit(result.events)
         return result
 
 
 class Maintenance:
-    """The jobs of one session, run by APScheduler; :meth:`close` ends every run in progress."""
+    """The leader's jobs of one session, run by APScheduler; :meth:`close` ends every run in progress."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.collector = Collector(rt)
-        self.retention = Retention(rt)
-        self.reconciliation = Reconciliation(rt)
+    def __init__(self, rt: Runtime, slicer: Slicer) -> None:
+        self.collector = Collector(rt, slicer)
+        self.retention = Floor(rt, slicer, Job.RETENTION)
+        self.reconciliation = Floor(rt, slicer, Job.RECONCILIATION)
         self.health = HealthMonitor(rt)
         self._scheduler = AsyncIOScheduler()
         self._running: set[asyncio.Task[Any]] = set()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from queue_manager.domain.health import ShardHealth
 
@@ -152,6 +153,113 @@ class Histogram(_Metric):
             yield f"{self.name}_count{_fmt_labels(key)} {_fmt_value(row[-1])}"
 
 
+class TenantDwell:
+    """Per-tenant dwell time (fire_at -> push) of one queue over a sliding window, for the
+    busiest tenants: bounded memory and bounded label cardinality.
+
+    The window (``window`` seconds) is cut into ``slices``; each slice keeps, per tenant, the events
+    pushed and a sparse log-scale histogram of their dwell (buckets 2^(1/8) apart: a quantile is
+    known within 9 %); large batches are sampled (:meth:`observe`). At most ``max_tenants`` tenants
+    are kept per slice; later ones count as "other". Rendering merges the slices, names the ``top``
+    tenants by events in the window and puts every other tenant in the ``other`` series.
+    """
+
+    OTHER = "other"
+    #: most events of one batch observed (the rest are represented by them)
+    SAMPLE = 64
+    #: smallest bucket bound (seconds) and the ratio between bounds
+    LOW = 0.0001
+    RATIO = 2 ** (1 / 8)
+
+    __slots__ = ("max_tenants", "slice_len", "slices", "top", "window")
+
+    def __init__(self, top: int = 10, window: float = 60.0, slices: int = 6, max_tenants: int = 10_000) -> None:
+        self.top = top
+        self.window = window
+        self.slice_len = window / slices
+        self.max_tenants = max_tenants
+        #: (start, {tenant: [events, sum of dwell, {bucket: events}]}), oldest first
+        self.slices: list[tuple[float, dict[str, list[Any]]]] = []
+
+    def _current(self, now: float) -> dict[str, list[Any]]:
+        if not self.slices or now >= self.slices[-1][0] + self.slice_len:
+            self.slices.append((now, {}))
+            self._expire(now)
+        return self.slices[-1][1]
+
+    def _expire(self, now: float) -> None:
+        while self.slices and self.slices[0][0] + self.slice_len <= now - self.window:
+            self.slices.pop(0)
+
+    def observe(self, tenants: Sequence[str], delays: Sequence[float], now: float) -> None:
+        """One fired batch: the tenants and dwell times (seconds) of its events; ``now`` monotonic.
+
+        A batch of more than SAMPLE events is sampled: every k-th event counts k times (a drain's
+        batches of 1 000 then cost the manager 64 observations, not 1 000; measured 0.39 us per
+        observation). Batches of a quiet queue are counted whole."""
+        cur = self._current(now)
+        low, log_ratio, cap = self.LOW, math.log(self.RATIO), self.max_tenants
+        log = math.log
+        n = len(tenants)
+        k = 1 if n <= self.SAMPLE else -(-n // self.SAMPLE)
+        for i in range(0, n, k):
+            tenant = tenants[i]
+            d = delays[i]
+            row = cur.get(tenant)
+            if row is None:
+                if len(cur) >= cap:
+                    tenant = self.OTHER
+                    row = cur.get(tenant)
+                if row is None:
+                    row = cur[tenant] = [0, 0.0, {}]
+            row[0] += k
+            row[1] += d * k
+            b = 0 if d <= low else int(log(d / low) / log_ratio) + 1
+            h = row[2]
+            h[b] = h.get(b, 0) + k
+
+    def summary(self, now: float) -> list[tuple[str, int, float | None, float | None]]:
+        """(tenant or "other", events, p50, p99) over the window: the top tenants by events, then other."""
+        self._expire(now)
+        merged: dict[str, list[Any]] = {}
+        for _, part in self.slices:
+            for tenant, (n, total, h) in part.items():
+                row = merged.get(tenant)
+                if row is None:
+                    row = merged[tenant] = [0, 0.0, {}]
+                row[0] += n
+                row[1] += total
+                mh = row[2]
+                for b, c in h.items():
+                    mh[b] = mh.get(b, 0) + c
+        named = sorted((t for t in merged if t != self.OTHER), key=lambda t: (-merged[t][0], t))[: self.top]
+        other: list[Any] = [0, 0.0, {}]
+        for t, (n, total, h) in merged.items():
+            if t in named:
+                continue
+            other[0] += n
+            other[1] += total
+            for b, c in h.items():
+                other[2][b] = other[2].get(b, 0) + c
+        out = [(t, merged[t][0], self._quantile(merged[t][2], 0.5), self._quantile(merged[t][2], 0.99)) for t in named]
+        if other[0]:
+            out.append((self.OTHER, other[0], self._quantile(other[2], 0.5), self._quantile(other[2], 0.99)))
+        return out
+
+    def _quantile(self, h: dict[int, int], q: float) -> float | None:
+        """The bucket's upper bound at quantile q (the dwell is at most this, within 9 %)."""
+        total = sum(h.values())
+        if not total:
+            return None
+        rank = q * total
+        seen = 0
+        for b in sorted(h):
+            seen += h[b]
+            if seen >= rank:
+                return self.LOW * self.RATIO**b
+        return self.LOW * self.RATIO ** max(h)
+
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -211,11 +319,27 @@ class ManagerMetrics:
         )
         self.ack_latency = r.histogram("qm_ack_latency_seconds", "Time from push to the committed ack.")
         self.frame_errors = r.counter("qm_protocol_errors_total", "Client frames refused, by error code.")
-        self.maintenance = r.counter("qm_maintenance_runs_total", "Maintenance job runs by job and outcome.")
-        self.purged = r.counter("qm_events_purged_total", "Acked events deleted by the retention purge.")
+        self.maintenance = r.counter(
+            "qm_maintenance_runs_total",
+            "Runs of the leader's maintenance jobs (the collector, the retention and reconciliation floors) by job "
+            "and outcome.",
+        )
+        self.slices = r.counter(
+            "qm_maintenance_slices_total",
+            "Maintenance slices by job, outcome (recruited, finished, aborted) and source (idle, standby, floor; "
+            "leader for the collector's runs).",
+        )
+        self.slice_aborts = r.counter(
+            "qm_maintenance_slice_aborts_total",
+            "Aborted maintenance slices by job and reason (lock, conflict, timeout, connection, error).",
+        )
+        self.purged = r.counter(
+            "qm_events_purged_total", "Events deleted by the retention slices, by queue and state (acked, failed)."
+        )
         self.load_drift = r.gauge(
             "qm_load_drift_events",
-            "Sum over partitions of |counted load - live events| found by the last load reconciliation.",
+            "Sum over partitions of |counted load - live events| found by this process's last reconciliation slice "
+            "of each partition.",
         )
         self.fences = r.counter("qm_fenced_writes_total", "Writes the database refused because the term was stale.")
         self.poll = r.counter(
@@ -335,6 +459,30 @@ class ManagerMetrics:
             "Estimated wasted bytes of one index of a queue table (statistics-based; absent until known).",
             indexes("bloat_bytes"),
         )
+        self.limit_share = r.gauge(
+            "qm_limit_share",
+            "This manager's slice of a queue's limit across shards, by limit (qps, concurrency).",
+        )
+        self.limit_peers = r.gauge(
+            "qm_limit_peers_live", "Other shards' managers whose lease rows are live on this shard's database."
+        )
+        self.limit_lapses = r.counter(
+            "qm_limit_trust_lapses_total",
+            "Times this manager's slices of a queue's limits went untrusted (no publish reached every live peer in "
+            "time): it fired nothing of that queue until the next one did.",
+        )
+        self.limit_publish_failures = r.counter(
+            "qm_limit_publish_failures_total",
+            "Publishes of this manager's slices that did not reach a shard's database, by shard.",
+        )
+        #: per queue: dwell of the busiest tenants (rendered by bind_gauges' gauges)
+        self.dwell: dict[str, TenantDwell] = {}
+
+    def observe_dwell(self, queue: str, tenants: Sequence[str], delays: Sequence[float], now: float) -> None:
+        d = self.dwell.get(queue)
+        if d is None:
+            d = self.dwell[queue] = TenantDwell()
+        d.observe(tenants, delays, now)
 
     def bind_gauges(
         self,
@@ -342,8 +490,11 @@ class ManagerMetrics:
         leader: Callable[[], float],
         term: Callable[[], float],
         receivers: Callable[[], float],
+        over_share: Callable[[], Iterable[tuple[str, float]]] = lambda: (),
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        """``queues`` yields (name, events in flight, events cached) per queue."""
+        """``queues`` yields (name, events in flight, events cached) per queue; ``over_share``
+        (name, tenants over their fair share); ``clock`` is the monotonic clock of the dwell windows."""
         r = self.registry
         r.gauge(
             "qm_in_flight",
@@ -358,6 +509,34 @@ class ManagerMetrics:
         r.gauge("qm_leader", "1 while this manager is the shard's active manager.", lambda: [({}, leader())])
         r.gauge("qm_term", "Current leadership term (0 when not leading).", lambda: [({}, term())])
         r.gauge("qm_receivers_connected", "Open receiver connections.", lambda: [({}, receivers())])
+        r.gauge(
+            "qm_tenants_over_fair_share",
+            "Tenants whose events in flight exceed twice their weighted share of the queue's in-flight events.",
+            lambda: [({"queue": name}, n) for name, n in over_share()],
+        )
+        if clock is not None:
+            now = clock
+
+            def rows() -> list[tuple[str, str, int, float | None, float | None]]:
+                t = now()
+                return [(q, *row) for q, d in sorted(self.dwell.items()) for row in d.summary(t)]
+
+            r.gauge(
+                "qm_tenant_dwell_seconds",
+                "Dwell (fire_at to push) of the busiest tenants over the last 60 s, by quantile; "
+                "the rest as tenant=other.",
+                lambda: [
+                    ({"queue": q, "tenant": t, "quantile": k}, v)
+                    for q, t, _, p50, p99 in rows()
+                    for k, v in (("0.5", p50), ("0.99", p99))
+                    if v is not None
+                ],
+            )
+            r.gauge(
+                "qm_tenant_dwell_events",
+                "Events pushed in the last 60 s, for the tenants of qm_tenant_dwell_seconds.",
+                lambda: [({"queue": q, "tenant": t}, float(n)) for q, t, n, _, _ in rows()],
+            )
 
     # the session's counters (queue_manager.wire.session.SessionMetrics)
 

@@ -16,7 +16,7 @@ POLL_INTERVAL instead, until POLL_LINGER passes with nothing found; then it arms
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
@@ -115,6 +115,9 @@ class IdleState:
     armed: bool
     #: a waiter waits for the lock behind an open producer transaction: producers NOTIFY too
     waiting: bool
+    #: seconds until the queue's rate or concurrency slice admits a due event (0: they do not hold
+    #: one back; inf: only an ack or a larger slice can)
+    limit_wait: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +158,9 @@ def plan_idle(
         if q.polling:
             timeout = min(timeout, POLL_INTERVAL)
         if q.next_fire_at is not None and q.has_free:
-            timeout = min(timeout, max(0.0, q.next_fire_at - db_now))
+            timeout = min(timeout, max(0.0, q.next_fire_at - db_now, q.limit_wait))
+        if q.limit_wait > 0:  # due events held back by the limits: look again when they admit one
+            timeout = min(timeout, q.limit_wait)
     timeout = min(timeout, max(0.0, next_reload - now))
     return Idle(tuple(disarm), tuple(stop_waiting), tuple(arm), timeout)
 
@@ -167,6 +172,19 @@ def capacity(free: Sequence[int], fire_batch: int, max_concurrency: int | None, 
     if max_concurrency is not None:
         limit = min(limit, max_concurrency - in_flight)
     return limit
+
+
+def next_cursor(start: int, fired: Mapping[int, int], partitions: int) -> int:
+    """Where the next round-robin pick starts: after the last partition, in this pick's walk order
+    from ``start``, that gave an event (``fired``: partition -> events). Every partition then gets
+    its turn before any gets a second one. (The row order a statement returns is no walk order:
+    the UPDATE returns its rows in primary-key order, so "after the last row's partition" moved the
+    cursor to wherever the newest event happened to be.)"""
+    n = max(1, partitions)
+    if not fired:
+        return start % n
+    last = max(fired, key=lambda p: (p - start) % n)
+    return (last + 1) % n
 
 
 S = TypeVar("S")

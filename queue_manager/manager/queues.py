@@ -15,7 +15,9 @@ from typing import Protocol
 
 from queue_manager.domain.settings import QueueSettings
 from queue_manager.manager.cache import WindowCache
+from queue_manager.manager.fairness import FairShare, TenantPolicy
 from queue_manager.manager.floors import Floors, HolderWatch
+from queue_manager.manager.limits import QueueLimits
 from queue_manager.wire.ledger import Ledger
 
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
@@ -109,6 +111,16 @@ class QueueRuntime:
         self.reset_at = 0.0
         #: the partition whose floor the next safety lookback lowers
         self.safety_partition = 0
+        #: this manager's slices of max_qps and max_concurrency, and its token bucket (budget.py)
+        self.limits = QueueLimits()
+        #: per-tenant weights and caps (fairness.py); inactive: dispatch by partition alone
+        self.policy = TenantPolicy(default_cap=settings.tenant_max_in_flight)
+        #: start-time fair queueing state across batches (used while the policy is active)
+        self.fair = FairShare()
+        #: tenants a pick passed over or stopped at their cap: when one has room again, fire
+        self.cap_blocked: set[str] = set()
+        #: the cache's due events were all held back by their tenants' caps in the last round
+        self.cache_held = False
 
     @property
     def name(self) -> str:
@@ -138,6 +150,20 @@ class QueueRuntime:
         self.dirty = self.due_hint = False
         return dirty, hint
 
+    def room_again(self) -> bool:
+        """A tenant held back by its cap has room again (an ack freed a slot): its due events may
+        be fired at once. Clears the record when so."""
+        if not self.cap_blocked:
+            return False
+        counts = self.ledger.by_tenant()
+        policy = self.policy
+        for t in self.cap_blocked:
+            room = policy.room(t, counts.get(t, 0))
+            if room is None or room > 0:
+                self.cap_blocked.clear()
+                return True
+        return False
+
     def polling(self, now: float) -> bool:
         """In poll mode: wake lock released, due events fetched every POLL_INTERVAL."""
         return now < self.poll_until
@@ -159,6 +185,7 @@ class QueueRuntime:
         self.watch.stop()
         self.armed = False
         self.waiting = False
+        self.limits = QueueLimits()  # the session's slices were given back: the next one starts from none
         self.nudge(Reason.SESSION)
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from queue_manager.clock import Clock, DatabaseClock
-from queue_manager.domain.settings import QueueSettings
+from queue_manager.domain.settings import QueueSettings, TenantSettings
 from queue_manager.manager.config import LEASE_MARGIN, ManagerConfig
+from queue_manager.manager.fairness import TenantPolicy
 from queue_manager.manager.metrics import ManagerMetrics
 from queue_manager.manager.queues import QueueRuntime, Reason
 from queue_manager.manager.signals import ManagerSignals
@@ -81,6 +82,8 @@ class Runtime:
         self.queues: dict[str, QueueRuntime] = {}
         self.session: Session | None = None
         self.shard_name: str | None = config.shard
+        #: the database was checked to be the configured shard (the leadership loop's first connection)
+        self.shard_checked = False
         #: stop dispatching new events (SIGTERM); acks keep flowing
         self.draining = False
         #: the dispatcher's one wake-up: set by every nudge
@@ -89,6 +92,9 @@ class Runtime:
         self._changed = asyncio.Event()
         #: resolved by the next settings reload
         self._reload_waiters: list[asyncio.Future[None]] = []
+        #: called each time the dispatcher finds nothing to do (maintenance slices enlist there);
+        #: each must return at once
+        self.idle_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ leading
 
@@ -102,6 +108,12 @@ class Runtime:
             and s.term == self.lease.term
             and self.lease.trusted(self.clock.monotonic())
         )
+
+    def went_idle(self) -> None:
+        """The dispatcher found nothing to do and is about to sleep."""
+        self.signals.idle.emit(None)
+        for listener in self.idle_listeners:
+            listener()
 
     # ------------------------------------------------------------------ the dispatcher's wake-up
 
@@ -160,15 +172,25 @@ class Runtime:
             if not fut.done():
                 fut.set_result(None)
 
-    def apply_settings(self, rows: Iterable[QueueSettings]) -> None:
-        """Install freshly loaded queue settings; subscribers of dropped queues are told and closed."""
+    def apply_settings(self, rows: Iterable[QueueSettings], tenants: Iterable[TenantSettings] = ()) -> None:
+        """Install freshly loaded queue settings and tenant overrides; subscribers of dropped
+        queues are told and closed."""
         seen = set()
+        by_queue: dict[int, list[TenantSettings]] = {}
+        for t in tenants:
+            by_queue.setdefault(t.queue_id, []).append(t)
         for settings in rows:
             seen.add(settings.name)
             q = self.queues.get(settings.name)
+            policy = TenantPolicy.build(by_queue.get(settings.id, ()), settings.tenant_max_in_flight)
             if q is None:
-                self.queues[settings.name] = QueueRuntime(settings)
+                q = self.queues[settings.name] = QueueRuntime(settings)
+                q.policy = policy
                 continue
+            if policy != q.policy:
+                q.policy = policy
+                q.cap_blocked.clear()
+                self.nudge(q, Reason.DUE)  # caps may have been raised
             old = q.settings
             q.settings = settings
             q.floors.resize(settings.partitions_physical)

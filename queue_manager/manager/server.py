@@ -3,7 +3,8 @@
 - :mod:`.config` the validated configuration; :mod:`.runtime` what the parts share;
 - :mod:`.leadership` the lease and the loop that runs one :mod:`.term` session per term;
 - :mod:`.dispatch` (with the pure :mod:`.plan`) fires and pushes; :mod:`.wakeups` hears producers;
-- :mod:`.writer` batches every write; :mod:`.maintenance` runs the periodic jobs;
+- :mod:`.writer` batches every write; :mod:`.maintenance` runs the leader's periodic jobs, and
+  :mod:`.slices` the maintenance slices any manager takes (idle moments, standbys, the floors);
 - :mod:`.connection` adapts one websocket to the sans-I/O session of :mod:`queue_manager.wire`;
 - :mod:`.http` answers health, metrics and the handshake's checks.
 """
@@ -21,12 +22,14 @@ from websockets.datastructures import Headers
 from queue_manager.clock import Clock, SystemClock
 from queue_manager.manager.config import ManagerConfig
 from queue_manager.manager.connection import ReceiverConnection
+from queue_manager.manager.fairness import over_fair_share
 from queue_manager.manager.http import HttpFront
 from queue_manager.manager.leadership import Leadership
 from queue_manager.manager.metrics import ManagerMetrics
 from queue_manager.manager.queues import QueueRuntime
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.signals import ManagerSignals
+from queue_manager.manager.slices import Slicer
 from queue_manager.manager.term import TermSession
 from queue_manager.wire import frames
 
@@ -41,6 +44,10 @@ class Manager:
         self.metrics = ManagerMetrics()
         self.signals = ManagerSignals()
         self.rt = Runtime(config, clock or SystemClock(), self.metrics, self.signals)
+        #: maintenance slices (slices.py): in the dispatcher's idle moments, on the standby loop,
+        #: and the leader's floors
+        self.slicer = Slicer(self.rt)
+        self.rt.idle_listeners.append(self.slicer.on_idle)
         self.connections: set[ReceiverConnection] = set()
         self.port: int | None = None
         self.ready = asyncio.Event()
@@ -57,6 +64,10 @@ class Manager:
             leader=lambda: 1.0 if self.role == "leader" else 0.0,
             term=lambda: float(self.term or 0),
             receivers=lambda: float(len(self.connections)),
+            over_share=lambda: [
+                (q.name, float(over_fair_share(q.ledger.by_tenant(), q.policy))) for q in self.queues.values()
+            ],
+            clock=self.rt.clock.monotonic,
         )
 
     # ------------------------------------------------------------------ what others read
@@ -95,10 +106,26 @@ class Manager:
             "holder": self.config.holder,
             "receivers": len(self.connections),
             "queues": {
-                q.name: {"cache": len(q.cache), "in_flight": q.in_flight, "subscribers": len(q.subscribers)}
+                q.name: {
+                    "cache": len(q.cache),
+                    "in_flight": q.in_flight,
+                    "subscribers": len(q.subscribers),
+                    **self._limits(q),
+                }
                 for q in self.queues.values()
             },
         }
+
+    def _limits(self, q: QueueRuntime) -> dict[str, Any]:
+        """This shard's slices of the queue's limits across shards (only for a limited queue)."""
+        s, lim = q.settings, q.limits
+        now = self.rt.clock.monotonic()
+        out: dict[str, Any] = {}
+        if s.max_qps is not None:
+            out["qps_share"] = round(lim.rate_now(s.max_qps, now), 3)
+        if s.max_concurrency is not None:
+            out["concurrency_share"] = lim.concurrency_now(s.max_concurrency, now)
+        return out
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,13 +155,17 @@ class Manager:
         self.ready.set()
         logger.info("manager listening", extra={"action": "listen", "port": self.port, "holder": cfg.holder})
         lead = asyncio.create_task(self.leadership.run(), name="qm-lead")
+        standby = asyncio.create_task(self.slicer.run_standby(), name="qm-standby-maintenance")
         try:
             await self._stop.wait()
         finally:
+            standby.cancel()
+            await asyncio.wait({standby}, timeout=5)
             await self._shutdown(lead)
+            await self.slicer.close()
 
     async def _open_session(self, term: int) -> TermSession:
-        return await TermSession.open(self.rt, term)
+        return await TermSession.open(self.rt, term, self.slicer)
 
     async def _not_leader_anymore(self) -> None:
         await self._close_all(frames.CLOSE_NOT_LEADER, "this manager is no longer the shard's active manager")

@@ -72,14 +72,16 @@ class ManagerSignals:
     idle: TestSignal[None] = field(default_factory=TestSignal)
     #: a run of the old-event collector finished
     swept: TestSignal[int] = field(default_factory=TestSignal)
-    #: a run of the retention purge finished (events deleted)
+    #: a floor run of the retention purge finished (events deleted)
     purged: TestSignal[int] = field(default_factory=TestSignal)
-    #: a run of the load reconciliation finished (drift found)
+    #: a floor run of the load reconciliation finished (drift found)
     reconciled: TestSignal[int] = field(default_factory=TestSignal)
     #: a database health reading was taken (its warnings)
     health_read: TestSignal[list[str]] = field(default_factory=TestSignal)
     #: the leader vacuumed this queue's table (autovacuum was late)
     vacuumed: TestSignal[str] = field(default_factory=TestSignal)
+    #: a maintenance slice ended (a queue_manager.manager.slices.SliceResult)
+    sliced: TestSignal[Any] = field(default_factory=TestSignal)
     #: this queue's wake-up lock was taken
     armed: TestSignal[str] = field(default_factory=TestSignal)
 

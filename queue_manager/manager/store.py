@@ -2,13 +2,16 @@
 
 Each function runs one statement on an autocommit psycopg connection, so each is its own
 transaction: a fire commits before anything is pushed, and an ack is confirmed only after
-its commit. Every state change carries the manager's term and is fenced by ``qm.fence``.
+its commit. Every state change carries the manager's term and is fenced by ``qm.fence``, except
+the maintenance slices' (``slice_*``): deleting a settled event and re-anchoring a load counter
+under its lock are right whichever manager process does them, leader or standby.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -18,16 +21,21 @@ from psycopg.rows import class_row
 
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
-from queue_manager.domain.settings import QueueSettings
+from queue_manager.domain.settings import QueueSettings, TenantSettings
+from queue_manager.manager.fairness import CAP_LOOKAHEAD, FairPick, candidate_quota
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
 #: SQLSTATE raised by qm.fence when the manager's term is no longer current
 FENCED_SQLSTATE = "QMF01"
 SWEEP_PAGE = 1000
-#: acked events one retention statement deletes; one run takes at most PURGE_PAGES statements
-PURGE_PAGE = 1000
-PURGE_PAGES = 10
+#: a maintenance slice's statement gives up after this long (the count of one partition's live
+#: events, a page of deletes): a reconciliation slice holds its queue's load lock, which the ack
+#: statements wait for, at most this long
+SLICE_STATEMENT_TIMEOUT_MS = 1000
+#: and after waiting this long for a lock (a table lock of a CREATE INDEX, say): a slice waiting in
+#: a lock queue would hold up everyone queued behind it
+SLICE_LOCK_TIMEOUT_MS = 100
 
 
 def _static(name: str) -> sql.SQL:
@@ -60,7 +68,7 @@ MANAGER_ROLE_OPTION = "-c qm.role=manager"
 PLANNER_SETTINGS = {"plan_cache_mode": "force_custom_plan", "enable_bitmapscan": "off"}
 
 
-async def connect(dsn: str, application_name: str, *, durable: bool = True) -> AsyncConn:
+async def connect(dsn: str, application_name: str, *, durable: bool = True, connect_timeout: int = 5) -> AsyncConn:
     """An autocommit connection with guards: no statement or idle transaction may hang for long.
 
     ``durable=False`` turns ``synchronous_commit`` off for the connection (see docs/manager.md,
@@ -75,7 +83,7 @@ async def connect(dsn: str, application_name: str, *, durable: bool = True) -> A
     if not durable:
         options += " -c synchronous_commit=off"
     return await psycopg.AsyncConnection.connect(
-        dsn, autocommit=True, application_name=application_name[:63], options=options, connect_timeout=5
+        dsn, autocommit=True, application_name=application_name[:63], options=options, connect_timeout=connect_timeout
     )
 
 
@@ -95,6 +103,12 @@ async def shard_name(conn: AsyncConn) -> str | None:
 async def load_queues(conn: AsyncConn) -> list[QueueSettings]:
     async with conn.cursor(row_factory=class_row(QueueSettings)) as cur:
         await cur.execute(_static("mgr_queues"))
+        return await cur.fetchall()
+
+
+async def load_tenant_settings(conn: AsyncConn) -> list[TenantSettings]:
+    async with conn.cursor(row_factory=class_row(TenantSettings)) as cur:
+        await cur.execute(_static("mgr_tenant_settings"))
         return await cur.fetchall()
 
 
@@ -175,7 +189,7 @@ async def fire(
     """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON) of those fired."""
     cur = await conn.execute(
         queue_sql("mgr_fire", q.name),
-        {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds},
+        {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds, "queue_id": q.id},
         prepare=True,
     )
     return await cur.fetchall()
@@ -207,10 +221,51 @@ async def fire_due(
             "limit": limit,
             "floors": _array(lows),
             "ack_timeout": q.ack_timeout_seconds,
+            "queue_id": q.id,
         },
         prepare=True,
     )
     return await cur.fetchall(), quota
+
+
+async def fire_due_fair(
+    conn: AsyncConn,
+    q: QueueSettings,
+    term: int,
+    start: int,
+    limit: int,
+    pick: FairPick,
+    floors: Sequence[float | None] | None = None,
+) -> tuple[list[tuple[int, str, int, int, float, str]], int, int]:
+    """As :func:`fire_due`, by tenant (``mgr_fire_due_fair``, see fairness.py): returns the rows,
+    the per-partition quota of candidates and how many candidates were seen."""
+    partitions = max(1, q.partitions_physical)
+    quota, candidates = candidate_quota(limit, partitions)
+    lows = [None if floors is None or p >= len(floors) else floors[p] for p in range(partitions)]
+    cur = await conn.execute(
+        queue_sql("mgr_fire_due_fair", q.name),
+        {
+            "term": term,
+            "start": start % partitions,
+            "partitions": partitions,
+            "quota": quota,
+            "window": quota + (CAP_LOOKAHEAD if pick.capped else 0),
+            "candidates": candidates,
+            "limit": limit,
+            "floors": _array(lows),
+            "capped": list(pick.capped),
+            "tenants": list(pick.tenants),
+            "ahead": _array(pick.ahead),
+            "weights": _array(pick.weights),
+            "rooms": _array(pick.rooms),
+            "default_room": pick.default_room,
+            "ack_timeout": q.ack_timeout_seconds,
+        },
+        prepare=True,
+    )
+    rows = await cur.fetchall()
+    seen = int(rows[0][6]) if rows else 0
+    return [r[:6] for r in rows], quota, seen
 
 
 def _array(values: Iterable[int | float | None]) -> str:
@@ -318,14 +373,16 @@ async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[
     await conn.execute(queue_sql("mgr_settled", q.name), {"term": term, "queue_id": q.id, "parts": _ints(parts)})
 
 
-async def wake_lock_holders(conn: AsyncConn, queue_ids: Sequence[int]) -> tuple[dict[int, dict[int, float]], float]:
+async def wake_lock_holders(
+    conn: AsyncConn, queue_ids: Sequence[int]
+) -> tuple[dict[int, dict[int, float | None]], float]:
     """Per queue, the producer transactions holding its wake-up lock (pid -> transaction start,
-    epoch seconds), and the database time of the reading.
+    epoch seconds; None for one caught while it commits), and the database time of the reading.
 
     A cheap probe first (a try of each lock, given back at once); the lock table is read only for
     the queues whose lock is held, which a drain without producers never pays."""
     cur = await conn.execute(_static("mgr_wake_lock_probe"), {"ids": list(queue_ids)}, prepare=True)
-    out: dict[int, dict[int, float]] = {qid: {} for qid in queue_ids}
+    out: dict[int, dict[int, float | None]] = {qid: {} for qid in queue_ids}
     held = []
     at = 0.0
     for qid, is_held, clock in await cur.fetchall():
@@ -338,37 +395,124 @@ async def wake_lock_holders(conn: AsyncConn, queue_ids: Sequence[int]) -> tuple[
     for qid, pid, start, clock in await cur.fetchall():
         at = float(clock)
         if qid is not None:
-            out[int(qid)][int(pid)] = float(start)
+            out[int(qid)][int(pid)] = None if start is None else float(start)
     return out, at
 
 
-async def reconcile(conn: AsyncConn, q: QueueSettings, term: int) -> int:
-    """Re-anchor the queue's load counters on its live events; returns the drift they had.
+async def connect_maintenance(dsn: str, application_name: str) -> AsyncConn:
+    """The connection of a process's maintenance slices: short lock and statement timeouts, so that
+    a slice that meets a conflict gives up (and is counted aborted) instead of queueing behind it."""
+    options = (
+        f"-c statement_timeout={SLICE_STATEMENT_TIMEOUT_MS} -c lock_timeout={SLICE_LOCK_TIMEOUT_MS} "
+        "-c idle_in_transaction_session_timeout=5000 "
+        + " ".join(f"-c {name}={value}" for name, value in PLANNER_SETTINGS.items())
+        + " "
+        + MANAGER_ROLE_OPTION
+    )
+    return await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, application_name=application_name[:63], options=options, connect_timeout=5
+    )
 
-    The drift is the sum over partitions of |load the producers saw - live events counted|.
-    """
-    cur = await conn.execute(queue_sql("mgr_reconcile", q.name), {"term": term, "queue": q.name}, prepare=True)
+
+async def slice_purge(conn: AsyncConn, q: QueueSettings, partition: int, limit: int) -> tuple[int, int, bool]:
+    """A retention slice of one partition: (acked deleted, failed deleted, whether a page was full)."""
+    cur = await conn.execute(
+        queue_sql("mgr_slice_purge", q.name),
+        {
+            "partition": partition,
+            "retention": q.retention_seconds,
+            "failed_retention": q.failed_retention_seconds,
+            "limit": limit,
+        },
+        prepare=True,
+    )
     row = await cur.fetchone()
-    return int(row[0]) if row is not None and row[0] is not None else 0
+    assert row is not None  # an aggregate: always one row
+    return int(row[0]), int(row[1]), int(row[2]) >= limit
 
 
-async def purge(conn: AsyncConn, q: QueueSettings, term: int, page: int = PURGE_PAGE, pages: int = PURGE_PAGES) -> int:
-    """Retention: delete acked events older than the queue's retention, in pages; returns how many.
+async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> tuple[int, int]:
+    """A reconciliation slice of one partition: (load before, live events); the load is now the latter."""
+    cur = await conn.execute(_static("mgr_slice_reconcile"), {"queue": q.name, "partition": partition}, prepare=True)
+    row = await cur.fetchone()
+    assert row is not None and row[0] is not None
+    before, live = row[0]
+    return int(before), int(live)
 
-    At most ``pages`` statements per call, so that one run never holds the writer for long; the
-    next run goes on where this one stopped (the oldest acked events always come first).
-    """
-    deleted = 0
-    for _ in range(pages):
-        cur = await conn.execute(
-            queue_sql("mgr_purge", q.name),
-            {"term": term, "retention": q.retention_seconds, "limit": page},
-            prepare=True,
-        )
-        row = await cur.fetchone()
-        if row is None:
-            break
-        deleted += int(row[0])
-        if int(row[1]) < page:
-            break
-    return deleted
+
+async def count_maintenance(conn: AsyncConn, job: str, what: str, n: int = 1) -> None:
+    """Count a maintenance slice shard-wide (``what``: recruited, finished, aborted or events)."""
+    await conn.execute(_static("mgr_count_maintenance"), {"job": job, "what": what, "n": n}, prepare=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """One limited queue's lease row, as this manager publishes it (``None``: no such limit)."""
+
+    queue: str
+    want_qps: float | None
+    claim_qps: float | None
+    pending_qps: bool
+    want_concurrency: float | None
+    claim_concurrency: float | None
+    pending_concurrency: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLease:
+    """Another shard's lease row of one queue, as one database holds it."""
+
+    queue: str
+    shard: str
+    term: int
+    seq: int
+    resigned: bool
+    ttl_seconds: float
+    #: by that database's own clock
+    live: bool
+    want_qps: float | None
+    claim_qps: float | None
+    pending_qps: bool
+    want_concurrency: float | None
+    claim_concurrency: float | None
+    pending_concurrency: bool
+
+
+async def rate_publish(
+    conn: AsyncConn,
+    shard: str,
+    holder: str,
+    term: int,
+    ttl: float,
+    rows: Sequence[LeaseRow],
+    resigned: bool = False,
+) -> int:
+    """Write this manager's lease rows into ``conn``'s database; how many were written (fewer when
+    a newer leader of this shard wrote them there)."""
+    cur = await conn.execute(
+        _static("mgr_rate_publish"),
+        {
+            "shard": shard,
+            "holder": holder,
+            "term": term,
+            "ttl": ttl,
+            "resigned": resigned,
+            "queues": [r.queue for r in rows],
+            "want_qps": [r.want_qps for r in rows],
+            "claim_qps": [r.claim_qps for r in rows],
+            "pending_qps": [r.pending_qps for r in rows],
+            "want_c": [r.want_concurrency for r in rows],
+            "claim_c": [r.claim_concurrency for r in rows],
+            "pending_c": [r.pending_concurrency for r in rows],
+        },
+        prepare=True,
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def rate_view(conn: AsyncConn, shard: str, queues: Sequence[str]) -> list[PeerLease]:
+    """The other shards' lease rows of ``queues`` in this database."""
+    async with conn.cursor(row_factory=class_row(PeerLease)) as cur:
+        await cur.execute(_static("mgr_rate_view"), {"shard": shard, "queues": list(queues)}, prepare=True)
+        return await cur.fetchall()

@@ -1,12 +1,13 @@
 """One leadership term's session: its connections and tasks, which never outlive it.
 
-A session holds three connections: the dispatcher's (scans, fires, wake-up locks), the writer's
-(acks, nacks, extends, releases, maintenance) and the listener's (LISTEN ``qm_wake``), plus the
-waiter's when a producer transaction keeps a wake-up lock. Any failure of one of its tasks fails
-the session (the leadership loop then starts a new one, or gives the lease up), and only that
-session: a task reports to the session that started it, never to the manager as a whole, and a
-session that has ended ignores its tasks' last words. :meth:`TermSession.close` cancels every task
-and waits until each has finished.
+A session holds four connections: the dispatcher's (scans, fires, wake-up locks), the writer's
+(acks, nacks, extends, releases, maintenance), the listener's (LISTEN ``qm_wake``) and the
+budget's (the lease rows of the queues' limits, ``budget.py``), plus the waiter's when a producer
+transaction keeps a wake-up lock, and the budget's links to the other shards' databases. Any
+failure of one of its tasks fails the session (the leadership loop then starts a new one, or gives
+the lease up), and only that session: a task reports to the session that started it, never to the
+manager as a whole, and a session that has ended ignores its tasks' last words.
+:meth:`TermSession.close` cancels every task and waits until each has finished.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from collections.abc import Coroutine
 from typing import Any
 
 from queue_manager.manager import store
+from queue_manager.manager.budget import Budget
 from queue_manager.manager.dispatch import Dispatcher
 from queue_manager.manager.maintenance import Maintenance
 from queue_manager.manager.queues import Reason
 from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.slices import Slicer
 from queue_manager.manager.store import AsyncConn
 from queue_manager.manager.wakeups import Listener, Waiter
 from queue_manager.manager.writer import Unavailable, Writer
@@ -35,9 +38,10 @@ _CANCEL_ROUNDS = 10
 class TermSession:
     """The connections and tasks of one leadership term."""
 
-    def __init__(self, rt: Runtime, term: int) -> None:
+    def __init__(self, rt: Runtime, term: int, slicer: Slicer) -> None:
         self.rt = rt
         self.term = term
+        self.slicer = slicer
         self.failed: BaseException | None = None
         self.failed_event = asyncio.Event()
         self.ended = False
@@ -47,6 +51,7 @@ class TermSession:
         self._writer: Writer | None = None
         self._dispatcher: Dispatcher | None = None
         self._waiter: Waiter | None = None
+        self._budget: Budget | None = None
         self.maintenance: Maintenance | None = None
 
     @property
@@ -64,9 +69,12 @@ class TermSession:
         return d is not None and now - d.heartbeat > after
 
     @classmethod
-    async def open(cls, rt: Runtime, term: int) -> TermSession:
-        """Connect, load the queues and start the tasks; on any error nothing is left open."""
-        s = cls(rt, term)
+    async def open(cls, rt: Runtime, term: int, slicer: Slicer) -> TermSession:
+        """Connect, load the queues and start the tasks; on any error nothing is left open.
+
+        ``slicer`` is the process's maintenance slicer (it outlives the session): the session's
+        maintenance runs its floors."""
+        s = cls(rt, term, slicer)
         try:
             await s._open()
         except BaseException:
@@ -80,6 +88,8 @@ class TermSession:
         work = await self._connect("work", durable=cfg.durable_fires)
         write = await self._connect("write", durable=True)
         listen = await self._connect("listen", durable=True)
+        # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
+        limits = await self._connect("limits", durable=False)
         self._writer = Writer(write, self.term)
         self._waiter = waiter = Waiter(cfg.dsn, f"qm-manager-wait {cfg.holder}", self._wake_lock_granted)
         self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter)
@@ -88,6 +98,7 @@ class TermSession:
             on_wake=self._on_wake,
             on_settled=rt.settled_by_sql,
             on_unknown=dispatcher.request_reload,
+            on_settings=dispatcher.request_reload,
             known=rt.queues.__contains__,
             loop_time=rt.clock.monotonic,
         )
@@ -98,7 +109,9 @@ class TermSession:
         self._spawn(dispatcher.run(), "qm-dispatch")
         self._spawn(self._writer.run(), "qm-writer")
         self._spawn(listener.run(), "qm-listen")
-        self.maintenance = Maintenance(rt)
+        self._budget = Budget(rt, limits, self.term, rt.shard_name or cfg.shard or "")
+        self._spawn(self._budget.run(), "qm-limits")
+        self.maintenance = Maintenance(rt, self.slicer)
         rt.session = self
         self.maintenance.start()
         rt.signals.session_started.emit(self.term)
@@ -174,6 +187,8 @@ class TermSession:
                 "session tasks did not stop",
                 extra={"action": "session_close", "tasks": [t.get_name() for t in pending]},
             )
+        if self._budget is not None:
+            await self._budget.resign()  # the dispatcher is gone: nothing more is fired under these slices
         if self._waiter is not None:
             await self._waiter.close()
         for conn in self.conns.values():

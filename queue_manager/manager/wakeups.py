@@ -23,7 +23,8 @@ the remaining gaps:
 
 :class:`Listener` turns ``qm_wake`` notifications into nudges, and notices of events settled by
 SQL (``'<queue> settled <id> <attempt>'``, sent by the queue table's ``qm_settled`` trigger) into
-freed credit.
+freed credit, and notices of changed queue settings (pause, resume, alter) into an immediate
+reload.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Listener:
         on_wake: Callable[[str, bool, float | None, float], None],
         on_settled: Callable[[str, int, int, int, str], None],
         on_unknown: Callable[[], None],
+        on_settings: Callable[[], None],
         known: Callable[[str], bool],
         loop_time: Callable[[], float],
     ) -> None:
@@ -63,6 +65,7 @@ class Listener:
         self._on_wake = on_wake
         self._on_settled = on_settled
         self._on_unknown = on_unknown
+        self._on_settings = on_settings
         self._known = known
         self._time = loop_time
 
@@ -80,12 +83,16 @@ class Listener:
     def handle(self, payload: str) -> None:
         """``'<queue> due|at <earliest fire_at, epoch us>'`` from a producer (``'<queue>'`` from an
         older producer or an operator), ``'<queue> settled <id> <attempt> <partition> <state>'``
-        from a queue table's qm_settled trigger."""
+        from a queue table's qm_settled trigger, ``'<queue> settings'`` from qm.queues' triggers
+        (a queue created, dropped, paused, resumed or altered: reload at once)."""
         name, *words = payload.split(" ")
+        kind = words[0] if words else ""
+        if kind == "settings":
+            self._on_settings()
+            return
         if not self._known(name):
             self._on_unknown()  # a queue we do not know yet: reload settings
             return
-        kind = words[0] if words else ""
         try:
             if kind == "settled":
                 ident, attempt, partition, state = words[1:5]

@@ -1,5 +1,6 @@
-"""The batched writer of one leadership session: every ack, nack, extend, release and maintenance
-statement, one statement per (kind, queue) and batch, on one connection.
+"""The batched writer of one leadership session: every ack, nack, extend, release and old-event
+collector statement, one statement per (kind, queue) and batch, on one connection. (The retention
+and reconciliation slices run on a connection of their own: see slices.py.)
 
 Receivers hear of an outcome only after its commit. The next batch collects while one runs,
 like group commit, with no timer. One connection: two that took turns were measured and were no
@@ -37,8 +38,6 @@ class OpKind(Enum):
     SETTLED = "settled"
     #: items: the collector's floor for this queue (one item, or none)
     SWEEP = "sweep"
-    PURGE = "purge"
-    RECONCILE = "reconcile"
 
 
 _StoreCall = Callable[[AsyncConn, QueueSettings, int, list[Any]], Awaitable[Any]]
@@ -51,8 +50,6 @@ _CALLS: dict[OpKind, _StoreCall] = {
     OpKind.EXTEND: lambda conn, q, term, items: store.extend(conn, q, term, items),
     OpKind.SETTLED: lambda conn, q, term, items: store.settled(conn, q, term, items),
     OpKind.SWEEP: lambda conn, q, term, items: store.sweep(conn, q, term, min(items, default=None)),
-    OpKind.PURGE: lambda conn, q, term, _: store.purge(conn, q, term),
-    OpKind.RECONCILE: lambda conn, q, term, _: store.reconcile(conn, q, term),
 }
 
 

@@ -3,8 +3,9 @@
 It is the single truth on deliveries in hand. A push records a delivery; an ack or nack claims it
 (so a second one is a ``duplicate``) and settles it once the database has answered; the collector,
 an ack by SQL and a disconnect drop it. Everything else is derived from it: a connection's events
-in hand (its used credit), the queue's events in flight (``max_concurrency``), who gets the slot
-back. Plain data, no I/O: ``tests/unit/test_session.py`` checks its invariants.
+in hand (its used credit), the queue's events in flight (``max_concurrency``), a tenant's events in
+flight (per-tenant caps), who gets the slot back. Plain data, no I/O: ``tests/unit/test_session.py``
+checks its invariants.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Delivery:
     pushed_at: float
     #: an ack or nack of it is on its way to the database
     settling: bool = False
+    #: the event's tenant (per-tenant caps count events in flight by tenant)
+    tenant: str = ""
 
 
 class Claim(Enum):
@@ -41,11 +44,12 @@ class Claim(Enum):
 class Ledger:
     """Deliveries in hand for one queue, by event id and by holder."""
 
-    __slots__ = ("_by_holder", "_events")
+    __slots__ = ("_by_holder", "_by_tenant", "_events")
 
     def __init__(self) -> None:
         self._events: dict[int, Delivery] = {}
         self._by_holder: dict[int, dict[int, Delivery]] = {}
+        self._by_tenant: dict[str, int] = {}
 
     def __len__(self) -> int:
         """Events in flight in the queue (fired, pushed, not settled)."""
@@ -62,6 +66,10 @@ class Ledger:
         held = self._by_holder.get(holder)
         return 0 if held is None else len(held)
 
+    def by_tenant(self) -> dict[str, int]:
+        """Events in flight per tenant (tenants with none are absent). The ledger's own dict: read only."""
+        return self._by_tenant
+
     def deliveries_of(self, holder: int) -> list[Delivery]:
         return list(self._by_holder.get(holder, {}).values())
 
@@ -69,14 +77,15 @@ class Ledger:
         """Deliveries in hand with no ack or nack on its way."""
         return [d for d in self._events.values() if not d.settling]
 
-    def hold(self, holder: int, ident: int, attempt: int, now: float) -> None:
+    def hold(self, holder: int, ident: int, attempt: int, now: float, tenant: str = "") -> None:
         """Record a push. A record of an older fire of the same event (a re-fire that raced the
         collector's notice) is replaced: the database fired it again, so only this one counts."""
         old = self._events.get(ident)
         if old is not None:
             self._forget(old)
-        d = Delivery(ident, attempt, holder, now)
+        d = Delivery(ident, attempt, holder, now, tenant=tenant)
         self._events[ident] = d
+        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
         held = self._by_holder.get(holder)
         if held is None:
             held = self._by_holder[holder] = {}
@@ -142,6 +151,11 @@ class Ledger:
         del held[d.id]
         if not held:
             del self._by_holder[d.holder]
+        n = self._by_tenant[d.tenant] - 1
+        if n:
+            self._by_tenant[d.tenant] = n
+        else:
+            del self._by_tenant[d.tenant]
 
     def check(self) -> None:
         """Raise AssertionError unless the two indexes agree (for tests)."""
@@ -152,3 +166,7 @@ class Ledger:
                 assert self._events.get(ident) is d and d.holder == holder, (holder, ident)
                 seen += 1
         assert seen == len(self._events), (seen, len(self._events))
+        counts: dict[str, int] = {}
+        for d in self._events.values():
+            counts[d.tenant] = counts.get(d.tenant, 0) + 1
+        assert counts == self._by_tenant, (counts, self._by_tenant)

@@ -703,6 +703,7 @@ def test_fire_and_sweep_statements_probe_the_primary_key(shard: Shard, queue: st
                 "limit": 500,
                 "ack_timeout": 30.0,
                 "floors": "{NULL,NULL,NULL,NULL}",
+                "queue_id": 1,
             },
             "mgr_sweep": {
                 "term": 1,
@@ -762,7 +763,7 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
         ids = "{" + ",".join(str(i) for i in range(1, 21)) + "}"
         ones = "{" + ",".join("1" for _ in range(20)) + "}"
         named = {
-            "mgr_fire": {"term": 1, "ids": ids, "ack_timeout": 30.0},
+            "mgr_fire": {"term": 1, "ids": ids, "ack_timeout": 30.0, "queue_id": 1},
             "mgr_ack": {"term": 1, "ids": ids, "attempts": ones, "queue_id": 1},
             "mgr_release": {
                 "term": 1,
@@ -791,6 +792,7 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
                 "limit": 500,
                 "ack_timeout": 30.0,
                 "floors": "{NULL,NULL,NULL,NULL}",
+                "queue_id": 1,
             },
             "mgr_sweep": {
                 "term": 1,
@@ -813,122 +815,3 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
             # the picks may use the partial indexes (bounded by floors); the rows changed, never
             assert len(partial) == (1 if name in picked else 0), (name, scans)
         holder.rollback()
-
-
-async def test_retention_purge_deletes_only_acked_events_past_retention(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
-    """Acked events older than the queue's retention are deleted, oldest first, in bounded pages;
-    young acked events, pending, fired and failed events stay."""
-    from queue_manager.manager import store
-
-    make_queue("kept", partitions=2, shuffle=1, retention_seconds=600)
-    tenants = tenants_of(shard, 8)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with running_receiver(url(m), queue="kept") as (receiver, rec):
-            old = await insert(shard.dsn, [(t, {"n": i}) for i, t in enumerate(tenants[:6])], queue="kept")
-            await wait_for(lambda: receiver.stats.acked >= 6, what="acks of the old events")
-            pending = await insert(shard.dsn, [(tenants[6], {"later": True})], queue="kept", fire_in=3600)
-            failed = await insert(shard.dsn, [(tenants[7], {"dead": True})], queue="kept", fire_in=3600)
-            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
-                await conn.execute(
-                    "UPDATE kept SET acked_at = now() - interval '1 hour' WHERE id = ANY(%s)", (old[:4],)
-                )
-                await conn.execute(
-                    "UPDATE kept SET state = 'failed', attempts = 1, last_error = 'x' WHERE id = %s", (failed[0],)
-                )
-            await wait_for(lambda: m.metrics.purged.get(queue="kept") == 4, what="the purge of the 4 old acked events")
-            for _ in range(2):  # more purge runs: nothing else goes
-                await m.signals.purged.wait_for(lambda deleted: deleted == 0)
-    left = await states(shard.dsn, "kept")
-    assert sorted(left) == sorted(old[4:] + pending + failed)
-    assert left[pending[0]] == ("to_be_fired", 0) and left[failed[0]] == ("failed", 1)
-    assert m.metrics.purged.get(queue="kept") == 4
-    assert m.metrics.maintenance.get(job="retention", outcome="finished") >= 2
-    assert len(rec.events) == 6
-
-    # pages: at most `pages` statements of `page` rows per call, the next call goes on
-    async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
-        await conn.execute("UPDATE kept SET acked_at = now() - interval '1 hour' WHERE state = 'acked'")
-    ctl = await store.connect(shard.dsn, "test")
-    try:
-        term = await store.acquire(ctl, "test", 30)
-        assert term is not None
-        [settings] = [q for q in await store.load_queues(ctl) if q.name == "kept"]
-        assert settings.retention_seconds == 600
-        extra = await insert(shard.dsn, [(t, {"again": i}) for i, t in enumerate(tenants[:3])], queue="kept")
-        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
-            await conn.execute(
-                "UPDATE kept SET state = 'acked', attempts = 1, acked_at = now() - interval '2 hours' "
-                "WHERE id = ANY(%s)",
-                (extra,),
-            )
-        assert await store.purge(ctl, settings, term, page=2, pages=2) == 4  # the 3 extra (oldest) first
-        assert await store.purge(ctl, settings, term, page=2, pages=2) == 1
-        assert await store.purge(ctl, settings, term, page=2, pages=2) == 0
-        assert sorted(await states(shard.dsn, "kept")) == sorted(pending + failed)
-    finally:
-        await ctl.close()
-
-
-async def test_load_reconciliation_removes_the_drift_of_rollbacks_and_sql_acks(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
-    """Rolled-back inserts and acks done by SQL leave the producers' loads off; the manager's
-    reconciliation job re-anchors them on the live events and reports how far off they were."""
-    from queue_manager.manager import store
-
-    make_queue("loads", partitions=4, shuffle=2)
-    tenants = tenants_of(shard, 6)
-
-    async def loads_and_live() -> tuple[list[int], list[int]]:
-        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
-            cur = await conn.execute("SELECT qm.partition_loads('loads')")
-            row = await cur.fetchone()
-            cur = await conn.execute(
-                "SELECT array_agg((SELECT count(*) FROM loads WHERE partition = p "
-                "AND state IN ('to_be_fired', 'fired')) ORDER BY p) FROM generate_series(0, 3) p"
-            )
-            live = await cur.fetchone()
-        assert row is not None and live is not None
-        return list(row[0]), list(live[0])
-
-    async def drift_by_rollbacks(n: int) -> None:
-        async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
-            for t in tenants[:n]:
-                await conn.execute("INSERT INTO loads (tenant) VALUES (%s)", (t,))
-            await conn.rollback()
-
-    await insert(shard.dsn, [(t, {"n": i}) for i, t in enumerate(tenants)], queue="loads", fire_in=3600)
-    await drift_by_rollbacks(5)
-    loads, live = await loads_and_live()
-    assert sum(live) == 6 and sum(loads) == 11
-
-    # the store call alone: returns the drift it removed
-    ctl = await store.connect(shard.dsn, "test")
-    try:
-        term = await store.acquire(ctl, "test", 30)
-        assert term is not None
-        [settings] = [q for q in await store.load_queues(ctl) if q.name == "loads"]
-        assert await store.reconcile(ctl, settings, term) == 5
-        assert await store.reconcile(ctl, settings, term) == 0
-        await store.resign(ctl, "test", term)
-    finally:
-        await ctl.close()
-    loads, live = await loads_and_live()
-    assert loads == live
-
-    # the manager's job: a rollback and an ack by SQL in an application transaction
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        await drift_by_rollbacks(2)
-        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
-            await conn.execute(
-                "UPDATE loads SET state = 'acked', attempts = 1, acked_at = now() "
-                "WHERE id = (SELECT min(id) FROM loads WHERE state = 'to_be_fired')"
-            )
-        runs = m.metrics.maintenance.get(job="reconciliation", outcome="finished")
-        await wait_for(
-            lambda: m.metrics.maintenance.get(job="reconciliation", outcome="finished") >= runs + 2,
-            what="two reconciliation runs",
-        )
-        loads, live = await loads_and_live()
-        assert sum(live) == 5 and loads == live
-        assert m.metrics.load_drift.get(queue="loads") == 0  # the last run found nothing left to fix

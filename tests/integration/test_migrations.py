@@ -16,6 +16,9 @@ from queue_manager.domain import routing
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
 
+#: the head revision of the alembic history
+HEAD = "0012_table_health"
+
 
 def _old_shuffle_set(tenant: str, n: int, k: int) -> tuple[int, ...]:
     """The rule before revision 0005: draws of 16 div k digits of md5's second half."""
@@ -57,7 +60,7 @@ def test_0005_regenerates_routing_and_keeps_stored_events(shard_at_0004: Shard) 
 
     with psycopg.connect(shard_at_0004.dsn, autocommit=True) as c:
         rev = c.execute("SELECT version_num FROM qm.alembic_version").fetchone()
-        assert rev == ("0010_table_health",)
+        assert rev == (HEAD,)
         after = {r[0]: (r[1], r[2]) for r in c.execute("SELECT id, tenant, partition FROM orders").fetchall()}
         assert after == before  # nothing refused, nothing moved
         c.execute("INSERT INTO orders (tenant, payload) SELECT t, '{}' FROM unnest(%s::text[]) AS t", (tenants,))
@@ -74,13 +77,59 @@ def test_0005_regenerates_routing_and_keeps_stored_events(shard_at_0004: Shard) 
     assert unused_before <= {p for _, p in new}
 
 
-def test_head_is_0010_table_health(shard: Shard) -> None:
+def test_head_is_the_latest_revision(shard: Shard) -> None:
     with psycopg.connect(shard.dsn) as c:
         row: Any = c.execute("SELECT version_num FROM qm.alembic_version").fetchone()
-    assert row == ("0010_table_health",)
+    assert row == (HEAD,)
 
 
-#: the storage parameters revision 0010 gives every queue table (qm.tune_queue_tables)
+@pytest.fixture
+def shard_at_0007(pg_admin_dsn: str) -> Iterator[Shard]:
+    name = f"qm_m_{uuid.uuid4().hex[:12]}"
+    dsn = pgtest.fresh_database(pg_admin_dsn, None, name)
+    upgrade(dsn, "0007")
+    shard = Shard("s0", dsn, KeyRange.parse("-"))
+    set_identity(dsn, shard, Topology((shard,)))
+    yield shard
+    pgtest.drop_database(pg_admin_dsn, name)
+
+
+def _index_definitions(c: psycopg.Connection[Any], table: str) -> dict[str, str]:
+    rows = c.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (table,)).fetchall()
+    return {str(r[0]): str(r[1]) for r in rows}
+
+
+def test_0009_keeps_the_dead_letters_of_existing_queues_and_indexes_retention_by_partition(
+    shard_at_0007: Shard,
+) -> None:
+    topology = Topology((shard_at_0007,))
+    admin.create_queue(topology, "orders", {"partitions": 4, "shuffle": 2})
+    with psycopg.connect(shard_at_0007.dsn, autocommit=True) as c:
+        c.execute("INSERT INTO orders (tenant) SELECT 'tenant-' || i FROM generate_series(1, 20) i")
+        c.execute(
+            "UPDATE orders SET state = 'failed', attempts = 1, fired_at = now() - interval '400 days' "
+            "WHERE id IN (SELECT id FROM orders ORDER BY id LIMIT 5)"
+        )
+        assert "(acked_at)" in _index_definitions(c, "orders")["orders_acked"]
+
+    upgrade(shard_at_0007.dsn)
+
+    admin.create_queue(topology, "fresh", {})
+    with psycopg.connect(shard_at_0007.dsn, autocommit=True) as c:
+        rows = dict(c.execute("SELECT name, failed_retention_seconds FROM qm.queues").fetchall())
+        # an existing queue keeps its dead letters as before; a new one takes the 30-day default
+        assert rows == {"orders": None, "fresh": 2_592_000.0}
+        for table in ("orders", "fresh"):
+            defs = _index_definitions(c, table)
+            assert "(partition, acked_at) WHERE (state = 'acked'" in defs[f"{table}_acked"]
+            assert "WHERE (state = 'failed'" in defs[f"{table}_failed"]
+        counts = c.execute("SELECT * FROM qm.maintenance_counts()").fetchall()
+        assert [r[0] for r in counts] == ["collector", "retention", "reconciliation"]
+        assert all(r[1:] == (0, 0, 0, 0) for r in counts)
+        assert c.execute("SELECT count(*) FROM orders WHERE state = 'failed'").fetchone() == (5,)
+
+
+#: the storage parameters revision 0012_table_health gives every queue table (qm.tune_queue_tables)
 TUNED = {
     "autovacuum_vacuum_scale_factor=0.02",
     "autovacuum_analyze_scale_factor=0.02",
@@ -94,7 +143,7 @@ def _reloptions(dsn: str, table: str) -> set[str]:
     return set(row[0] or [])
 
 
-def test_0010_tunes_existing_queue_tables_and_new_queues_get_the_same(pg_admin_dsn: str) -> None:
+def test_0012_tunes_existing_queue_tables_and_new_queues_get_the_same(pg_admin_dsn: str) -> None:
     name = f"qm_m_{uuid.uuid4().hex[:12]}"
     dsn = pgtest.fresh_database(pg_admin_dsn, None, name)
     try:

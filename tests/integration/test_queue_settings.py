@@ -12,8 +12,16 @@ from dataclasses import fields
 from typing import Any
 
 import psycopg
+import pytest
 
-from queue_manager.domain.settings import SETTINGS, QueueSettings, check_settings
+from queue_manager.domain.settings import (
+    SETTINGS,
+    TENANT_SETTINGS,
+    QueueSettings,
+    TenantSettings,
+    check_settings,
+    check_tenant_settings,
+)
 from queue_manager.domain.topology import Shard
 from queue_manager.errors import ConfigurationError
 from queue_manager.manager import store
@@ -102,3 +110,61 @@ def test_python_and_sql_accept_and_refuse_the_same_bounds(shard: Shard) -> None:
             if (python_ok, sql_ok) != (valid, valid):
                 wrong.append(f"{key}={value!r}: python {python_ok}, sql {sql_ok}, expected {valid}")
     assert not wrong, wrong
+
+
+def test_tenant_settings_bounds_agree_between_python_and_sql(shard: Shard, make_queue: Any) -> None:
+    """qm.tenant_settings' CHECKs and qm.set_tenant accept and refuse what TENANT_SETTINGS does;
+    its column defaults are the declared defaults."""
+    make_queue("tq")
+    wrong = []
+    cases: list[tuple[str, Any, bool]] = []
+    for key, spec in TENANT_SETTINGS.items():
+        step = 1 if spec.kind is int else 1e-6
+        if spec.minimum is not None:
+            lo = spec.minimum
+            cases += [(key, lo, False), (key, lo + step, True)] if spec.exclusive_minimum else [(key, lo, True)]
+            if not spec.exclusive_minimum:
+                cases.append((key, lo - step, False))
+        if spec.maximum is not None:
+            cases += [(key, spec.maximum, True), (key, spec.maximum + step, False)]
+        if spec.nullable:
+            cases.append((key, None, True))
+    assert len(cases) >= 6
+    with psycopg.connect(shard.dsn) as conn:
+        for key, value, valid in cases:
+            if TENANT_SETTINGS[key].kind is int and value is not None:
+                value = int(value)
+            try:
+                check_tenant_settings({key: value})
+                python_ok = True
+            except ConfigurationError:
+                python_ok = False
+            try:
+                conn.execute("SELECT qm.set_tenant('tq', 'acme', %s::jsonb)", (json.dumps({key: value}),))
+                sql_ok = True
+            except psycopg.errors.CheckViolation:
+                sql_ok = False
+            conn.rollback()
+            if (python_ok, sql_ok) != (valid, valid):
+                wrong.append(f"{key}={value!r}: python {python_ok}, sql {sql_ok}, expected {valid}")
+        row = conn.execute("SELECT weight, max_in_flight FROM qm.set_tenant('tq', 'fresh', '{}')").fetchone()
+        assert row == tuple(TENANT_SETTINGS[k].default for k in ("weight", "max_in_flight"))
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown tenant setting"):
+            conn.execute("SELECT qm.set_tenant('tq', 'acme', '{\"cap\": 1}')")
+    assert not wrong, wrong
+
+
+async def test_the_manager_loads_tenant_settings_into_their_fields(shard: Shard, make_queue: Any) -> None:
+    make_queue("tl", tenant_max_in_flight=7)
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        c.execute("SELECT qm.set_tenant('tl', 'acme', '{\"weight\": 2.5, \"max_in_flight\": 3}')")
+        c.execute("SELECT qm.set_tenant('tl', 'beta', '{\"weight\": 4}')")
+        c.execute("SELECT qm.set_tenant('tl', 'beta', '{\"max_in_flight\": 9}')")  # keeps the weight
+    conn = await store.connect(shard.dsn, "test")
+    try:
+        (q,) = [q for q in await store.load_queues(conn) if q.name == "tl"]
+        rows = [t for t in await store.load_tenant_settings(conn) if t.queue_id == q.id]
+    finally:
+        await conn.close()
+    assert q.tenant_max_in_flight == 7
+    assert rows == [TenantSettings(q.id, "acme", 2.5, 3), TenantSettings(q.id, "beta", 4.0, 9)]

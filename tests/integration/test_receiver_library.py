@@ -256,7 +256,7 @@ async def test_ack_in_transaction_commits_the_effects_and_the_ack_together(shard
             conn.execute("INSERT INTO effects VALUES (%s, %s)", (event.id, event.attempt))
             ack_in_transaction(conn, "orders", event)
 
-    async with running_manager(shard.dsn, reconcile_interval=3600.0) as m:
+    async with running_manager(shard.dsn, reconcile_interval=3600.0, idle_slices=False) as m:
         await wait_leader(m)
         async with receiving(url(m), handle, concurrency=3) as r:
             later = await insert(shard.dsn, [(t, {"later": True}) for t in tenants[:5]], fire_in=3600)
@@ -304,7 +304,7 @@ async def test_a_rolled_back_ack_in_transaction_gets_the_event_back(shard: Shard
                 if event.payload["name"] == "A":
                     raise
 
-    async with running_manager(shard.dsn, reconcile_interval=3600.0) as m:
+    async with running_manager(shard.dsn, reconcile_interval=3600.0, idle_slices=False) as m:
         await wait_leader(m)
         async with receiving(url(m), handle) as r:
             a, b = await insert(shard.dsn, [(tenant, {"name": "A"}), (tenant, {"name": "B"})])

@@ -276,8 +276,44 @@ def test_cli_manager_refuses_bad_maintenance_intervals(
     tokens = tmp_path / "tokens.toml"
     tokens.write_text('[[token]]\nname = "all"\nsecret = "secret-all-queues-0001"\nqueues = ["*"]\n')
     shard = shards.shards[0].name
-    for flag in ("--sweep-interval", "--purge-interval", "--reconcile-interval"):
+    for flag in ("--sweep-interval", "--purge-interval", "--reconcile-interval", "--slice-interval"):
         argv = ["manager", "--topology", str(topo), "--shard", shard, "--tokens", str(tokens), flag, "0"]
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert flag.lstrip("-").replace("-", "_") + " must be a positive number of seconds" in err
+
+
+def test_cli_sets_lists_and_unsets_tenant_overrides_on_the_tenant_shard(
+    shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topo = tmp_path / "t.toml"
+    topo.write_text(shards.to_toml())
+    t = ["--topology", str(topo)]
+    assert main(["queue", "create", "jobs", "--tenant-max-in-flight", "20", *t]) == 0
+    tenant = tenants_of(shards.shards[1], 1)[0]
+    assert main(["queue", "tenant", "set", "jobs", tenant, "--weight", "3", "--max-in-flight", "5", *t]) == 0
+    assert f"s1: queue jobs tenant {tenant}: weight=3 max_in_flight=5" in capsys.readouterr().out
+    assert main(["queue", "tenant", "set", "jobs", tenant, "--default-max-in-flight", *t]) == 0
+    assert "weight=3 max_in_flight=queue default" in capsys.readouterr().out
+    assert main(["queue", "tenant", "list", "jobs", "--json", *t]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["shard"], row["tenant"], row["weight"], row["max_in_flight"], row["queue_default_max_in_flight"]) == (
+        "s1",
+        tenant,
+        3.0,
+        None,
+        20,
+    )
+    # only on the tenant's shard
+    with psycopg.connect(shards.shards[0].dsn) as c:
+        assert c.execute("SELECT count(*) FROM qm.tenant_settings").fetchone() == (0,)
+    assert main(["queue", "tenant", "set", "jobs", tenant, "--weight", "0", *t]) == 2
+    assert "tenant setting 'weight' must be > 0" in capsys.readouterr().err
+    assert main(["queue", "tenant", "set", "nope", tenant, "--weight", "2", *t]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["queue", "tenant", "set", "jobs", tenant, *t]) == 2
+    assert "nothing to change" in capsys.readouterr().err
+    assert main(["queue", "tenant", "unset", "jobs", tenant, *t]) == 0
+    assert "overrides removed" in capsys.readouterr().out
+    assert main(["queue", "tenant", "list", *t]) == 0
+    assert "no tenant overrides" in capsys.readouterr().out

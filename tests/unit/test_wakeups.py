@@ -14,6 +14,7 @@ def listener(calls: list[tuple[Any, ...]]) -> Listener:
         on_wake=lambda q, due, since, t: calls.append(("wake", q, due, since, t)),
         on_settled=lambda q, i, a, p, s: calls.append(("settled", q, i, a, p, s)),
         on_unknown=lambda: calls.append(("unknown",)),
+        on_settings=lambda: calls.append(("settings",)),
         known={"orders", "audit"}.__contains__,
         loop_time=lambda: 42.0,
     )
@@ -30,6 +31,8 @@ def test_notices_from_producers_operators_and_the_settled_trigger() -> None:
         "audit settled 9223372036854775807 3 15 acked",
         "audit settled 7 1 0 deleted",
         "newqueue due 1",
+        "orders settings",  # qm.queues' trigger: paused, resumed, altered
+        "newqueue settings",  # created
     ):
         lst.handle(payload)
     assert calls == [
@@ -40,6 +43,8 @@ def test_notices_from_producers_operators_and_the_settled_trigger() -> None:
         ("settled", "audit", 9223372036854775807, 3, 15, "acked"),
         ("settled", "audit", 7, 1, 0, "deleted"),
         ("unknown",),
+        ("settings",),
+        ("settings",),
     ]
 
 
@@ -107,3 +112,24 @@ def test_the_holder_watch_reports_the_earliest_start_of_those_gone() -> None:
     assert w.settle() == 10.045 - m  # the lock is taken: every holder known (11) is gone too
     w.stop()
     assert w.cap is None and w.last_reading is None and w.settle() is None
+
+
+def test_a_holder_caught_committing_is_bounded_by_what_was_seen_before() -> None:
+    """A holder whose transaction start is gone (caught while it commits) bounds its rows by its
+    start in the previous reading, or by the previous reading itself: never by anything older
+    (the producer session's start stood in before, and sent picks back over every dead entry)."""
+    m = HOLDER_MARGIN
+    w = HolderWatch()
+    w.start(100.0)
+    assert w.read({7: 99.5}, at=100.01) is None
+    # 7 is caught committing: the same transaction as before, its start stands
+    assert w.read({7: None}, at=100.02) is None
+    assert w.read({}, at=100.03) == 99.5 - m
+    # 8 was not seen before: it took the lock after the previous reading (100.03)
+    assert w.read({8: None}, at=100.04) is None
+    assert w.read({}, at=100.05) == 100.03 - m
+    # still committing over two readings, then a new transaction of the same session
+    w.read({9: None}, at=100.06)
+    assert w.read({9: None}, at=100.07) is None
+    assert w.read({9: 100.065}, at=100.08) == 100.05 - m
+    assert w.settle() == min(100.08 - m, 100.065 - m)

@@ -68,12 +68,15 @@ SELECT q.name AS queue, ci.relname::text AS index_name,
         SELECT max(option_value)::float8 AS ff
           FROM pg_options_to_table(ci.reloptions) WHERE option_name = 'fillfactor') f ON true
   LEFT JOIN LATERAL (
-        -- NULL when a key column has no statistics yet
+        -- a key column's statistics are the table's; an expression's (attnum 0) are the index's own,
+        -- under its position; NULL when a key has no statistics yet
         SELECT CASE WHEN count(st.avg_width) = count(*) THEN sum(st.avg_width)::float8 END AS width
-          FROM unnest(i.indkey::smallint[]) AS k(attnum)
-          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-          LEFT JOIN pg_stats st ON st.schemaname = 'public' AND st.tablename = q.name AND st.attname = a.attname
-                               AND NOT st.inherited) w ON true
+          FROM unnest(i.indkey::smallint[]) WITH ORDINALITY AS k(attnum, pos)
+          JOIN pg_attribute a ON (k.attnum <> 0 AND a.attrelid = i.indrelid AND a.attnum = k.attnum)
+                              OR (k.attnum = 0 AND a.attrelid = i.indexrelid AND a.attnum = k.pos)
+          LEFT JOIN pg_stats st ON st.schemaname = 'public' AND NOT st.inherited AND st.attname = a.attname
+                               AND st.tablename = CASE WHEN k.attnum <> 0 THEN q.name ELSE ci.relname::text END
+         WHERE k.pos <= i.indnkeyatts) w ON true
  ORDER BY q.name, ci.relname
 
 -- health_slots --

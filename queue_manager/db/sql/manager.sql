@@ -13,8 +13,13 @@
 -- Columns are read by name into queue_manager.domain.settings.QueueSettings: select exactly its fields.
 SELECT id, name, partitions_physical, partitions, shuffle, window_seconds, cache_size, ack_timeout_seconds,
        backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
-       payload_limit_bytes, max_delay_seconds, paused
+       failed_retention_seconds, payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight
   FROM qm.queues ORDER BY id
+
+-- mgr_tenant_settings --
+-- Per-tenant overrides of this shard's queues (weight, max_in_flight), read with the queue settings.
+-- Columns are read by name into queue_manager.domain.settings.TenantSettings.
+SELECT queue_id, tenant, weight, max_in_flight FROM qm.tenant_settings ORDER BY queue_id, tenant
 
 -- mgr_shard --
 SELECT name FROM qm.shard
@@ -74,12 +79,13 @@ SELECT extract(epoch FROM clock_timestamp())::double precision
 
 -- mgr_fire --
 -- Mark due events fired (attempt + 1, ack deadline) under the current term; only the rows returned
--- were fired and may be pushed. fire_at <= now() keeps "never early" by the database clock.
+-- were fired and may be pushed. fire_at <= now() keeps "never early" by the database clock. A
+-- paused queue fires nothing: a statement that starts after the pause commits sees it.
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
-  FROM (SELECT qm.fence(%(term)s) AS term) f
- WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
+  FROM (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused) f
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now() AND f.paused IS FALSE
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
 
 -- mgr_fire_due --
@@ -88,14 +94,14 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 -- earliest due events from the partition's floor (%(floors)s, epoch seconds by partition + 1, NULL =
 -- none: the index range scan then starts after what is known fired, not at the dead entries of
 -- everything fired since the last vacuum), at most %(quota)s each and %(limit)s in all. Locked
--- rows are skipped.
+-- rows are skipped. A paused queue picks and fires nothing.
 -- The picked ids reach the UPDATE as an array, so it probes the primary key: joined to the CTE,
 -- the planner hashed it against a sequential scan of the whole table (measured: 7.9 ms instead of
 -- 3.5 ms for 500 rows of a 30 000-row backlog, and growing with the backlog).
-WITH f AS (SELECT qm.fence(%(term)s) AS term),
+WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
      pick AS MATERIALIZED (
         SELECT e.id
-          FROM generate_series(0, %(partitions)s - 1) AS g(i)
+          FROM f, generate_series(0, %(partitions)s - 1) AS g(i)
          CROSS JOIN LATERAL (
                 SELECT q.id FROM {queue} q
                  WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.state = 'to_be_fired'
@@ -105,6 +111,7 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
                  ORDER BY q.fire_at
                  LIMIT %(quota)s
                    FOR UPDATE SKIP LOCKED) e
+         WHERE f.paused IS FALSE
          LIMIT %(limit)s)
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
@@ -112,6 +119,52 @@ UPDATE {queue} q
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state::text = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
+
+-- mgr_fire_due_fair --
+-- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py): the same walk
+-- over partitions from %(start)s and the floors, without locks, taking per partition at most
+-- %(quota)s candidates among its first %(window)s due rows that are not of a tenant at its cap
+-- (%(capped)s; the window bounds how far a pick looks past a capped tenant's backlog), at most
+-- %(candidates)s in all. Each candidate gets its start tag: its tenant's offset ahead of the virtual
+-- time (%(ahead)s, 0 when not listed) + (its rank by fire_at among its tenant's candidates - 1) /
+-- the tenant's weight (1 when not listed); a tenant takes at most its room (%(rooms)s, else
+-- %(default_room)s, NULL = no cap). The %(limit)s smallest tags (ties in walk order) are locked
+-- (SKIP LOCKED) and fired by primary key. The last column counts the candidates seen.
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     seen AS MATERIALIZED (
+        SELECT e.id, e.tenant, e.fire_at, g.i AS turn
+          FROM generate_series(0, %(partitions)s - 1) AS g(i)
+         CROSS JOIN LATERAL (
+                SELECT s.id, s.tenant, s.fire_at
+                  FROM (SELECT q.id, q.tenant, q.fire_at FROM {queue} q
+                         WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.state = 'to_be_fired'
+                           AND q.fire_at <= now()
+                           AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[(%(start)s + g.i) %% %(partitions)s + 1]),
+                                                     '-infinity'::timestamptz)
+                         ORDER BY q.fire_at
+                         LIMIT %(window)s) s
+                 WHERE s.tenant <> ALL(%(capped)s::text[])
+                 LIMIT %(quota)s) e
+         LIMIT %(candidates)s),
+     tagged AS (
+        SELECT r.id, r.turn, r.fire_at, coalesce(t.ahead, 0) + (r.j - 1) / coalesce(t.weight, 1) AS tag
+          FROM (SELECT id, tenant, fire_at, turn, row_number() OVER (PARTITION BY tenant ORDER BY fire_at, id) AS j
+                  FROM seen) r
+          LEFT JOIN unnest(%(tenants)s::text[], %(ahead)s::double precision[], %(weights)s::double precision[],
+                           %(rooms)s::integer[]) AS t(tenant, ahead, weight, room) ON t.tenant = r.tenant
+         WHERE r.j <= coalesce(t.room, %(default_room)s::integer, 2147483647)),
+     chosen AS MATERIALIZED (SELECT id FROM tagged ORDER BY tag, turn, fire_at LIMIT %(limit)s),
+     locked AS MATERIALIZED (
+        SELECT q.id FROM {queue} q
+         WHERE q.id = ANY(ARRAY(SELECT id FROM chosen)) AND q.state::text = 'to_be_fired'
+           FOR UPDATE SKIP LOCKED)
+UPDATE {queue} q
+   SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
+       ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
+  FROM f
+ WHERE q.id = ANY(ARRAY(SELECT id FROM locked)) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
+RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
+          (SELECT count(*) FROM seen)::integer
 
 -- mgr_ack --
 -- fired -> acked for (id, attempt) pairs still fired at that attempt; bumps the done counters.
@@ -164,9 +217,9 @@ SELECT p.q,
 -- mgr_wake_lock_holders --
 -- Producer transactions holding a queue's wake-up lock in shared mode (they did not notify), with
 -- their start (epoch seconds), and the database clock of this reading. A transaction caught while
--- it commits shows no start any more: its session's start, earlier still, stands in.
+-- it commits shows no start any more (NULL): floors.HolderWatch.read bounds its rows.
 SELECT l.objid::integer AS queue_id, l.pid,
-       extract(epoch FROM coalesce(a.xact_start, a.backend_start))::double precision,
+       extract(epoch FROM a.xact_start)::double precision,
        extract(epoch FROM clock_timestamp())::double precision
   FROM pg_locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
@@ -226,29 +279,84 @@ RETURNING id
 -- events_wake --
 SELECT pg_notify('qm_wake', %(queue)s)
 
--- mgr_purge --
--- Retention: delete up to %(limit)s acked events acked more than %(retention)s seconds ago, oldest
--- first (the <queue>_acked index). Rows another transaction holds are skipped, not waited for.
--- Returns how many were deleted, and how many were candidates (a full page means more may wait).
-WITH f AS (SELECT qm.fence(%(term)s) AS term),
-     cand AS MATERIALIZED (
+-- mgr_slice_purge --
+-- A retention slice: in one partition, delete up to %(limit)s acked events acked more than
+-- %(retention)s seconds ago and up to %(limit)s failed events whose last fire (their settle time,
+-- as in archive.sql) is more than %(failed_retention)s seconds ago (NULL: failed events are kept),
+-- oldest first, by the <queue>_acked and <queue>_failed indexes. Rows another transaction holds
+-- are skipped, not waited for. Runs on any manager's maintenance connection, leader or standby:
+-- it is not fenced, since deleting a settled event is right whoever does it.
+-- The DELETE states its own guard: whatever the candidates, it never deletes a live event
+-- (to_be_fired or fired), however old. The state is compared as text so that the planner probes
+-- the primary key (see the top of this file).
+-- Returns the acked and failed events deleted, and the larger of the two candidate counts (a full
+-- page means more may wait in this partition).
+WITH acked AS MATERIALIZED (
         SELECT q.id FROM {queue} q
-         WHERE q.state = 'acked' AND q.acked_at < now() - make_interval(secs => %(retention)s)
+         WHERE q.partition = %(partition)s AND q.state = 'acked'
+           AND q.acked_at < now() - make_interval(secs => %(retention)s)
          ORDER BY q.acked_at
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED),
+     failed AS MATERIALIZED (
+        SELECT q.id FROM {queue} q
+         WHERE %(failed_retention)s::double precision IS NOT NULL
+           AND q.partition = %(partition)s AND q.state = 'failed'
+           AND coalesce(q.acked_at, q.fired_at, q.created_at)
+               < now() - make_interval(secs => %(failed_retention)s::double precision)
+         ORDER BY coalesce(q.acked_at, q.fired_at, q.created_at)
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED),
      gone AS (
-        DELETE FROM {queue} q USING f
-         WHERE q.id = ANY(ARRAY(SELECT id FROM cand)) AND q.state::text = 'acked'
-        RETURNING q.id)
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM cand)
+        DELETE FROM {queue} q
+         WHERE q.id = ANY(ARRAY(SELECT id FROM acked UNION ALL SELECT id FROM failed))
+           AND q.state::text IN ('acked', 'failed')
+        RETURNING q.state)
+SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FILTER (WHERE state = 'failed'),
+       greatest((SELECT count(*) FROM acked), (SELECT count(*) FROM failed))
+  FROM gone
 
--- mgr_reconcile --
--- Re-anchor the load counters (qm.reconcile_load) and return how far they had drifted: the sum
--- over partitions of |load before - live events|. The loads are read first: the CTE is
--- materialised, and the reconciliation is a lateral subquery over its row.
-WITH f AS (SELECT qm.fence(%(term)s) AS term),
-     b AS MATERIALIZED (SELECT qm.partition_loads(%(queue)s) AS before FROM f)
-SELECT (SELECT sum(abs(coalesce(x.before, 0) - x.live)) FROM unnest(r.before, r.live) AS x(before, live))
-  FROM b CROSS JOIN LATERAL (SELECT b.before, qm.reconcile_load(%(queue)s) AS live) r
+-- mgr_slice_reconcile --
+-- A reconciliation slice: one partition's load re-anchored on its live events (see
+-- qm.reconcile_partition: it gives up at once, lock_not_available, while an ack statement of the
+-- queue holds the load lock). Returns {load before, live events}.
+SELECT qm.reconcile_partition(%(queue)s, %(partition)s)
 
+-- mgr_count_maintenance --
+-- Count a maintenance slice shard-wide: recruited, finished, aborted, or the events it handled.
+SELECT qm.count_maintenance(%(job)s, %(what)s, %(n)s)
+
+-- mgr_rate_publish --
+-- This manager's lease rows (one per limited queue) into one shard's database: the slices it
+-- may use, what it wants, whether a raise is pending. renewed_at is this database's clock. A row
+-- of a newer leader term of the same shard is never overwritten (a deposed manager's late write
+-- changes nothing); seq grows with every write. Returns how many rows were written.
+WITH w AS (
+    INSERT INTO qm.rate_leases AS r
+           (queue, shard, holder, term, seq, renewed_at, ttl_seconds, resigned,
+            want_qps, claim_qps, pending_qps, want_concurrency, claim_concurrency, pending_concurrency)
+    SELECT u.queue, %(shard)s, %(holder)s, %(term)s, 1, clock_timestamp(), %(ttl)s, %(resigned)s,
+           u.want_qps, u.claim_qps, u.pending_qps, u.want_c, u.claim_c, u.pending_c
+      FROM unnest(%(queues)s::text[], %(want_qps)s::double precision[], %(claim_qps)s::double precision[],
+                  %(pending_qps)s::boolean[], %(want_c)s::double precision[], %(claim_c)s::double precision[],
+                  %(pending_c)s::boolean[])
+           AS u(queue, want_qps, claim_qps, pending_qps, want_c, claim_c, pending_c)
+    ON CONFLICT (queue, shard) DO UPDATE
+       SET holder = EXCLUDED.holder, term = EXCLUDED.term,
+           seq = CASE WHEN r.term = EXCLUDED.term THEN r.seq + 1 ELSE 1 END,
+           renewed_at = EXCLUDED.renewed_at, ttl_seconds = EXCLUDED.ttl_seconds, resigned = EXCLUDED.resigned,
+           want_qps = EXCLUDED.want_qps, claim_qps = EXCLUDED.claim_qps, pending_qps = EXCLUDED.pending_qps,
+           want_concurrency = EXCLUDED.want_concurrency, claim_concurrency = EXCLUDED.claim_concurrency,
+           pending_concurrency = EXCLUDED.pending_concurrency
+     WHERE r.term <= EXCLUDED.term
+    RETURNING 1)
+SELECT count(*) FROM w
+
+-- mgr_rate_view --
+-- The other shards' lease rows of the given queues, as this database holds them, with their
+-- liveness judged by this database's own clock (the clock that stamped renewed_at).
+SELECT queue, shard, term, seq, resigned, ttl_seconds,
+       clock_timestamp() - renewed_at < make_interval(secs => ttl_seconds) AS live,
+       want_qps, claim_qps, pending_qps, want_concurrency, claim_concurrency, pending_concurrency
+  FROM qm.rate_leases
+ WHERE queue = ANY(%(queues)s::text[]) AND shard <> %(shard)s

@@ -45,9 +45,25 @@ SELECT qm.finish_resize(%(queue)s) AS remaining
 -- list_queues --
 SELECT name, partitions, partitions_physical, shuffle, window_seconds, cache_size, ack_timeout_seconds,
        backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
-       payload_limit_bytes, max_delay_seconds, paused, created_at, updated_at
+       payload_limit_bytes, max_delay_seconds, paused, created_at, updated_at, failed_retention_seconds,
+       tenant_max_in_flight
   FROM qm.queues
  ORDER BY name
+
+-- set_tenant --
+SELECT * FROM qm.set_tenant(%(queue)s, %(tenant)s, %(settings)s)
+
+-- unset_tenant --
+SELECT qm.unset_tenant(%(queue)s, %(tenant)s) AS removed
+
+-- list_tenants --
+-- Tenant overrides of one queue (or of every queue when %(queue)s is NULL) on this shard.
+SELECT q.name AS queue, t.tenant, t.weight, t.max_in_flight, q.tenant_max_in_flight AS queue_default_max_in_flight,
+       t.updated_at
+  FROM qm.tenant_settings t
+  JOIN qm.queues q ON q.id = t.queue_id
+ WHERE %(queue)s::text IS NULL OR q.name = %(queue)s::text
+ ORDER BY q.name, t.tenant
 
 -- shard_identity --
 SELECT name, range_start, range_end FROM qm.shard
@@ -90,3 +106,8 @@ SELECT kind, holder, pid, application_name, state, age_seconds, xid_age FROM (
 ) h
 ORDER BY xid_age DESC NULLS LAST, age_seconds DESC NULLS LAST
 LIMIT 1
+
+-- maintenance_counts --
+-- The maintenance jobs' slices on this shard, every manager together: recruited, finished,
+-- aborted, and the events they handled (sequences, see schema_0009.sql).
+SELECT job, recruited, finished, aborted, events FROM qm.maintenance_counts()

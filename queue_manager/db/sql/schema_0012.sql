@@ -1,10 +1,10 @@
--- Revision 0010: queue tables tuned for churn, on new queues and existing ones.
+-- Revision 0012_table_health: queue tables tuned for churn, on new queues and existing ones.
 --
 --   qm.tune_queue_tables()  sets a queue table's storage parameters for churn (below); called by
 --                           qm.create_queue, and here once for every existing queue. Not by
 --                           qm.apply_queue, so qm queue alter and qm migrate leave a table's
 --                           parameters as an operator set them.
---   qm.create_queue()       revision 0001's, with the parameters from qm.tune_queue_tables
+--   qm.create_queue()       revision 0009's, with the parameters from qm.tune_queue_tables
 --
 -- The parameters, from measurements (docs/benchmarks.md, "Churn"; docs/operations.md, "Tuning
 -- PostgreSQL for queue churn"):
@@ -42,8 +42,8 @@ BEGIN
 END
 $$;
 
--- Create a queue on this shard: registry row, table, indexes, storage parameters (qm.tune_queue_tables),
--- triggers, counters. Revision 0001's, except that the table's storage parameters come from
+-- Create a queue on this shard: registry row, table, indexes, storage parameters, triggers, counters.
+-- Revision 0009's function, except that the table's storage parameters come from
 -- qm.tune_queue_tables instead of a WITH clause.
 CREATE OR REPLACE FUNCTION qm.create_queue(queue_name text, settings jsonb DEFAULT '{}', if_not_exists boolean DEFAULT false)
 RETURNS qm.queues
@@ -96,8 +96,8 @@ BEGIN
     EXECUTE format('CREATE INDEX %I ON %s (partition, fire_at) WHERE state = ''to_be_fired''', queue_name || '_due', t);
     -- fired events by ack deadline (re-fire, old-event collector)
     EXECUTE format('CREATE INDEX %I ON %s (ack_deadline) WHERE state = ''fired''', queue_name || '_fired', t);
-    -- acked events by ack time (retention purge, oldest first)
-    EXECUTE format('CREATE INDEX %I ON %s (acked_at) WHERE state = ''acked''', queue_name || '_acked', t);
+    -- acked and failed events of a partition, oldest first (retention slices)
+    PERFORM qm.create_retention_indexes(queue_name);
     -- producer deduplication, per tenant
     EXECUTE format('CREATE UNIQUE INDEX %I ON %s (tenant, dedup_key) WHERE dedup_key IS NOT NULL', queue_name || '_dedup', t);
     PERFORM qm.tune_queue_tables(q.id);
