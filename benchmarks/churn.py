@@ -30,8 +30,9 @@ Reported per run:
 * ``targets``: the issue's (size growth under 20 % after the first minute, no throughput decay beyond
   10 %, recovery within 2 minutes of the snapshot's release), with the figures they were judged on.
 
-    .venv/bin/python benchmarks/churn.py [--minutes 10] [--rate 500] [--retention 30] [--runs clean,held]
-                                         [--held-seconds 120] [--table-options fillfactor=90,...]
+    .venv/bin/python benchmarks/churn.py [--minutes 10] [--rate 500] [--retention 30] [--runs clean,held | --held]
+                                         [--held-seconds 120] [--vacuum-after 15] [--health-interval 10]
+                                         [--table-options fillfactor=90,...]
                                          [--server-set autovacuum_naptime=10] [--dsn URI] [--json-only]
 
 Unless ``--dsn`` is given, a dedicated embedded server with PostgreSQL's default durability and
@@ -495,11 +496,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=15.0,
         help="the manager's vacuum_after (default 15; 0: leave vacuum to autovacuum alone)",
     )
+    parser.add_argument(
+        "--health-interval", type=float, default=10.0, help="the manager's health_interval (default 10)"
+    )
+    parser.add_argument("--held", action="store_true", help="the held run only (same as --runs held)")
     parser.add_argument("--dsn", help="administrative database of an existing server")
     parser.add_argument("--json-only", action="store_true", help="no logs on stderr (only warnings)")
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args(argv)
-    runs = [r for r in args.runs.split(",") if r]
+    runs = ["held"] if args.held else [r for r in args.runs.split(",") if r]
     if not runs or set(runs) - {"clean", "held"}:
         parser.error("--runs takes clean, held or clean,held")
     args.runs = runs
@@ -521,6 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     settings = dict(item.split("=", 1) for item in args.server_set)
     e2e.MANAGER_OVERRIDES["vacuum_after"] = args.vacuum_after
+    e2e.MANAGER_OVERRIDES["health_interval"] = args.health_interval
     queue = {"partitions": 16, "shuffle": 4, "retention_seconds": args.retention}
     started = time.time()
     code = e2e.code_version()  # before the runs: the tree may change during 25 minutes
