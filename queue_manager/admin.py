@@ -18,7 +18,10 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from queue_manager.db.errors import translate
+from queue_manager.db.health import read_health
 from queue_manager.db.sqlfiles import query
+from queue_manager.domain import health
+from queue_manager.domain.health import Thresholds, format_bytes
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.settings import check_settings, check_tenant_settings
 from queue_manager.domain.topology import Shard, Topology
@@ -182,18 +185,6 @@ def shard_status(shard: Shard) -> list[QueueStatus]:
     return out
 
 
-#: a transaction holding back vacuum for longer than this is reported as a warning (seconds)
-XMIN_WARN_SECONDS = 60.0
-
-
-def xmin_horizon(shard: Shard) -> dict[str, Any] | None:
-    """The oldest transaction, prepared transaction or replication slot holding back vacuum on the
-    shard's database (the queue's dead rows stay until it ends), or None."""
-    with psycopg.connect(shard.dsn, autocommit=True, row_factory=dict_row) as conn:
-        row = conn.execute(query("xmin_horizon")).fetchone()
-    return None if row is None else dict(row)
-
-
 def maintenance_counts(shard: Shard) -> dict[str, dict[str, int]]:
     """The maintenance slices of every manager of the shard together, per job: recruited, finished,
     aborted, and the events they handled (deleted by retention, corrected by reconciliation, moved
@@ -220,29 +211,30 @@ def render_maintenance(entry: dict[str, Any]) -> list[str]:
     return lines
 
 
-def status(topology: Topology) -> dict[str, Any]:
-    """Status of every queue on every shard, as plain data (what ``qm status --json`` prints)."""
+def status(topology: Topology, thresholds: Thresholds | None = None) -> dict[str, Any]:
+    """Status of every queue on every shard, as plain data (what ``qm status --json`` prints).
+
+    Each shard also gets its database health (``xmin_horizon``: the oldest holder of the xmin
+    horizon; ``health``: NOTIFY queue usage, replication slots holding xmin, and per queue table its
+    tuples, vacuum ages, sizes and index bloat estimate) and ``warnings``: a line for each reading
+    past its threshold (``queue_manager.domain.health``; docs/operations.md, "Database health").
+    """
     shards = []
     for shard in topology.shards:
         entry: dict[str, Any] = {"shard": shard.name, "range": str(shard.key_range)}
         try:
             qs = shard_status(shard)
-            horizon = xmin_horizon(shard)
+            with psycopg.connect(shard.dsn, autocommit=True) as conn:
+                reading = read_health(conn)
             entry["maintenance"] = maintenance_counts(shard)
         except psycopg.OperationalError as exc:
             entry["error"] = f"unreachable: {exc}".strip()
             shards.append(entry)
             continue
         entry["queues"] = [{**asdict(s), "length": s.length} for s in qs]
-        entry["xmin_horizon"] = horizon
-        warnings = []
-        age = None if horizon is None else horizon.get("age_seconds")
-        if horizon is not None and age is not None and age > XMIN_WARN_SECONDS:
-            warnings.append(
-                f"{horizon['kind']} {horizon['holder']!r} (pid {horizon['pid']}, {horizon['state']}) has held back "
-                f"vacuum for {age:.0f} s: dead rows pile up until it ends"
-            )
-        entry["warnings"] = warnings
+        entry["xmin_horizon"] = None if reading.horizon is None else asdict(reading.horizon)
+        entry["health"] = health.as_data(reading)
+        entry["warnings"] = health.warnings(reading, thresholds)
         shards.append(entry)
     return {"shards": shards}
 
@@ -287,9 +279,18 @@ def render_status(data: dict[str, Any]) -> str:
                 f"  oldest xmin: {horizon['kind']} {horizon['holder']!r} pid {horizon['pid']} "
                 f"{horizon['state'] or ''} age {'-' if age is None else f'{age:.1f}s'} ({horizon['xid_age']} xids)"
             )
+        h = shard.get("health")
+        if h is not None:
+            lines.append(f"  notify queue: {h['notify_queue_usage']:.1%} used")
+            for slot in h["slots"]:
+                lines.append(
+                    f"  slot {slot['name']!r} ({slot['kind']}, {'active' if slot['active'] else 'inactive'}) "
+                    f"holds xmin back {slot['xid_age']} xids"
+                )
         for warning in shard.get("warnings", []):
             lines.append(f"  WARNING: {warning}")
         lines.extend(render_maintenance(shard))
+        tables = {t["queue"]: t for t in (h or {}).get("tables", [])}
         if not shard["queues"]:
             lines.append("  no queues")
         for q in shard["queues"]:
@@ -301,9 +302,33 @@ def render_status(data: dict[str, Any]) -> str:
                 f"  oldest due {'-' if age is None else f'{age:.1f}s'}{'  PAUSED' if q['paused'] else ''}"
             )
             lines.append(f"    depth by partition: {q['depth']}")
+            table = tables.get(q["queue"])
+            if table is not None:
+                lines.extend(f"    {line}" for line in _render_table(table))
             if q["partitions_physical"] > q["partitions"]:
                 lines.append(
                     f"    shrinking {q['partitions_physical']} -> {q['partitions']}: "
                     f"{q['draining']} live events left in partitions {q['partitions']}..{q['partitions_physical'] - 1}"
                 )
     return "\n".join(lines)
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _render_table(t: dict[str, Any]) -> list[str]:
+    bloat = t["index_bloat_bytes"]
+    return [
+        f"table: {format_bytes(t['table_bytes'])}, indexes {format_bytes(t['index_bytes'])} "
+        f"(bloat estimate {format_bytes(bloat) if bloat is not None else 'not yet known'}); "
+        f"tuples live {t['live_tuples']} dead {t['dead_tuples']} (autovacuum at {t['autovacuum_trigger']})",
+        f"vacuum: last {_ago(t['vacuum_age_seconds'])}, autovacuum {_ago(t['autovacuum_age_seconds'])} "
+        f"({t['autovacuum_count']} runs), autoanalyze {_ago(t['autoanalyze_age_seconds'])}",
+    ]

@@ -332,6 +332,8 @@ def cmd_manager(args: argparse.Namespace) -> int:
             sweep_interval=args.sweep_interval,
             purge_interval=args.purge_interval,
             reconcile_interval=args.reconcile_interval,
+            health_interval=args.health_interval,
+            vacuum_after=args.vacuum_after,
             slice_interval=args.slice_interval,
             slice_rows=args.slice_rows,
             idle_slices=args.idle_slices,
@@ -720,6 +722,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.6,
         help="a shard's slice of a queue's max_qps/max_concurrency lives this long unrenewed; a down shard's share "
         "is taken after about this long, s (default 0.6)",
+    )
+    p.add_argument(
+        "--health-interval",
+        type=float,
+        default=10.0,
+        help="database health reading period for the metrics, seconds (default 10)",
+    )
+    p.add_argument(
+        "--vacuum-after",
+        type=float,
+        default=15.0,
+        help="vacuum a queue table autovacuum leaves past its trigger this long, seconds (default 15; 0: never)",
     )
     p.add_argument(
         "--async-fires",

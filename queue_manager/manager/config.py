@@ -48,6 +48,12 @@ class ManagerConfig:
     #: how often the leader's floor run re-anchors every partition's load counter on a count of its
     #: live events; slices come on top
     reconcile_interval: float = 60.0
+    #: how often the leader reads the database's health for its gauges (xmin horizon, dead tuples,
+    #: sizes, bloat estimate, NOTIFY queue; docs/operations.md, "Database health"), seconds
+    health_interval: float = 10.0
+    #: a queue table past autovacuum's trigger that autovacuum has not vacuumed for this long is
+    #: vacuumed by the leader itself (docs/operations.md, "Vacuum"); 0 leaves it to autovacuum
+    vacuum_after: float = 15.0
     #: least time between two maintenance slices this process recruits itself for (as leader in its
     #: dispatcher's idle moments, as standby on its maintenance loop), seconds; the floor runs of
     #: ``purge_interval`` and ``reconcile_interval`` come on top (docs/manager.md, "Maintenance slices")
@@ -103,6 +109,7 @@ class ManagerConfig:
             "sweep_interval",
             "purge_interval",
             "reconcile_interval",
+            "health_interval",
             "slice_interval",
             "rescan_interval",
             "ping_interval",
@@ -114,6 +121,8 @@ class ManagerConfig:
                 raise ValueError(f"{name} must be a positive number of seconds")
         if not (math.isfinite(self.drain_timeout) and self.drain_timeout >= 0):
             raise ValueError("drain_timeout must be zero or a positive number of seconds")
+        if not (math.isfinite(self.vacuum_after) and self.vacuum_after >= 0):
+            raise ValueError("vacuum_after must be zero (off) or a positive number of seconds")
         if self.recover_within is not None and not (math.isfinite(self.recover_within) and self.recover_within > 0):
             raise ValueError("recover_within must be a positive number of seconds")
         if not self.holder:

@@ -6,6 +6,9 @@
   (it frees their credit slots and lowers the dispatcher's floors when it moves them), and a
   deposed leader must not move them. It is no single point of failure all the same: every
   takeover runs it at once, so a standby that takes the lease collects what a stopped leader left.
+- The **database health** reading (:mod:`.health`) fills the gauges every ``health_interval``
+  and vacuums a queue table autovacuum is late for. It only reads (and vacuums), on a connection
+  of its own, so acks never wait behind it.
 - The **retention purge** and the **load reconciliation** run in slices that any manager process
   takes (slices.py). The leader's session adds their floors here: every ``purge_interval`` and
   ``reconcile_interval`` a run over every partition, so that they progress even when the leader is
@@ -27,6 +30,7 @@ from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from queue_manager.manager.health import HealthMonitor
 from queue_manager.manager.recruit import Job
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.slices import FloorResult, Slicer
@@ -138,6 +142,7 @@ class Maintenance:
         self.collector = Collector(rt, slicer)
         self.retention = Floor(rt, slicer, Job.RETENTION)
         self.reconciliation = Floor(rt, slicer, Job.RECONCILIATION)
+        self.health = HealthMonitor(rt)
         self._scheduler = AsyncIOScheduler()
         self._running: set[asyncio.Task[Any]] = set()
         cfg = rt.config
@@ -145,6 +150,7 @@ class Maintenance:
             (self.collector.run_once, cfg.sweep_interval),
             (self.retention.run_once, cfg.purge_interval),
             (self.reconciliation.run_once, cfg.reconcile_interval),
+            (self.health.run_once, cfg.health_interval),
         ]
         for run_once, seconds in jobs:
             self._scheduler.add_job(
@@ -168,7 +174,11 @@ class Maintenance:
     def start(self) -> None:
         self._scheduler.start()
         # the collector runs at once on takeover: events a crashed manager left fired
-        task = asyncio.get_running_loop().create_task(self._tracked(self.collector.run_once)())
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._tracked(self.collector.run_once)())
+        self._running.add(task)
+        # and the health gauges are filled at once, not one interval into the term
+        task = loop.create_task(self._tracked(self.health.run_once)())
         self._running.add(task)
 
     async def close(self) -> None:
@@ -179,3 +189,4 @@ class Maintenance:
             t.cancel()
         if running:
             await asyncio.wait(running, timeout=5)
+        await self.health.close()

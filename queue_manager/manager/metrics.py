@@ -11,7 +11,11 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from queue_manager.domain.health import ShardHealth
+
 _LabelKey = tuple[tuple[str, str], ...]
+_Series = list[tuple[dict[str, str], float]]
+_Read = Callable[[], _Series]
 
 
 def _fmt_labels(labels: _LabelKey, extra: tuple[tuple[str, str], ...] = ()) -> str:
@@ -344,6 +348,116 @@ class ManagerMetrics:
         self.wake_waits = r.counter(
             "qm_wake_lock_waits_total",
             "Times the dispatcher waited for a queue's wake-up lock behind an open producer transaction.",
+        )
+        self.vacuums = r.counter(
+            "qm_queue_vacuums_total",
+            "VACUUMs the leader ran on a queue table that autovacuum had left past its trigger.",
+        )
+        #: the leader's latest database health reading (manager/health.py), None when not leading
+        self.health: ShardHealth | None = None
+        self.health_warnings: list[str] = []
+        self.health_read_seconds = 0.0
+        self._health_gauges()
+
+    def set_health(self, reading: ShardHealth | None, warnings: list[str], seconds: float = 0.0) -> None:
+        self.health, self.health_warnings, self.health_read_seconds = reading, warnings, seconds
+
+    def _health_gauges(self) -> None:
+        """The database health gauges: read from the latest reading at render time, so they show
+        nothing on a standby and never a queue the last reading did not find."""
+        r = self.registry
+
+        def shard(value: Callable[[ShardHealth], float | None]) -> _Read:
+            def read() -> _Series:
+                h = self.health
+                v = None if h is None else value(h)
+                return [] if v is None else [({}, v)]
+
+            return read
+
+        def tables(attr: str) -> _Read:
+            def read() -> _Series:
+                h = self.health
+                rows = [] if h is None else [(t.queue, getattr(t, attr)) for t in h.tables]
+                return [({"queue": q}, float(v)) for q, v in rows if v is not None]
+
+            return read
+
+        def indexes(attr: str) -> _Read:
+            def read() -> _Series:
+                h = self.health
+                rows = [] if h is None else [(t.queue, i.name, getattr(i, attr)) for t in h.tables for i in t.indexes]
+                return [({"queue": q, "index": n}, float(v)) for q, n, v in rows if v is not None]
+
+            return read
+
+        def slots(value: Callable[[ShardHealth], list[tuple[str, float]]]) -> _Read:
+            def read() -> _Series:
+                h = self.health
+                return [] if h is None else [({"slot": name}, v) for name, v in value(h)]
+
+            return read
+
+        r.gauge(
+            "qm_db_xmin_horizon_age_seconds",
+            "Age of the oldest transaction (session or prepared) holding back vacuum on the shard's database; "
+            "0 when none.",
+            shard(lambda h: 0.0 if h.horizon is None or h.horizon.age_seconds is None else h.horizon.age_seconds),
+        )
+        r.gauge(
+            "qm_db_xmin_horizon_xids",
+            "Transactions begun since the oldest holder of the xmin horizon (session, prepared transaction or slot).",
+            shard(lambda h: float(h.horizon.xid_age or 0) if h.horizon is not None else 0.0),
+        )
+        r.gauge(
+            "qm_db_replication_slot_xmin_xids",
+            "Transactions a replication slot holds back vacuum by (its xmin or catalog_xmin).",
+            slots(lambda h: [(s.name, float(s.xid_age)) for s in h.slots]),
+        )
+        r.gauge(
+            "qm_db_notify_queue_usage_ratio",
+            "Fraction of the server's NOTIFY queue in use (pg_notification_queue_usage()).",
+            shard(lambda h: h.notify_queue_usage),
+        )
+        r.gauge(
+            "qm_db_health_warnings",
+            "Database health readings past their thresholds (qm status prints what each is).",
+            shard(lambda _h: float(len(self.health_warnings))),
+        )
+        r.gauge(
+            "qm_db_health_read_seconds",
+            "How long the latest database health reading took.",
+            shard(lambda _h: self.health_read_seconds),
+        )
+        r.gauge("qm_table_live_tuples", "Live tuples of a queue table (statistics).", tables("live_tuples"))
+        r.gauge("qm_table_dead_tuples", "Dead tuples of a queue table (statistics).", tables("dead_tuples"))
+        r.gauge(
+            "qm_table_autovacuum_trigger_tuples",
+            "Dead tuples at which autovacuum vacuums a queue table.",
+            tables("autovacuum_trigger"),
+        )
+        r.gauge(
+            "qm_table_vacuum_age_seconds",
+            "Seconds since a queue table was last vacuumed (autovacuum or by hand); absent if never.",
+            tables("vacuum_age_seconds"),
+        )
+        r.gauge(
+            "qm_table_autovacuum_age_seconds",
+            "Seconds since autovacuum last vacuumed a queue table; absent if never.",
+            tables("autovacuum_age_seconds"),
+        )
+        r.gauge(
+            "qm_table_autoanalyze_age_seconds",
+            "Seconds since autovacuum last analyzed a queue table; absent if never.",
+            tables("autoanalyze_age_seconds"),
+        )
+        r.gauge("qm_table_size_bytes", "Size of a queue table's heap (with TOAST and maps).", tables("table_bytes"))
+        r.gauge("qm_table_index_size_bytes", "Size of all indexes of a queue table.", tables("index_bytes"))
+        r.gauge("qm_index_size_bytes", "Size of one index of a queue table.", indexes("size_bytes"))
+        r.gauge(
+            "qm_index_bloat_bytes",
+            "Estimated wasted bytes of one index of a queue table (statistics-based; absent until known).",
+            indexes("bloat_bytes"),
         )
         self.limit_share = r.gauge(
             "qm_limit_share",

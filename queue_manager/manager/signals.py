@@ -76,6 +76,10 @@ class ManagerSignals:
     purged: TestSignal[int] = field(default_factory=TestSignal)
     #: a floor run of the load reconciliation finished (drift found)
     reconciled: TestSignal[int] = field(default_factory=TestSignal)
+    #: a database health reading was taken (its warnings)
+    health_read: TestSignal[list[str]] = field(default_factory=TestSignal)
+    #: the leader vacuumed this queue's table (autovacuum was late)
+    vacuumed: TestSignal[str] = field(default_factory=TestSignal)
     #: a maintenance slice ended (a queue_manager.manager.slices.SliceResult)
     sliced: TestSignal[Any] = field(default_factory=TestSignal)
     #: this queue's wake-up lock was taken

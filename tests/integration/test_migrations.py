@@ -17,7 +17,7 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0011_tenant_settings"
+HEAD = "0012_table_health"
 
 
 def _old_shuffle_set(tenant: str, n: int, k: int) -> tuple[int, ...]:
@@ -127,3 +127,51 @@ def test_0009_keeps_the_dead_letters_of_existing_queues_and_indexes_retention_by
         assert [r[0] for r in counts] == ["collector", "retention", "reconciliation"]
         assert all(r[1:] == (0, 0, 0, 0) for r in counts)
         assert c.execute("SELECT count(*) FROM orders WHERE state = 'failed'").fetchone() == (5,)
+
+
+#: the storage parameters revision 0012_table_health gives every queue table (qm.tune_queue_tables)
+TUNED = {
+    "autovacuum_vacuum_scale_factor=0.02",
+    "autovacuum_analyze_scale_factor=0.02",
+    "autovacuum_vacuum_cost_limit=2000",
+}
+
+
+def _reloptions(dsn: str, table: str) -> set[str]:
+    with psycopg.connect(dsn) as c:
+        row: Any = c.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (table,)).fetchone()
+    return set(row[0] or [])
+
+
+def test_0012_tunes_existing_queue_tables_and_new_queues_get_the_same(pg_admin_dsn: str) -> None:
+    name = f"qm_m_{uuid.uuid4().hex[:12]}"
+    dsn = pgtest.fresh_database(pg_admin_dsn, None, name)
+    try:
+        upgrade(dsn, "0007")
+        shard = Shard("s0", dsn, KeyRange.parse("-"))
+        topology = Topology((shard,))
+        set_identity(dsn, shard, topology)
+        admin.create_queue(topology, "orders", {"partitions": 4, "shuffle": 2})
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("INSERT INTO orders (tenant, payload) VALUES ('t', '{}')")
+            # an operator's own parameter survives the upgrade
+            c.execute("ALTER TABLE orders SET (autovacuum_vacuum_threshold = 500)")
+        assert "autovacuum_vacuum_cost_limit=2000" not in _reloptions(dsn, "orders")
+
+        upgrade(dsn)
+
+        assert _reloptions(dsn, "orders") == TUNED | {"autovacuum_vacuum_threshold=500"}
+        admin.create_queue(topology, "emails", {})
+        assert _reloptions(dsn, "emails") == TUNED
+        # and qm queue alter / qm migrate leave an operator's change alone
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("ALTER TABLE emails SET (autovacuum_vacuum_cost_limit = 500)")
+        admin.alter_queue(topology, "emails", {"partitions": 8})
+        set_identity(dsn, shard, topology)
+        assert "autovacuum_vacuum_cost_limit=500" in _reloptions(dsn, "emails")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                c.execute("SELECT qm.tune_queue_tables(-1)")
+    finally:
+        pgtest.drop_database(pg_admin_dsn, name)

@@ -17,6 +17,7 @@ from queue_manager import admin
 from queue_manager.cli.main import main
 from queue_manager.db.migrate import alembic_config
 from queue_manager.domain import routing
+from queue_manager.domain.health import Thresholds
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.producer import Router
 from tests.conftest import tenants_of
@@ -132,9 +133,7 @@ def test_status_counts_depth_and_oldest_due(shards: Topology, make_queue: Any) -
     assert data["shards"][1]["queues"][0]["length"] == 0
 
 
-def test_status_names_what_holds_back_vacuum_and_warns_past_the_threshold(
-    shards: Topology, make_queue: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_status_names_what_holds_back_vacuum_and_warns_past_the_threshold(shards: Topology, make_queue: Any) -> None:
     make_queue("orders", partitions=4, shuffle=2)
     s0 = shards.shards[0]
     with psycopg.connect(s0.dsn, application_name="report-job") as holder:
@@ -149,8 +148,7 @@ def test_status_names_what_holds_back_vacuum_and_warns_past_the_threshold(
         assert horizon["pid"] == holder.info.backend_pid and 0 <= horizon["age_seconds"] < 60
         assert data["shards"][0]["warnings"] == []
         assert data["shards"][1]["xmin_horizon"] is None  # the other shard's database is not held
-        monkeypatch.setattr(admin, "XMIN_WARN_SECONDS", 0.0)
-        data = admin.status(shards)
+        data = admin.status(shards, Thresholds(xmin_seconds=0.0))
         (warning,) = data["shards"][0]["warnings"]
         assert "'report-job'" in warning and "held back vacuum" in warning
         text = admin.render_status(data)

@@ -83,7 +83,9 @@ SELECT extract(epoch FROM now() - min(fire_at))::double precision AS oldest_due_
 
 -- xmin_horizon --
 -- What holds back vacuum in this database: the oldest of the sessions' transactions and snapshots,
--- the prepared transactions and the replication slots (one row each kind at most, oldest first).
+-- the prepared transactions and the replication slots. Ties in xid age go to the oldest
+-- transaction: a session whose snapshot began while the holder ran has the holder's xid as its
+-- xmin, the same xid age, but it is not what holds the horizon.
 SELECT kind, holder, pid, application_name, state, age_seconds, xid_age FROM (
     SELECT 'session' AS kind, coalesce(nullif(a.application_name, ''), a.backend_type) AS holder, a.pid,
            a.application_name, a.state,
@@ -102,7 +104,7 @@ SELECT kind, holder, pid, application_name, state, age_seconds, xid_age FROM (
       FROM pg_replication_slots s
      WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
 ) h
-ORDER BY xid_age DESC NULLS LAST
+ORDER BY xid_age DESC NULLS LAST, age_seconds DESC NULLS LAST
 LIMIT 1
 
 -- maintenance_counts --
