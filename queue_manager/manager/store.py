@@ -9,6 +9,7 @@ under its lock are right whichever manager process does them, leader or standby.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -445,12 +446,22 @@ async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> 
     events/s: each count walked its partition's dead index entries for 100-400 ms while every ack
     waited, and the queue depth reached 2 500 (docs/benchmarks.md, "Held snapshot", session 8).
     A partition is reconciled again once its count is cheap (vacuum has run)."""
-    async with conn.transaction():
-        await conn.execute(f"SET LOCAL statement_timeout = {RECONCILE_SLICE_TIMEOUT_MS}")
+    # the connection's own timeout for this one statement (no transaction block around it: the
+    # statement stays its own transaction, as the load lock's argument in qm.reconcile_partition
+    # assumes)
+    reset = f"SET statement_timeout = {SLICE_STATEMENT_TIMEOUT_MS}"
+    await conn.execute(f"SET statement_timeout = {RECONCILE_SLICE_TIMEOUT_MS}")
+    try:
         cur = await conn.execute(
             _static("mgr_slice_reconcile"), {"queue": q.name, "partition": partition}, prepare=True
         )
         row = await cur.fetchone()
+    except psycopg.Error:
+        if not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(reset)
+        raise
+    await conn.execute(reset)
     assert row is not None and row[0] is not None
     before, live = row[0]
     return int(before), int(live)
