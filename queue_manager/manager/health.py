@@ -60,9 +60,14 @@ class HealthMonitor:
         if self._conn is None or self._conn.closed:
             cfg = self.rt.config
             conn = await store.connect(cfg.dsn, f"qm-manager-health {cfg.holder}")
-            await conn.execute(
-                f"SET lock_timeout = {HEALTH_LOCK_TIMEOUT_MS}; SET statement_timeout = {HEALTH_STATEMENT_TIMEOUT_MS}"
-            )
+            try:
+                await conn.execute(
+                    f"SET lock_timeout = {HEALTH_LOCK_TIMEOUT_MS}; SET statement_timeout = {HEALTH_STATEMENT_TIMEOUT_MS}"
+                )
+            except BaseException:  # cancelled by the session's end, too: not left for the collector
+                with contextlib.suppress(Exception):
+                    await conn.close()
+                raise
             self._conn = conn
         return self._conn
 
