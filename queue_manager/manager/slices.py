@@ -104,6 +104,14 @@ class FloorResult:
             self.aborted_slices += 1
 
 
+#: after a reconciliation slice gave up on its time bound, this process takes none for this long
+#: (seconds), doubled at each further one up to RECONCILE_REST_MAX, back to this after one finishes.
+#: Each try holds the queue's acks for the whole bound (50 ms), and under a held snapshot every try
+#: fails: 135 of them in 3 minutes at 2 000 events/s before the rest (docs/benchmarks.md).
+RECONCILE_REST_MIN = 10.0
+RECONCILE_REST_MAX = 300.0
+
+
 def abort_reason(exc: BaseException) -> str:
     """Why a slice gave up, from the error that stopped it."""
     if isinstance(exc, pg.LockNotAvailable):
@@ -135,6 +143,9 @@ class Slicer:
         #: the correction this process's last reconciliation slice of (queue, partition) found
         self._drift: dict[tuple[str, int], int] = {}
         self._next_enlist = 0.0
+        #: reconciliation slices rest until then (monotonic), after one gave up on its time bound
+        self._reconcile_rest_until = 0.0
+        self._reconcile_rest = RECONCILE_REST_MIN
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
@@ -151,9 +162,15 @@ class Slicer:
         if now < self._next_enlist:
             return
         self._next_enlist = now + rt.config.slice_interval
-        job = recruit.recruit(self._rng.random(), self.rates)
+        job = self._resting(recruit.recruit(self._rng.random(), self.rates))
         if job is not None:
             self._spawn(self.take_random(job, "idle"))
+
+    def _resting(self, job: Job | None) -> Job | None:
+        """``job``, or None while reconciliation rests (see RECONCILE_REST_MIN)."""
+        if job is Job.RECONCILIATION and self.rt.clock.monotonic() < self._reconcile_rest_until:
+            return None
+        return job
 
     async def run_standby(self) -> None:
         """A standby's maintenance loop: enlisted every ``slice_interval`` while it does not lead
@@ -163,7 +180,7 @@ class Slicer:
             await asyncio.sleep(rt.config.slice_interval)
             if not rt.config.standby_slices or not rt.shard_checked or rt.lease.term is not None or rt.draining:
                 continue
-            job = recruit.recruit(self._rng.random(), self.rates)
+            job = self._resting(recruit.recruit(self._rng.random(), self.rates))
             if job is not None:
                 await self.take_random(job, "standby")
 
@@ -206,6 +223,8 @@ class Slicer:
             n = max(1, q.partitions_physical)
             if job is Job.RECONCILIATION:
                 for p in range(n):
+                    if self._resting(job) is None:
+                        return result
                     r = await self.take(job, q, p, "floor")
                     result.add(r)
                     if r.reason == "connection":
@@ -244,6 +263,7 @@ class Slicer:
                     rt.metrics.purged.inc(failed, queue=q.name, state="failed")
             else:
                 before, live = await store.slice_reconcile(conn, q, partition)
+                self._reconcile_rest = RECONCILE_REST_MIN
                 result = SliceResult(job, q.name, partition, source, "finished", abs(before - live))
                 self._drift[(q.name, partition)] = result.events
                 rt.metrics.load_drift.set(
@@ -269,6 +289,11 @@ class Slicer:
         """Count a slice that gave up; no retry. ``counted``: its recruitment was counted already."""
         rt = self.rt
         reason = abort_reason(exc)
+        if job is Job.RECONCILIATION and reason == "timeout":
+            # the count outgrew its bound (store.slice_reconcile): dead entries vacuum cannot
+            # remove yet, most likely; every try would hold the acks up again for as long
+            self._reconcile_rest_until = rt.clock.monotonic() + self._reconcile_rest
+            self._reconcile_rest = min(self._reconcile_rest * 2, RECONCILE_REST_MAX)
         if not counted:
             rt.metrics.slices.inc(job=job.value, outcome="recruited", source=source)
         rt.metrics.slices.inc(job=job.value, outcome="aborted", source=source)

@@ -9,6 +9,7 @@ under its lock are right whichever manager process does them, leader or standby.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -399,6 +400,11 @@ async def wake_lock_holders(
     return out, at
 
 
+#: how long a reconciliation slice may hold the queue's load lock (the acks wait for it), ms: a
+#: partition of 10 000 live events counted in 2-10 ms (docs/manager.md, "Maintenance slices")
+RECONCILE_SLICE_TIMEOUT_MS = 50
+
+
 async def connect_maintenance(dsn: str, application_name: str) -> AsyncConn:
     """The connection of a process's maintenance slices: short lock and statement timeouts, so that
     a slice that meets a conflict gives up (and is counted aborted) instead of queueing behind it."""
@@ -432,9 +438,30 @@ async def slice_purge(conn: AsyncConn, q: QueueSettings, partition: int, limit: 
 
 
 async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> tuple[int, int]:
-    """A reconciliation slice of one partition: (load before, live events); the load is now the latter."""
-    cur = await conn.execute(_static("mgr_slice_reconcile"), {"queue": q.name, "partition": partition}, prepare=True)
-    row = await cur.fetchone()
+    """A reconciliation slice of one partition: (load before, live events); the load is now the latter.
+
+    The count runs under the queue's load lock, and every ack statement of the queue waits for that
+    lock: so the slice may hold it at most RECONCILE_SLICE_TIMEOUT_MS, and gives up (statement
+    timeout: counted aborted) beyond. Measured before this bound, under a held snapshot at 2 000
+    events/s: each count walked its partition's dead index entries for 100-400 ms while every ack
+    waited, and the queue depth reached 2 500 (docs/benchmarks.md, "Held snapshot", session 8).
+    A partition is reconciled again once its count is cheap (vacuum has run)."""
+    # the connection's own timeout for this one statement (no transaction block around it: the
+    # statement stays its own transaction, as the load lock's argument in qm.reconcile_partition
+    # assumes)
+    reset = f"SET statement_timeout = {SLICE_STATEMENT_TIMEOUT_MS}"
+    await conn.execute(f"SET statement_timeout = {RECONCILE_SLICE_TIMEOUT_MS}")
+    try:
+        cur = await conn.execute(
+            _static("mgr_slice_reconcile"), {"queue": q.name, "partition": partition}, prepare=True
+        )
+        row = await cur.fetchone()
+    except psycopg.Error:
+        if not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(reset)
+        raise
+    await conn.execute(reset)
     assert row is not None and row[0] is not None
     before, live = row[0]
     return int(before), int(live)

@@ -1,0 +1,49 @@
+"""Reconciliation slices rest after one gave up on its time bound (pure: a fake clock, no database)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg.errors as pg
+
+from queue_manager.clock import FakeClock
+from queue_manager.manager.auth import TokenStore
+from queue_manager.manager.config import ManagerConfig
+from queue_manager.manager.metrics import ManagerMetrics
+from queue_manager.manager.recruit import Job
+from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.signals import ManagerSignals
+from queue_manager.manager.slices import RECONCILE_REST_MAX, RECONCILE_REST_MIN, Slicer
+
+
+def test_reconciliation_rests_after_a_timeout_and_doubles_up_to_the_most() -> None:
+    clock = FakeClock()
+    rt = Runtime(
+        ManagerConfig(
+            dsn="postgresql://x/y", tokens=TokenStore.from_entries([{"name": "t", "secret": "s" * 32, "queues": ["*"]}])
+        ),
+        clock,
+        ManagerMetrics(),
+        ManagerSignals(),
+    )
+    s = Slicer(rt)
+    assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
+
+    def time_out() -> None:
+        asyncio.run(s._aborted(Job.RECONCILIATION, "orders", 0, "idle", pg.QueryCanceled("timeout"), counted=False))
+
+    time_out()
+    assert s._resting(Job.RECONCILIATION) is None
+    assert s._resting(Job.RETENTION) is Job.RETENTION  # retention never rests
+    clock.advance(RECONCILE_REST_MIN + 0.01)
+    assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
+    time_out()  # the second rest is twice as long
+    clock.advance(RECONCILE_REST_MIN + 0.01)
+    assert s._resting(Job.RECONCILIATION) is None
+    for _ in range(20):
+        time_out()
+    assert s._reconcile_rest == RECONCILE_REST_MAX
+    # a lock conflict (an ack in progress) is no reason to rest
+    clock.advance(RECONCILE_REST_MAX + 1)
+    asyncio.run(s._aborted(Job.RECONCILIATION, "orders", 0, "idle", pg.LockNotAvailable("busy"), counted=False))
+    assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
