@@ -31,7 +31,7 @@ Reported per run:
   10 %, recovery within 2 minutes of the snapshot's release), with the figures they were judged on.
 
     .venv/bin/python benchmarks/churn.py [--minutes 10] [--rate 500] [--retention 30] [--runs clean,held | --held]
-                                         [--held-seconds 120] [--vacuum-after 15] [--health-interval 10]
+                                         [--held-seconds 120] [--vacuum-after 5] [--health-interval 5]
                                          [--table-options fillfactor=90,...]
                                          [--server-set autovacuum_naptime=10] [--dsn URI] [--json-only]
 
@@ -493,12 +493,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--vacuum-after",
         type=float,
-        default=15.0,
-        help="the manager's vacuum_after (default 15; 0: leave vacuum to autovacuum alone)",
+        default=5.0,
+        help="the manager's vacuum_after (default 5; 0: leave vacuum to autovacuum alone)",
     )
-    parser.add_argument(
-        "--health-interval", type=float, default=10.0, help="the manager's health_interval (default 10)"
-    )
+    parser.add_argument("--health-interval", type=float, default=5.0, help="the manager's health_interval (default 5)")
     parser.add_argument("--held", action="store_true", help="the held run only (same as --runs held)")
     parser.add_argument("--dsn", help="administrative database of an existing server")
     parser.add_argument("--json-only", action="store_true", help="no logs on stderr (only warnings)")

@@ -726,14 +726,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--health-interval",
         type=float,
-        default=10.0,
-        help="database health reading period for the metrics, seconds (default 10)",
+        default=5.0,
+        help="database health reading period for the metrics, seconds (default 5)",
     )
     p.add_argument(
         "--vacuum-after",
         type=float,
-        default=15.0,
-        help="vacuum a queue table autovacuum leaves past its trigger this long, seconds (default 15; 0: never)",
+        default=5.0,
+        help="vacuum a queue table autovacuum leaves past its trigger this long, seconds (default 5; 0: never)",
     )
     p.add_argument(
         "--async-fires",

@@ -50,10 +50,10 @@ class ManagerConfig:
     reconcile_interval: float = 60.0
     #: how often the leader reads the database's health for its gauges (xmin horizon, dead tuples,
     #: sizes, bloat estimate, NOTIFY queue; docs/operations.md, "Database health"), seconds
-    health_interval: float = 10.0
+    health_interval: float = 5.0
     #: a queue table past autovacuum's trigger that autovacuum has not vacuumed for this long is
     #: vacuumed by the leader itself (docs/operations.md, "Vacuum"); 0 leaves it to autovacuum
-    vacuum_after: float = 15.0
+    vacuum_after: float = 5.0
     #: least time between two maintenance slices this process recruits itself for (as leader in its
     #: dispatcher's idle moments, as standby on its maintenance loop), seconds; the floor runs of
     #: ``purge_interval`` and ``reconcile_interval`` come on top (docs/manager.md, "Maintenance slices")

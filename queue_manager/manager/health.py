@@ -1,6 +1,6 @@
 """The leader's database health reading, for the gauges of ``/metrics``.
 
-Every ``health_interval`` (10 s by default, never per dispatch round) the active manager reads the
+Every ``health_interval`` (5 s by default, never per dispatch round) the active manager reads the
 shard's database health (``queue_manager/db/sql/health.sql``: the xmin horizon and what holds it,
 replication slots, the NOTIFY queue, per queue table its tuples, vacuum ages, sizes and index bloat
 estimate) and judges it on the thresholds of ``queue_manager.domain.health``, as ``qm status``
@@ -16,7 +16,7 @@ empty until the next one; it never fails the session.
 under churn passes its vacuum trigger within seconds, so between two visits its dead rows take new
 pages and the table grows (docs/benchmarks.md, "Churn"). After each reading the leader therefore
 vacuums, on the same connection, every queue table that has been past autovacuum's trigger and
-unvacuumed for ``vacuum_after`` seconds (15 by default; ``queue_manager.domain.health.tables_to_vacuum``
+unvacuumed for ``vacuum_after`` seconds (5 by default; ``queue_manager.domain.health.tables_to_vacuum``
 has the rule and what it leaves to autovacuum). ``VACUUM (SKIP_LOCKED)``: a table another vacuum
 holds is skipped, not waited for.
 """
