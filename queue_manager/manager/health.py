@@ -62,7 +62,8 @@ class HealthMonitor:
             conn = await store.connect(cfg.dsn, f"qm-manager-health {cfg.holder}")
             try:
                 await conn.execute(
-                    f"SET lock_timeout = {HEALTH_LOCK_TIMEOUT_MS}; SET statement_timeout = {HEALTH_STATEMENT_TIMEOUT_MS}"
+                    f"SET lock_timeout = {HEALTH_LOCK_TIMEOUT_MS}; "
+                    f"SET statement_timeout = {HEALTH_STATEMENT_TIMEOUT_MS}"
                 )
             except BaseException:  # cancelled by the session's end, too: not left for the collector
                 with contextlib.suppress(Exception):
