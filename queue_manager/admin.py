@@ -252,7 +252,8 @@ def retry_failed(topology: Topology, queue: str, ids: list[int] | None = None, t
         with psycopg.connect(shard.dsn) as conn:
             try:
                 rows = conn.execute(
-                    sql.SQL(query("events_retry", "manager.sql")).format(queue=table), {"ids": ids, "tenant": tenant}
+                    sql.SQL(query("events_retry", "manager.sql")).format(queue=table),
+                    {"ids": ids, "tenant": tenant, "queue": queue},
                 ).fetchall()
             except pg.UndefinedTable:
                 raise UnknownQueueError(f"no queue named {queue!r} on shard {shard.name!r}") from None

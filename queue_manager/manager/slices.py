@@ -110,6 +110,12 @@ class FloorResult:
 #: fails: 135 of them in 3 minutes at 2 000 events/s before the rest (docs/benchmarks.md).
 RECONCILE_REST_MIN = 10.0
 RECONCILE_REST_MAX = 300.0
+#: a reconciliation slice that finished but held the load lock longer than this in the server
+#: (seconds) rests the process as a timeout does. Resting only on timeouts was not enough: under a
+#: held snapshot at 2 000 events/s some partitions still counted within the bound, each such slice
+#: reset the rest and held the acks for 30-50 ms, 64 slow slices in 3 minutes (docs/benchmarks.md,
+#: "Held snapshot", session 9).
+RECONCILE_SLOW = 0.020
 
 
 def abort_reason(exc: BaseException) -> str:
@@ -165,6 +171,19 @@ class Slicer:
         job = self._resting(recruit.recruit(self._rng.random(), self.rates))
         if job is not None:
             self._spawn(self.take_random(job, "idle"))
+
+    def _reconciled(self, seconds: float) -> None:
+        """A reconciliation slice finished in ``seconds``: a quick one ends the rests, a slow one
+        (RECONCILE_SLOW) rests the process as a timeout does."""
+        if seconds > RECONCILE_SLOW:
+            self._rest_reconciliation()
+        else:
+            self._reconcile_rest = RECONCILE_REST_MIN
+
+    def _rest_reconciliation(self) -> None:
+        """No reconciliation slice for the current rest; the next rest twice as long, up to the most."""
+        self._reconcile_rest_until = self.rt.clock.monotonic() + self._reconcile_rest
+        self._reconcile_rest = min(self._reconcile_rest * 2, RECONCILE_REST_MAX)
 
     def _resting(self, job: Job | None) -> Job | None:
         """``job``, or None while reconciliation rests (see RECONCILE_REST_MIN)."""
@@ -262,8 +281,8 @@ class Slicer:
                 if failed:
                     rt.metrics.purged.inc(failed, queue=q.name, state="failed")
             else:
-                before, live = await store.slice_reconcile(conn, q, partition)
-                self._reconcile_rest = RECONCILE_REST_MIN
+                before, live, held = await store.slice_reconcile(conn, q, partition)
+                self._reconciled(held)
                 result = SliceResult(job, q.name, partition, source, "finished", abs(before - live))
                 self._drift[(q.name, partition)] = result.events
                 rt.metrics.load_drift.set(
@@ -292,8 +311,7 @@ class Slicer:
         if job is Job.RECONCILIATION and reason == "timeout":
             # the count outgrew its bound (store.slice_reconcile): dead entries vacuum cannot
             # remove yet, most likely; every try would hold the acks up again for as long
-            self._reconcile_rest_until = rt.clock.monotonic() + self._reconcile_rest
-            self._reconcile_rest = min(self._reconcile_rest * 2, RECONCILE_REST_MAX)
+            self._rest_reconciliation()
         if not counted:
             rt.metrics.slices.inc(job=job.value, outcome="recruited", source=source)
         rt.metrics.slices.inc(job=job.value, outcome="aborted", source=source)

@@ -437,8 +437,9 @@ async def slice_purge(conn: AsyncConn, q: QueueSettings, partition: int, limit: 
     return int(row[0]), int(row[1]), int(row[2]) >= limit
 
 
-async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> tuple[int, int]:
-    """A reconciliation slice of one partition: (load before, live events); the load is now the latter.
+async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> tuple[int, int, float]:
+    """A reconciliation slice of one partition: (load before, live events, seconds the statement held
+    the load lock in the server); the load is now the live events.
 
     The count runs under the queue's load lock, and every ack statement of the queue waits for that
     lock: so the slice may hold it at most RECONCILE_SLICE_TIMEOUT_MS, and gives up (statement
@@ -464,7 +465,7 @@ async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> 
     await conn.execute(reset)
     assert row is not None and row[0] is not None
     before, live = row[0]
-    return int(before), int(live)
+    return int(before), int(live), float(row[1])
 
 
 async def count_maintenance(conn: AsyncConn, job: str, what: str, n: int = 1) -> None:

@@ -348,7 +348,9 @@ async def test_a_standby_takes_slices_while_the_leader_leads(shard: Shard, make_
         assert seen_before[job] - 1 <= after[job][1] - before[job][1] <= seen_after[job], job
 
 
-async def test_reconciliation_slices_beside_a_stream_of_acks_leave_the_counters_exact(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+async def test_reconciliation_slices_beside_a_stream_of_acks_leave_the_counters_exact(
+    shard: Shard, make_queue, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """A standby reconciles the partitions as fast as it can while the leader acks a stream of
     events, then stops; the acks go on. Every ack's count and every slice's re-anchoring serialise
     on the load lock, so once everything is acked the loads are exactly zero. (Without the lock, a
@@ -360,6 +362,8 @@ async def test_reconciliation_slices_beside_a_stream_of_acks_leave_the_counters_
     tenants = tenants_of(shard, 16)
     inserted = 0
     streaming = True
+    # slices as fast as they come: a slow one (a busy machine) must not rest the standby here
+    monkeypatch.setattr("queue_manager.manager.slices.RECONCILE_SLOW", 1.0)
 
     async def produce() -> None:
         nonlocal inserted

@@ -297,11 +297,22 @@ async def test_nack_backoff_dead_letter_and_retry(shards: Topology, shard: Shard
         # qm events retry puts it back, with a fresh attempt budget, and the manager fires it at once
         moved = await asyncio.to_thread(admin.retry_failed, shards, "orders")
         assert moved == 1
+        # the dead letter counted as done; back in the queue it counts as load again
+        assert await load(shard.dsn) == 1
         async with running_receiver(url(m)) as (_, ok):
             await wait_for(lambda: ok.ids() == [ident], what="the retried event")
             assert ok.events[0].attempt == 1
             await wait_for(lambda: m.metrics.acked_total.get(queue="orders") == 1, what="its ack")
     assert (await states(shard.dsn))[ident] == ("acked", 1)
+    assert await load(shard.dsn) == 0
+
+
+async def load(dsn: str) -> int:
+    """The queue's load counters (enqueued - done) summed over its partitions."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        row = await (await conn.execute("SELECT qm.partition_loads('orders')")).fetchone()
+    assert row is not None
+    return sum(row[0])
 
 
 async def test_nack_with_delay_and_extend(shard: Shard, queue: str) -> None:

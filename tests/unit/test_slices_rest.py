@@ -13,20 +13,18 @@ from queue_manager.manager.metrics import ManagerMetrics
 from queue_manager.manager.recruit import Job
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.signals import ManagerSignals
-from queue_manager.manager.slices import RECONCILE_REST_MAX, RECONCILE_REST_MIN, Slicer
+from queue_manager.manager.slices import RECONCILE_REST_MAX, RECONCILE_REST_MIN, RECONCILE_SLOW, Slicer
+
+
+def slicer(clock: FakeClock) -> Slicer:
+    tokens = TokenStore.from_entries([{"name": "t", "secret": "s" * 32, "queues": ["*"]}])
+    config = ManagerConfig(dsn="postgresql://x/y", tokens=tokens)
+    return Slicer(Runtime(config, clock, ManagerMetrics(), ManagerSignals()))
 
 
 def test_reconciliation_rests_after_a_timeout_and_doubles_up_to_the_most() -> None:
     clock = FakeClock()
-    rt = Runtime(
-        ManagerConfig(
-            dsn="postgresql://x/y", tokens=TokenStore.from_entries([{"name": "t", "secret": "s" * 32, "queues": ["*"]}])
-        ),
-        clock,
-        ManagerMetrics(),
-        ManagerSignals(),
-    )
-    s = Slicer(rt)
+    s = slicer(clock)
     assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
 
     def time_out() -> None:
@@ -47,3 +45,20 @@ def test_reconciliation_rests_after_a_timeout_and_doubles_up_to_the_most() -> No
     clock.advance(RECONCILE_REST_MAX + 1)
     asyncio.run(s._aborted(Job.RECONCILIATION, "orders", 0, "idle", pg.LockNotAvailable("busy"), counted=False))
     assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
+
+
+def test_a_slow_reconciliation_slice_rests_like_a_timeout_and_a_quick_one_ends_the_rests() -> None:
+    clock = FakeClock()
+    s = slicer(clock)
+    s._reconciled(RECONCILE_SLOW / 2)
+    assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
+    s._reconciled(RECONCILE_SLOW * 4)  # finished, but held the acks too long
+    assert s._resting(Job.RECONCILIATION) is None
+    clock.advance(RECONCILE_REST_MIN + 0.01)
+    assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
+    s._reconciled(RECONCILE_SLOW * 2)  # slow again: the rest doubles
+    clock.advance(RECONCILE_REST_MIN + 0.01)
+    assert s._resting(Job.RECONCILIATION) is None
+    clock.advance(RECONCILE_REST_MIN)
+    s._reconciled(RECONCILE_SLOW / 2)  # a quick one: the next rest is the shortest again
+    assert s._reconcile_rest == RECONCILE_REST_MIN

@@ -268,13 +268,21 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
   FROM moved
 
 -- events_retry --
--- Put dead-lettered events back: a fresh attempt budget, due now.
-UPDATE {queue} SET state = 'to_be_fired', attempts = 0, fire_at = now(), last_error = NULL,
-       fired_at = NULL, acked_at = NULL, ack_deadline = NULL
- WHERE state = 'failed'
-   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-RETURNING id
+-- Put dead-lettered events back: a fresh attempt budget, due now. A dead letter counted as done
+-- (qm.add_done when it failed): back in the queue it counts as load again, so the enqueue counters
+-- of its partition are bumped in the same statement (qm.add_load), as a bulk load's are.
+WITH moved AS (
+        UPDATE {queue} SET state = 'to_be_fired', attempts = 0, fire_at = now(), last_error = NULL,
+               fired_at = NULL, acked_at = NULL, ack_deadline = NULL
+         WHERE state = 'failed'
+           AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+           AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+        RETURNING id, partition),
+     bumped AS (
+        SELECT qm.add_load(%(queue)s, array_agg(c.part), array_agg(c.n)) AS done
+          FROM (SELECT partition::integer AS part, count(*)::integer AS n FROM moved GROUP BY partition) c
+        HAVING count(*) > 0)
+SELECT m.id FROM moved m LEFT JOIN bumped b ON true
 
 -- events_wake --
 SELECT pg_notify('qm_wake', %(queue)s)
@@ -319,8 +327,10 @@ SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FILTER (WHERE state = '
 -- mgr_slice_reconcile --
 -- A reconciliation slice: one partition's load re-anchored on its live events (see
 -- qm.reconcile_partition: it gives up at once, lock_not_available, while an ack statement of the
--- queue holds the load lock). Returns {load before, live events}.
-SELECT qm.reconcile_partition(%(queue)s, %(partition)s)
+-- queue holds the load lock). Returns {load before, live events} and the statement's time in the
+-- server, seconds (the lock is taken first and held to the end: how long the acks could wait).
+SELECT qm.reconcile_partition(%(queue)s, %(partition)s),
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::double precision
 
 -- mgr_count_maintenance --
 -- Count a maintenance slice shard-wide: recruited, finished, aborted, or the events it handled.
