@@ -164,6 +164,10 @@ class Maintenance:
             self._running.add(task)
             try:
                 await run_once()
+            except asyncio.CancelledError:
+                # the session's end cancels its runs (close()): an end, not a failure for the
+                # scheduler's executor to log with a traceback
+                return
             except Exception:
                 logger.exception("maintenance run failed", extra={"action": "maintenance"})
             finally:
