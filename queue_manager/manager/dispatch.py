@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
-from queue_manager.manager.floors import FULL_RESET, HOLDER_CHECK, SAFETY_INTERVAL, SAFETY_LOOKBACK
+from queue_manager.manager.floors import FULL_RESET, SAFETY_INTERVAL, SAFETY_LOOKBACK, holder_interval
 from queue_manager.manager.queues import QueueRuntime, Reason, Subscriber, active
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
@@ -86,7 +86,7 @@ class Dispatcher:
             queues = active(rt.queues.values())
             watched = [q for q in queues if not q.armed and now >= q.next_holder_check]
             if watched:
-                await self._read_holders(watched, now)
+                await self._read_holders(watched)
             progressed = False
             for q in queues:
                 if await self._round(q, now):
@@ -97,14 +97,19 @@ class Dispatcher:
             if await self._idle(queues, now):
                 continue
 
-    async def _read_holders(self, queues: list[QueueRuntime], now: float) -> None:
+    async def _read_holders(self, queues: list[QueueRuntime]) -> None:
         """Producers that hold a queue's wake-up lock did not notify: when one is gone, its rows
         may lie below the floors (see floors.py)."""
+        clock = self.rt.clock
+        started = clock.monotonic()
         holders, at = await store.wake_lock_holders(self.conn, [q.id for q in queues])
+        done = clock.monotonic()
+        # a slow reading (a busy server) spaces the next one out: the fires come first
+        next_check = done + holder_interval(done - started)
         for q in queues:
             q.watch.start(at)
             gone = q.watch.read(holders.get(q.id, {}), at)
-            q.next_holder_check = now + HOLDER_CHECK
+            q.next_holder_check = next_check
             if gone is not None:
                 self.rt.nudge(q, Reason.DUE, since=gone)
 

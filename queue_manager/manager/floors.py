@@ -21,7 +21,8 @@ puts an event back, or when an application lock made the pick skip a row. So flo
   transaction's start if earlier), and arrives at commit;
 - while the manager does *not* hold the wake-up lock (busy, polling, waiting for it), producers do
   not notify and hold the lock in shared mode until they commit. The dispatcher reads those
-  holders every HOLDER_CHECK seconds (:class:`HolderWatch`); when one is gone (committed), floors
+  holders every HOLDER_CHECK seconds, less often when a reading is slow (:func:`holder_interval`,
+  :class:`HolderWatch`); when one is gone (committed), floors
   fall to its transaction's start. A transaction that took and released the lock between two
   readings inserted after the first reading, and its rows' fire_at (default: the insert's time)
   are no earlier than that reading: picks never start above the previous reading's time;
@@ -41,6 +42,15 @@ from collections.abc import Iterable, Mapping
 
 #: how often the holders of a disarmed queue's wake-up lock are read, seconds
 HOLDER_CHECK = 0.01
+#: the most of the dispatcher's time holder readings may take: a slower reading spaces the next
+#: one out (holder_interval). Measured at 2 000 events/s on a saturated 2-core machine, producers
+#: holding the lock at almost every reading: 6 285 readings of 5.4 ms (the lock probe and the
+#: lock table) took 34 s of a 60 s run on the dispatcher's connection, more than its fires, and
+#: the queue fell 10 000 to 12 000 events behind in 40 s; at a share of 0.2, 11.8 s and 5 500
+#: behind; at 0.1, 6.9 s and 5 100 (docs/benchmarks.md, "Held snapshot", session 10)
+HOLDER_SHARE = 0.1
+#: and readings are never further apart than this, seconds (a late commit's rows are found by then)
+HOLDER_CHECK_MAX = 0.1
 #: every partition's floor falls by SAFETY_LOOKBACK once in this many seconds (one partition at a
 #: time), for a row an application kept locked while a pick passed
 SAFETY_INTERVAL = 30.0
@@ -150,6 +160,14 @@ class Floors:
                 current = f[p]
                 if current is None or target > current:
                     f[p] = target
+
+
+def holder_interval(took: float) -> float:
+    """Seconds from the end of a holder reading that took ``took`` seconds to the next one:
+    HOLDER_CHECK, stretched so that readings take at most HOLDER_SHARE of the dispatcher's time,
+    and at most HOLDER_CHECK_MAX. Any interval is safe: a pick never starts above the reading
+    before the latest (:attr:`HolderWatch.cap`), however old it is."""
+    return min(HOLDER_CHECK_MAX, max(HOLDER_CHECK, took * (1.0 - HOLDER_SHARE) / HOLDER_SHARE))
 
 
 class HolderWatch:

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_manager.manager.floors import EMPTY_MARGIN, EPSILON, HOLDER_MARGIN, Floors, HolderWatch
+from queue_manager.manager.floors import (
+    EMPTY_MARGIN,
+    EPSILON,
+    HOLDER_CHECK,
+    HOLDER_CHECK_MAX,
+    HOLDER_MARGIN,
+    HOLDER_SHARE,
+    Floors,
+    HolderWatch,
+    holder_interval,
+)
 from queue_manager.manager.wakeups import Listener
 
 
@@ -133,3 +143,15 @@ def test_a_holder_caught_committing_is_bounded_by_what_was_seen_before() -> None
     assert w.read({9: None}, at=100.07) is None
     assert w.read({9: 100.065}, at=100.08) == 100.05 - m
     assert w.settle() == min(100.08 - m, 100.065 - m)
+
+
+def test_slow_holder_readings_are_spaced_out_within_bounds() -> None:
+    """A quick reading keeps the usual interval; a slow one stretches it so that readings take at
+    most HOLDER_SHARE of the dispatcher's time, up to HOLDER_CHECK_MAX."""
+    assert holder_interval(0.0) == HOLDER_CHECK
+    assert holder_interval(0.001) == HOLDER_CHECK
+    took = 0.0054  # measured on a saturated machine
+    interval = holder_interval(took)
+    assert HOLDER_CHECK < interval < HOLDER_CHECK_MAX
+    assert took / (took + interval) <= HOLDER_SHARE + 1e-9
+    assert holder_interval(1.0) == HOLDER_CHECK_MAX
