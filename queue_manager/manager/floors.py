@@ -21,11 +21,11 @@ puts an event back, or when an application lock made the pick skip a row. So flo
   transaction's start if earlier), and arrives at commit;
 - while the manager does *not* hold the wake-up lock (busy, polling, waiting for it), producers do
   not notify and hold the lock in shared mode until they commit. The dispatcher reads those
-  holders every HOLDER_CHECK seconds, less often when a reading is slow (:func:`holder_interval`,
-  :class:`HolderWatch`); when one is gone (committed), floors
-  fall to its transaction's start. A transaction that took and released the lock between two
-  readings inserted after the first reading, and its rows' fire_at (default: the insert's time)
-  are no earlier than that reading: picks never start above the previous reading's time;
+  holders every HOLDER_CHECK seconds, less often when a reading is slow (:func:`holder_interval`);
+  when one is gone (committed, :class:`HolderWatch`), floors fall to its transaction's start. A
+  transaction that took and released the lock between two readings inserted after the first
+  reading, and its rows' fire_at (default: the insert's time) are no earlier than that reading:
+  picks never start above the previous reading's time;
 - to the time of a release the manager made (nack, disconnect, collector), to the time an
   application's update made an event due (the queue table's ``qm_rescheduled`` trigger announces
   it, like a producer's notice), and to the time of the last holder reading when the queue is
@@ -42,12 +42,9 @@ from collections.abc import Iterable, Mapping
 
 #: how often the holders of a disarmed queue's wake-up lock are read, seconds
 HOLDER_CHECK = 0.01
-#: the most of the dispatcher's time holder readings may take: a slower reading spaces the next
-#: one out (holder_interval). Measured at 2 000 events/s on a saturated 2-core machine, producers
-#: holding the lock at almost every reading: 6 285 readings of 5.4 ms (the lock probe and the
-#: lock table) took 34 s of a 60 s run on the dispatcher's connection, more than its fires, and
-#: the queue fell 10 000 to 12 000 events behind in 40 s; at a share of 0.2, 11.8 s and 5 500
-#: behind; at 0.1, 6.9 s and 5 100 (docs/benchmarks.md, "Held snapshot", session 10)
+#: the most of the dispatcher's time holder readings may take (holder_interval): at a fixed
+#: HOLDER_CHECK on a saturated server they took more of it than the fires (docs/benchmarks.md,
+#: "Held snapshot", session 10)
 HOLDER_SHARE = 0.1
 #: and readings are never further apart than this, seconds (a late commit's rows are found by then)
 HOLDER_CHECK_MAX = 0.1
