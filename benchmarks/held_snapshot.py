@@ -321,6 +321,8 @@ def run_rate(dsn: str, rate: int, phases: list[tuple[str, float]], seed: int) ->
         "rate_achieved": round(total / res["elapsed"], 1),
         "missing": sorted(set(sent) - set(first))[:20],
         "phases": [],
+        # the manager's database calls over the whole run (count, seconds, ms and items per call)
+        "manager_db_calls": e2e._counters(m.info.get("counters", {})),
     }
     slow = [(str(n), float(t), float(d)) for n, t, d in m.info.get("slow", [])]
     for name, start, end, cpu, stmts, tables, ckpts in bounds:
