@@ -17,7 +17,7 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0012_table_health"
+HEAD = "0013_enqueue_lock"
 
 
 def _old_shuffle_set(tenant: str, n: int, k: int) -> tuple[int, ...]:
