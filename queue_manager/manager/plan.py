@@ -165,6 +165,16 @@ def plan_idle(
     return Idle(tuple(disarm), tuple(stop_waiting), tuple(arm), timeout)
 
 
+def credit_bound(queues: Sequence[IdleState]) -> bool:
+    """Some queue has events due that it cannot fire for want of credit: the dispatcher is idle
+    only until the next ack. Such a moment is not spare for maintenance slices: on a saturated
+    machine (2 000 events/s on two slow cores, one receiver of 32 credits) the leader went idle
+    between every fire and the next ack and enlisted about 8 slices a second, 5 of every 60 s of
+    database time (docs/benchmarks.md, "Held snapshot", session 11). The floor still serves every
+    partition (slices.py)."""
+    return any((q.backlog or q.has_due) and not q.has_free for q in queues)
+
+
 def capacity(free: Sequence[int], fire_batch: int, max_concurrency: int | None, in_flight: int) -> int:
     """How many events may be fired now: the subscribers' free credit, at most a batch, within
     the queue's concurrency cap."""

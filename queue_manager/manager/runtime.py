@@ -92,8 +92,8 @@ class Runtime:
         self._changed = asyncio.Event()
         #: resolved by the next settings reload
         self._reload_waiters: list[asyncio.Future[None]] = []
-        #: called each time the dispatcher finds nothing to do (maintenance slices enlist there);
-        #: each must return at once
+        #: called each time the dispatcher finds nothing to do and the moment is spare (no queue
+        #: waits for credit with events due): maintenance slices enlist there; each must return at once
         self.idle_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ leading
@@ -109,9 +109,12 @@ class Runtime:
             and self.lease.trusted(self.clock.monotonic())
         )
 
-    def went_idle(self) -> None:
-        """The dispatcher found nothing to do and is about to sleep."""
+    def went_idle(self, spare: bool = True) -> None:
+        """The dispatcher found nothing to do and is about to sleep; ``spare``: no events wait for
+        it either (only then are the idle listeners called)."""
         self.signals.idle.emit(None)
+        if not spare:
+            return
         for listener in self.idle_listeners:
             listener()
 

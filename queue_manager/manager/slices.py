@@ -25,7 +25,8 @@ Who takes slices (``recruit.py`` decides which job, and where):
   every partition is served even when the manager is never idle and has no standby;
 - **idle moments**: each time the leader's dispatcher finds nothing to do, :meth:`Slicer.on_idle`
   enlists the process (at most once per ``slice_interval``), and a recruited slice runs as a task
-  of its own: the dispatcher does not wait for it;
+  of its own: the dispatcher does not wait for it. A moment when due events wait for credit is not
+  idle in this sense (``plan.credit_bound``): the next ack ends it;
 - **standbys**: :meth:`Slicer.run_standby` enlists a standby every ``slice_interval``.
 
 Each slice is counted in the process's metrics (``qm_maintenance_slices_total{job,outcome,source}``)

@@ -316,6 +316,39 @@ async def test_idle_moments_take_slices(shard: Shard, make_queue) -> None:  # ty
     assert m.metrics.slices.get(job="retention", outcome="recruited", source="floor") == 0
 
 
+async def test_no_idle_slices_while_due_events_wait_for_credit(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    """A receiver with one credit that holds its event, and more events due: the dispatcher goes
+    idle at every look (nothing it can fire), but such moments are not spare, and it enlists for no
+    slice until the backlog has credit again."""
+    from tests.managerkit import running_receiver, url
+
+    make_queue("orders", partitions=4, shuffle=2, retention_seconds=60)
+    tenants = tenants_of(shard, 8)
+    quick = {"purge_interval": 3600.0, "reconcile_interval": 3600.0, "slice_interval": 0.02, "rescan_interval": 0.2}
+    async with running_manager(shard.dsn, **quick) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), credit=1, mode="hold") as (_, recorder):
+            await insert(shard.dsn, [(t, {}) for t in tenants])
+            await wait_for(lambda: len(recorder.events) == 1, what="the one event the credit allows")
+            idle = m.signals.idle
+            looks = 0
+            before = m.metrics.slices.get(job="retention", outcome="recruited", source="idle") + m.metrics.slices.get(
+                job="reconciliation", outcome="recruited", source="idle"
+            )
+            idle.clear()
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                with contextlib.suppress(AssertionError):
+                    await idle.wait(0.5)
+                    looks += 1
+            after = m.metrics.slices.get(job="retention", outcome="recruited", source="idle") + m.metrics.slices.get(
+                job="reconciliation", outcome="recruited", source="idle"
+            )
+        assert looks >= 5, f"the dispatcher went idle only {looks} times"
+        assert after == before, f"{after - before} idle slices beside a backlog without credit"
+        assert len(recorder.events) == 1
+
+
 async def test_a_standby_takes_slices_while_the_leader_leads(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
     """The leader takes no slice (no idle slices, no floor for an hour); the standby's loop purges
     and reconciles, and the leader keeps its term all along."""

@@ -95,6 +95,15 @@ def test_a_busy_queue_gives_its_lock_back_and_an_idle_one_takes_it() -> None:
     assert plan.plan_idle([replace(IDLE, armed=False)], NOW, 1e9, 2.0, NOW + 5).arm == (1,)
 
 
+def test_a_moment_is_spare_for_maintenance_unless_due_events_wait_for_credit() -> None:
+    assert not plan.credit_bound([IDLE])
+    assert not plan.credit_bound([replace(IDLE, next_fire_at=1e9 + 5, has_free=False)])  # nothing due yet
+    # due events held back by the limits, with credit: the wait is spare
+    assert not plan.credit_bound([replace(IDLE, backlog=True, limit_wait=0.3)])
+    assert plan.credit_bound([replace(IDLE, has_due=True, has_free=False)])
+    assert plan.credit_bound([IDLE, replace(IDLE, id=2, backlog=True, has_free=False)])
+
+
 def test_a_waiter_is_kept_through_a_backlog_and_dropped_when_polling() -> None:
     waiting = replace(IDLE, armed=False, waiting=True)
     idle = plan.plan_idle([replace(waiting, backlog=True)], NOW, 1e9, 2.0, NOW + 5)
