@@ -98,9 +98,7 @@ async def test_load_counters_stay_exact_under_concurrent_enqueue_and_acks(shard:
 
 async def _partition_of(conn: psycopg.AsyncConnection[Any], tenant: str) -> int:
     """The partition the route trigger gives ``tenant`` (a queue with shuffle 1 has one per tenant)."""
-    cur = await conn.execute(
-        "INSERT INTO orders (tenant, payload) VALUES (%s, '{}') RETURNING partition", (tenant,)
-    )
+    cur = await conn.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}') RETURNING partition", (tenant,))
     return int((await cur.fetchone())[0])  # type: ignore[index]
 
 
@@ -117,9 +115,7 @@ async def _counts(dsn: str) -> tuple[list[int], list[int]]:
         return loads, [int(r[0]) for r in await cur.fetchall()]
 
 
-async def test_a_slice_gives_up_while_an_enqueue_into_its_partition_is_uncommitted(
-    shard: Shard, make_queue
-) -> None:  # type: ignore[no-untyped-def]
+async def test_a_slice_gives_up_while_an_enqueue_into_its_partition_is_uncommitted(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
     """The enqueue counter moves at the insert, the row is seen at the commit: a slice between the
     two would count the event as done, and once acked it would be counted done twice."""
     make_queue("orders", partitions=4, shuffle=1)
@@ -166,7 +162,7 @@ async def test_a_producer_that_meets_a_slice_waits_for_its_count(shard: Shard, m
         cur = await producer.execute("SELECT id FROM qm.queues WHERE name = 'orders'")
         qid = int((await cur.fetchone())[0])  # type: ignore[index]
         # what qm.reconcile_partition holds while it counts, left open
-        await slice_.execute("SELECT pg_advisory_xact_lock(qm.enq_lock_key(), %s * 1024 + %s)", (qid, p))
+        await slice_.execute("SELECT pg_advisory_xact_lock(qm.enq_lock_key(), %s * 64 + %s %% 64)", (qid, p))
         await producer.execute("SET statement_timeout = '2s'")
         await producer.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (elsewhere,))
         for statement, args in (
@@ -178,7 +174,7 @@ async def test_a_producer_that_meets_a_slice_waits_for_its_count(shard: Shard, m
             assert not waiting.done(), statement
             await slice_.rollback()
             await asyncio.wait_for(waiting, 2)
-            await slice_.execute("SELECT pg_advisory_xact_lock(qm.enq_lock_key(), %s * 1024 + %s)", (qid, p))
+            await slice_.execute("SELECT pg_advisory_xact_lock(qm.enq_lock_key(), %s * 64 + %s %% 64)", (qid, p))
         await slice_.rollback()
     loads, live = await _counts(shard.dsn)
     assert live[p] == sum(1 for t in tenants if parts[t] == p) + 1
@@ -227,3 +223,30 @@ async def test_slices_beside_slow_committing_enqueues_leave_the_counters_exact(s
         assert loads == live, f"the counters drifted: loads {loads}, live events {live} ({outcomes})"
         going = True
     assert outcomes["finished"] >= 50 and outcomes["aborted"] >= 10, outcomes
+
+
+async def test_an_insert_into_every_partition_of_a_wide_queue_holds_at_most_64_enqueue_locks(
+    shard: Shard, make_queue
+) -> None:  # type: ignore[no-untyped-def]
+    """Advisory locks take room in the shared lock table: partitions share their enqueue lock by
+    partition % 64, however wide the queue."""
+    make_queue("orders", partitions=256, shuffle=16)
+    tenants = tenants_of(shard, 400)
+    held = (
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = qm.enq_lock_key() "
+        "AND pid = pg_backend_pid()"
+    )
+    async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+        await conn.execute("INSERT INTO orders (tenant, payload) SELECT t, '{}' FROM unnest(%s::text[]) t", (tenants,))
+        cur = await conn.execute("SELECT count(DISTINCT partition) FROM orders")
+        assert int((await cur.fetchone())[0]) > 64  # type: ignore[index]
+        cur = await conn.execute(held)
+        assert int((await cur.fetchone())[0]) == 64  # type: ignore[index]
+        await conn.rollback()
+        await conn.execute(
+            "SELECT qm.add_load('orders', (SELECT array_agg(p) FROM generate_series(0, 255) p), "
+            "array_fill(1, ARRAY[256]))"
+        )
+        cur = await conn.execute(held)
+        assert int((await cur.fetchone())[0]) == 64  # type: ignore[index]
+        await conn.rollback()

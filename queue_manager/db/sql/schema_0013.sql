@@ -7,11 +7,16 @@
 -- partition's load stayed too low until the next slice (-3 to -6 in a test that runs slices
 -- beside 20-row inserts).
 --
---   qm.enq_lock_key()      the advisory lock (qm.enq_lock_key(), queue id * 1024 + partition):
+--   qm.enq_lock_key()      the advisory lock (qm.enq_lock_key(), queue id * 64 + partition % 64):
 --                          every enqueue that bumps a partition's counter holds it *shared* from
 --                          before the bump to the end of its transaction; a slice *tries* it
 --                          exclusively, and gives up while a transaction that enqueued into the
---                          partition is open
+--                          partition is open. Partitions share a lock by partition % 64: a
+--                          transaction that enqueues into every partition of a wide queue (a
+--                          Spark publish into 1 024) then holds at most 64 of them, since
+--                          advisory locks take room in the shared lock table (sized by
+--                          max_locks_per_transaction); two partitions that share a lock only make
+--                          a slice give up more often
 --   qm.apply_queue()       revision 0007's, the route trigger's counter bump preceded by the lock
 --                          (a patch of that one line, below); reapplied to every queue
 --   qm.add_load()          the same for a bulk load's bumps, one lock per partition
@@ -50,8 +55,8 @@ DECLARE
     new_lines CONSTANT text :=
         E'%6$s%7$s    -- the partition''s enqueue lock, shared to the end of the transaction; held exclusively, a\n'
         || E'    -- reconciliation slice is counting the partition: wait for it (revision 0013_enqueue_lock)\n'
-        || E'    IF NOT pg_try_advisory_xact_lock_shared(' || qm.enq_lock_key() || E', %3$s * 1024 + NEW.partition) THEN\n'
-        || E'        PERFORM pg_advisory_xact_lock_shared(' || qm.enq_lock_key() || E', %3$s * 1024 + NEW.partition);\n'
+        || E'    IF NOT pg_try_advisory_xact_lock_shared(' || qm.enq_lock_key() || E', %3$s * 64 + NEW.partition %% 64) THEN\n'
+        || E'        PERFORM pg_advisory_xact_lock_shared(' || qm.enq_lock_key() || E', %3$s * 64 + NEW.partition %% 64);\n'
         || E'    END IF;\n'
         || E'    b := nextval(seqs[NEW.partition + 1]);  -- an assignment, not PERFORM: no query\n';
 BEGIN
@@ -74,7 +79,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(qm.enq_lock_key(), q.id * 1024 + p.part)
+    PERFORM pg_advisory_xact_lock_shared(qm.enq_lock_key(), q.id * 64 + p.part % 64)
        FROM (SELECT DISTINCT part FROM unnest(partitions) AS u(part)
               WHERE part >= 0 AND part < cardinality(q.enq_seqs) ORDER BY part) p;
     PERFORM nextval(q.enq_seqs[p.part + 1])
@@ -109,8 +114,8 @@ BEGIN
         RAISE EXCEPTION 'the load counters of queue "%" are being written', queue_name
             USING ERRCODE = '55P03', HINT = 'a maintenance slice gives up here; a later one does the partition';
     END IF;
-    IF NOT pg_try_advisory_xact_lock(qm.enq_lock_key(), q.id * 1024 + part) THEN
-        RAISE EXCEPTION 'a transaction that enqueued into partition % of queue "%" is still open', part, queue_name
+    IF NOT pg_try_advisory_xact_lock(qm.enq_lock_key(), q.id * 64 + part % 64) THEN
+        RAISE EXCEPTION 'a transaction that enqueued into partition % of queue "%" (or one that shares its lock) is still open', part, queue_name
             USING ERRCODE = '55P03', HINT = 'a maintenance slice gives up here; a later one does the partition';
     END IF;
     EXECUTE format('SELECT (SELECT count(*) FROM public.%1$I WHERE partition = $1 AND state = ''to_be_fired'') '
@@ -138,10 +143,10 @@ BEGIN
         RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
     END IF;
     PERFORM pg_advisory_xact_lock(qm.load_lock_key(), q.id);
-    SELECT min(p) INTO held FROM generate_series(0, q.partitions_physical - 1) p
-     WHERE NOT pg_try_advisory_xact_lock(qm.enq_lock_key(), q.id * 1024 + p);
+    SELECT min(p) INTO held FROM generate_series(0, least(q.partitions_physical, 64) - 1) p
+     WHERE NOT pg_try_advisory_xact_lock(qm.enq_lock_key(), q.id * 64 + p);
     IF held IS NOT NULL THEN
-        RAISE EXCEPTION 'a transaction that enqueued into partition % of queue "%" is still open', held, queue_name
+        RAISE EXCEPTION 'a transaction that enqueued into partition % of queue "%" (or one that shares its lock) is still open', held, queue_name
             USING ERRCODE = '55P03', HINT = 'call qm.reconcile_load again once it ended';
     END IF;
     -- one count per state, so that each can use its partial index (<queue>_due, <queue>_fired)
