@@ -38,7 +38,8 @@
 --
 -- A first attempt let a producer that met a slice go on without the lock and told the slice
 -- through a sequence; a producer that had met one slice then held no lock through the next one,
--- and the test below still drifted in 2 runs of 8.
+-- and test_slices_beside_slow_committing_enqueues_leave_the_counters_exact
+-- (tests/integration/test_load_counters.py) still drifted in 2 runs of 8.
 
 CREATE FUNCTION qm.enq_lock_key() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -46,8 +47,8 @@ RETURN 29040;
 
 -- The route trigger's counter bump, in qm.apply_queue's generated code. A patch of that one line
 -- rather than a copy of the whole function: the rest of revision 0007's qm.apply_queue stands.
--- %3$s is the queue id in the format() call that builds the trigger; the key's arithmetic matches
--- qm.enq_lock_key() and the 1 024 partitions a queue may have at most.
+-- %3$s is the queue id in the format() call that builds the trigger (%% is a literal % there); the
+-- key is the one the functions below use, queue id * 64 + partition % 64.
 DO $patch$
 DECLARE
     src text;
