@@ -167,23 +167,22 @@ class Dispatcher:
         """Nothing was fired: take or give back wake-up locks, then sleep. True to go on at once."""
         rt = self.rt
         db_now = rt.db_clock.now()
-        states = [
-            plan.IdleState(
-                id=q.id,
-                backlog=q.backlog,
-                polling=q.polling(now),
-                has_due=q.cache.has_due(db_now),
-                has_free=not q.cache_held and any(c.free > 0 for c in q.subscribers),
-                next_fire_at=q.cache.next_fire_at(),
-                next_scan=q.next_scan,
-                armed=q.armed,
-                waiting=q.waiting,
-                limit_wait=self._limit_wait(q, now, db_now),
-            )
-            for q in queues
-        ]
         idle = plan.plan_idle(
-            states,
+            [
+                plan.IdleState(
+                    id=q.id,
+                    backlog=q.backlog,
+                    polling=q.polling(now),
+                    has_due=q.cache.has_due(db_now),
+                    has_free=not q.cache_held and any(c.free > 0 for c in q.subscribers),
+                    next_fire_at=q.cache.next_fire_at(),
+                    next_scan=q.next_scan,
+                    armed=q.armed,
+                    waiting=q.waiting,
+                    limit_wait=self._limit_wait(q, now, db_now),
+                )
+                for q in queues
+            ],
             now,
             db_now,
             rt.config.rescan_interval,
@@ -232,7 +231,7 @@ class Dispatcher:
         for q in queues:
             if not q.armed:  # producers do not notify: read their locks on schedule
                 timeout = min(timeout, max(0.0, q.next_holder_check - now))
-        rt.went_idle(spare=not plan.credit_bound(states))
+        rt.went_idle(spare=idle.spare)
         if timeout > 0:
             await self._sleep(timeout)
         return False

@@ -130,6 +130,8 @@ class Idle:
     arm: tuple[int, ...]
     #: how long to sleep if nothing was armed
     timeout: float
+    #: the moment is spare for maintenance slices (not :func:`credit_bound`)
+    spare: bool = True
 
 
 def plan_idle(
@@ -162,7 +164,7 @@ def plan_idle(
         if q.limit_wait > 0:  # due events held back by the limits: look again when they admit one
             timeout = min(timeout, q.limit_wait)
     timeout = min(timeout, max(0.0, next_reload - now))
-    return Idle(tuple(disarm), tuple(stop_waiting), tuple(arm), timeout)
+    return Idle(tuple(disarm), tuple(stop_waiting), tuple(arm), timeout, spare=not credit_bound(queues))
 
 
 def credit_bound(queues: Sequence[IdleState]) -> bool:

@@ -109,7 +109,7 @@ class Runtime:
             and self.lease.trusted(self.clock.monotonic())
         )
 
-    def went_idle(self, spare: bool = True) -> None:
+    def went_idle(self, spare: bool) -> None:
         """The dispatcher found nothing to do and is about to sleep; ``spare``: no events wait for
         it either (only then are the idle listeners called)."""
         self.signals.idle.emit(None)

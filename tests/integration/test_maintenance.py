@@ -29,7 +29,7 @@ from queue_manager.manager import Manager, ManagerConfig, store
 from queue_manager.manager.recruit import Job
 from queue_manager.manager.slices import Slicer, SliceResult
 from tests.conftest import tenants_of
-from tests.managerkit import FAST, insert, running_manager, tokens, wait_for, wait_leader
+from tests.managerkit import FAST, insert, running_manager, running_receiver, tokens, url, wait_for, wait_leader
 from tests.processkit import ManagerProcess, lease, write_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -320,8 +320,6 @@ async def test_no_idle_slices_while_due_events_wait_for_credit(shard: Shard, mak
     """A receiver with one credit that holds its event, and more events due: the dispatcher goes
     idle at every look (nothing it can fire), but such moments are not spare, and it enlists for no
     slice until the backlog has credit again."""
-    from tests.managerkit import running_receiver, url
-
     make_queue("orders", partitions=4, shuffle=2, retention_seconds=60)
     tenants = tenants_of(shard, 8)
     quick = {"purge_interval": 3600.0, "reconcile_interval": 3600.0, "slice_interval": 0.02, "rescan_interval": 0.2}
@@ -332,18 +330,21 @@ async def test_no_idle_slices_while_due_events_wait_for_credit(shard: Shard, mak
             await wait_for(lambda: len(recorder.events) == 1, what="the one event the credit allows")
             idle = m.signals.idle
             looks = 0
-            before = m.metrics.slices.get(job="retention", outcome="recruited", source="idle") + m.metrics.slices.get(
-                job="reconciliation", outcome="recruited", source="idle"
-            )
+
+            def recruited() -> float:
+                return sum(
+                    m.metrics.slices.get(job=j, outcome="recruited", source="idle")
+                    for j in ("retention", "reconciliation")
+                )
+
+            before = recruited()
             idle.clear()
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
                 with contextlib.suppress(AssertionError):
                     await idle.wait(0.5)
                     looks += 1
-            after = m.metrics.slices.get(job="retention", outcome="recruited", source="idle") + m.metrics.slices.get(
-                job="reconciliation", outcome="recruited", source="idle"
-            )
+            after = recruited()
         assert looks >= 5, f"the dispatcher went idle only {looks} times"
         assert after == before, f"{after - before} idle slices beside a backlog without credit"
         assert len(recorder.events) == 1
@@ -395,8 +396,6 @@ async def test_reconciliation_slices_beside_a_stream_of_acks_leave_the_counters_
     on the load lock, so once everything is acked the loads are exactly zero. (Without the lock, a
     slice that counts an event still fired while its ack is committing, and then sets the counter,
     erases that ack's count: no later slice is there to repair it.)"""
-    from tests.managerkit import running_receiver, url
-
     make_queue("orders", partitions=4, shuffle=2)
     tenants = tenants_of(shard, 16)
     inserted = 0

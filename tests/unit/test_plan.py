@@ -102,6 +102,9 @@ def test_a_moment_is_spare_for_maintenance_unless_due_events_wait_for_credit() -
     assert not plan.credit_bound([replace(IDLE, backlog=True, limit_wait=0.3)])
     assert plan.credit_bound([replace(IDLE, has_due=True, has_free=False)])
     assert plan.credit_bound([IDLE, replace(IDLE, id=2, backlog=True, has_free=False)])
+    # the idle plan carries it to the dispatcher
+    assert plan.plan_idle([IDLE], NOW, 1e9, 2.0, NOW + 5).spare
+    assert not plan.plan_idle([replace(IDLE, has_due=True, has_free=False)], NOW, 1e9, 2.0, NOW + 5).spare
 
 
 def test_a_waiter_is_kept_through_a_backlog_and_dropped_when_polling() -> None:

@@ -80,9 +80,9 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(qm.enq_lock_key(), q.id * 64 + p.part % 64)
-       FROM (SELECT DISTINCT part FROM unnest(partitions) AS u(part)
-              WHERE part >= 0 AND part < cardinality(q.enq_seqs) ORDER BY part) p;
+    PERFORM pg_advisory_xact_lock_shared(qm.enq_lock_key(), q.id * 64 + b.bucket)
+       FROM (SELECT DISTINCT part % 64 AS bucket FROM unnest(partitions) AS u(part)
+              WHERE part >= 0 AND part < cardinality(q.enq_seqs)) b;
     PERFORM nextval(q.enq_seqs[p.part + 1])
        FROM unnest(partitions, counts) AS p(part, cnt), generate_series(1, p.cnt)
       WHERE p.part >= 0 AND p.part < cardinality(q.enq_seqs);
@@ -131,7 +131,9 @@ $$;
 
 -- The whole queue's reconciliation (tests, benchmarks, an operator): it waits for the ack
 -- statements in progress, and raises lock_not_available (55P03) without changing a counter while a
--- transaction that enqueued into the queue is open: call it again once it ended.
+-- transaction that enqueued into the queue is open: call it again once it ended. Under those locks
+-- each partition is reconciled as a slice does it (qm.reconcile_partition takes them again, which
+-- the same transaction always can); returns the live events per partition.
 CREATE OR REPLACE FUNCTION qm.reconcile_load(queue_name text) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -150,28 +152,10 @@ BEGIN
         RAISE EXCEPTION 'a transaction that enqueued into partition % of queue "%" (or one that shares its lock) is still open', held, queue_name
             USING ERRCODE = '55P03', HINT = 'call qm.reconcile_load again once it ended';
     END IF;
-    -- one count per state, so that each can use its partial index (<queue>_due, <queue>_fired)
-    -- and no scan visits the acked rows
-    EXECUTE format(
-        'SELECT array_agg(coalesce(c.n, 0) ORDER BY p) FROM generate_series(0, $1 - 1) p '
-        'LEFT JOIN (SELECT u.partition, sum(u.n) AS n FROM ('
-        '    SELECT partition, count(*) AS n FROM public.%1$I WHERE state = ''to_be_fired'' GROUP BY partition '
-        '    UNION ALL '
-        '    SELECT partition, count(*) AS n FROM public.%1$I WHERE state = ''fired'' GROUP BY partition) u '
-        'GROUP BY u.partition) c ON c.partition = p', q.name)
-        INTO live USING q.partitions_physical;
-    PERFORM setval(s.dseq, coalesce(pg_sequence_last_value(s.seq), 0) - live[s.ord])
-       FROM unnest(q.enq_seqs, q.done_seqs) WITH ORDINALITY AS s(seq, dseq, ord);
+    SELECT array_agg((qm.reconcile_partition(queue_name, p))[2] ORDER BY p) INTO live
+      FROM generate_series(0, q.partitions_physical - 1) p;
     RETURN live;
 END
 $$;
 
-DO $$
-DECLARE
-    qid integer;
-BEGIN
-    FOR qid IN SELECT id FROM qm.queues LOOP
-        PERFORM qm.apply_queue(qid);
-    END LOOP;
-END
-$$;
+SELECT qm.apply_queue(id) FROM qm.queues ORDER BY id;
