@@ -2,6 +2,12 @@
 
 A run moves a DataFrame of events into one queue on every shard:
 
+0. **one live run per run id**: before it changes anything, a run takes a session advisory lock for
+   (queue, run id) on the coordinating shard (the topology's first), on a connection of its own held
+   to the end (:func:`_run_lock`). A second run of the id started while the first is alive waits for
+   it (``wait_for_other_run`` seconds, then RunConflictError with nothing changed), then goes on as
+   a re-run: it finishes what the first left undone, or reports the shards already published with
+   their ledgers' counts. A killed run's lock goes with its connection;
 1. **route and check** (Spark SQL only, no Python UDF): each row gets a row key, its shard (keyspace
    range of the tenant's md5) and a partition of its tenant's shuffle set, spread over the set by a
    hash of the row key; a row that breaks a rule of the queue gets a reason. The row keys must not
@@ -26,8 +32,8 @@ A run moves a DataFrame of events into one queue on every shard:
    With ``atomic=True`` every shard's publish is prepared (``PREPARE TRANSACTION``), the decision is
    recorded on the coordinating shard (the topology's first), and only then is each part committed;
    :func:`recover` finishes a run left prepared (decision recorded: commit; none: record an abort,
-   roll back), and every run starts by recovering its own run id (and other runs' parts prepared
-   more than a minute ago).
+   roll back), and every run starts, once it holds its run id, by recovering its own run id (and
+   other runs' parts prepared more than a minute ago).
 
 See docs/spark.md for the options, the guarantees and the measured figures.
 """
@@ -35,11 +41,13 @@ See docs/spark.md for the options, the guarantees and the measured figures.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -75,6 +83,12 @@ STAGE_COLUMNS = ("row_key", "tenant", "partition", "payload", "fire_at_us", "ded
 RECOVER_MIN_AGE_SECONDS = 60.0
 #: staging left unfinished for longer than this is dropped at the start of every run
 STAGING_TTL_SECONDS = 24 * 3600.0
+#: how long a run waits for another live run of its id (an orchestrator's retry of a task whose first
+#: attempt is still going) before it refuses: long enough for a large load to finish, bounded so that
+#: a stuck attempt does not hold its retry for ever
+OTHER_RUN_WAIT_SECONDS = 3600.0
+#: PostgreSQL's largest lock_timeout, in milliseconds (about 24.8 days)
+_MAX_LOCK_TIMEOUT_MS = 2_147_483_647
 #: plan nodes whose output (rows and their order within each Spark partition) is the same when Spark
 #: recomputes them, as long as the input files do not change
 _DETERMINISTIC_NODES = frozenset(
@@ -104,6 +118,11 @@ class BadRowsError(InvalidEventError):
 
 class RunAbortedError(EnqueueError):
     """A recovery aborted this two-phase run before its decision was recorded; nothing was published."""
+
+
+class RunConflictError(EnqueueError):
+    """Another run of the same run id is alive, or got in while this one ran: this call stopped
+    without touching that run's staging."""
 
 
 @dataclass(frozen=True)
@@ -471,6 +490,7 @@ def load_events(
     batch_size: int = 10_000,
     staging_ttl: float = STAGING_TTL_SECONDS,
     stop_after: Stage | None = None,
+    wait_for_other_run: float = OTHER_RUN_WAIT_SECONDS,
     progress: ProgressCallback | None = None,
     fault: FaultHook | None = None,
 ) -> LoadResult:
@@ -489,7 +509,10 @@ def load_events(
     after which staging left by dead runs is dropped (at the start of the run). ``stop_after``: stop
     after ``"staged"`` (as a job killed before publishing) or ``"validated"`` (a dry run: counts and
     rejects, nothing published; a later run of the id publishes without staging again).
-    ``progress(stage, shard, rows)`` is called at each step.
+    ``wait_for_other_run``: seconds to wait for another live run of the same id (it holds the run's
+    lock, see :func:`_run_lock`) before raising RunConflictError with nothing changed; 0 refuses at
+    once. ``progress(stage, shard, rows)`` is called at each step (``"waiting"``, on the coordinating
+    shard, with the wait in whole seconds, when another live run of the id holds it).
     """
     check_run_id(run_id)
     check_queue_name(queue)
@@ -498,61 +521,104 @@ def load_events(
         raise ConfigurationError("tasks_per_shard and batch_size must be at least 1")
     if bad_rows not in ("fail", "skip"):
         raise ConfigurationError(f"bad_rows must be 'fail' or 'skip', got {bad_rows!r}")
+    if not (math.isfinite(wait_for_other_run) and wait_for_other_run >= 0):
+        raise ConfigurationError(f"wait_for_other_run must be 0 or more seconds, got {wait_for_other_run!r}")
     _check_columns(df, columns)
     shapes = {s.name: queue_shape(s, queue) for s in topology.shards}
     if atomic:
         _require_two_phase(topology.shards)
-    # Two-phase runs left prepared: other runs' once their job has had time to decide, and this
-    # run's own at once (an earlier attempt of it is dead, and its prepared parts hold the ledger
-    # rows this attempt needs). Its earlier decision must not decide this attempt.
-    recover(topology, min_age=RECOVER_MIN_AGE_SECONDS)
-    recover(topology, run_id=run_id, min_age=0.0)
-    with _connect(topology.shards[0]) as conn:
-        conn.execute(query("forget_decision", _SQL), {"run": run_id, "queue": queue})
-    cleanup(topology, older_than=staging_ttl)
-    base = (work_dir or str(Path(tempfile.gettempdir()) / "qm-spark-enqueue")).rstrip("/")
-    run_dir = f"{base}/{queue}/{run_id}"
-    plan = _Plan(
-        df.sparkSession,
-        topology,
-        queue,
-        run_id,
-        run_dir,
-        rejects or f"{run_dir}/rejects",
-        progress or (lambda stage, shard, n: None),
-        fault,
-        tasks_per_shard,
-        batch_size,
-    )
-    plan.reasons = {s.name: {} for s in topology.shards}
-    result = LoadResult(run_id, queue, shards=[ShardResult(s.name) for s in topology.shards])
+    say = progress or (lambda stage, shard, n: None)
+    # Nothing above changes anything; everything below may take it that no other job works on the run
+    # id, its own prepared parts and stage tables included.
+    with _run_lock(topology, queue, run_id, wait_for_other_run, say):
+        # Two-phase runs left prepared: other runs' once their job has had time to decide, and this
+        # run's own at once (an earlier attempt of it is dead, and its prepared parts hold the ledger
+        # rows this attempt needs). Its earlier decision must not decide this attempt.
+        recover(topology, min_age=RECOVER_MIN_AGE_SECONDS)
+        recover(topology, run_id=run_id, min_age=0.0)
+        with _connect(topology.shards[0]) as conn:
+            conn.execute(query("forget_decision", _SQL), {"run": run_id, "queue": queue})
+        cleanup(topology, older_than=staging_ttl)
+        base = (work_dir or str(Path(tempfile.gettempdir()) / "qm-spark-enqueue")).rstrip("/")
+        run_dir = f"{base}/{queue}/{run_id}"
+        plan = _Plan(
+            df.sparkSession,
+            topology,
+            queue,
+            run_id,
+            run_dir,
+            rejects or f"{run_dir}/rejects",
+            say,
+            fault,
+            tasks_per_shard,
+            batch_size,
+        )
+        plan.reasons = {s.name: {} for s in topology.shards}
+        result = LoadResult(run_id, queue, shards=[ShardResult(s.name) for s in topology.shards])
 
-    tables = _begin(plan, result)
-    if tables:
-        routed, result.materialized = _routed(plan, df, shapes, columns, materialize)
-        for shard, part in zip(topology.shards, result.shards, strict=True):
-            if shard.name in tables:
-                _stage(plan, routed(shard.name), shard, tables[shard.name])
-                _count(plan, shard, part)
-                plan.say("staged", shard.name, part.rows + part.rejected)
-                plan.hook("staged", shard.name)
-    if stop_after == "staged":
+        tables = _begin(plan, result)
+        if tables:
+            routed, result.materialized = _routed(plan, df, shapes, columns, materialize)
+            for shard, part in zip(topology.shards, result.shards, strict=True):
+                if shard.name in tables:
+                    _stage(plan, routed(shard.name), shard, tables[shard.name])
+                    _count(plan, shard, part)
+                    plan.say("staged", shard.name, part.rows + part.rejected)
+                    plan.hook("staged", shard.name)
+        if stop_after == "staged":
+            return result
+
+        _validate(plan, result)
+        if result.rejected and bad_rows == "fail":
+            _abandon(plan)
+            raise BadRowsError(result.rejected, plan.rejects_path, result.reasons)
+        if stop_after == "validated":
+            return result
+
+        if atomic:
+            _publish_atomic(plan, result)
+        else:
+            _publish(plan, result)
+        if _exists(plan.spark, plan.rows_path):
+            _delete(plan.spark, plan.rows_path)  # every shard has the run: the keyed rows are not needed again
         return result
 
-    _validate(plan, result)
-    if result.rejected and bad_rows == "fail":
-        _abandon(plan)
-        raise BadRowsError(result.rejected, plan.rejects_path, result.reasons)
-    if stop_after == "validated":
-        return result
 
-    if atomic:
-        _publish_atomic(plan, result)
-    else:
-        _publish(plan, result)
-    if _exists(plan.spark, plan.rows_path):
-        _delete(plan.spark, plan.rows_path)  # every shard has the run: the keyed rows are not needed again
-    return result
+@contextmanager
+def _run_lock(topology: Topology, queue: str, run_id: str, wait: float, say: ProgressCallback) -> Iterator[None]:
+    """Hold the run id for the block: one live run per (queue, run id).
+
+    A session advisory lock on the coordinating shard, on a connection of its own, released when the
+    block ends or the process dies (its connection goes with it, so a killed job's retry goes on at
+    once). While another live run of the id holds it, wait for up to ``wait`` seconds (one
+    ``waiting`` progress line), then raise RunConflictError: nothing was changed yet.
+    """
+    coordinator = topology.shards[0]
+    key = {"queue": queue, "run": run_id}
+    conn = _connect(coordinator)
+    try:
+        row = conn.execute(query("run_lock", _SQL), key).fetchone()
+        held = row is not None and bool(row[0])
+        if not held and wait > 0:
+            say("waiting", coordinator.name, math.ceil(wait))
+            timeout_ms = min(math.ceil(wait * 1000), _MAX_LOCK_TIMEOUT_MS)
+            conn.execute(query("run_lock_timeout", _SQL), {"ms": str(timeout_ms)})
+            try:
+                conn.execute(query("run_lock_wait", _SQL), key)
+                held = True
+            except psycopg.errors.LockNotAvailable:
+                pass
+        if not held:
+            waited = f" and did not end within {wait:g} s" if wait > 0 else ""
+            raise RunConflictError(
+                f"another run of {run_id!r} into queue {queue!r} is alive (it holds the run's lock on shard "
+                f"{coordinator.name!r}){waited}; nothing was changed: let it finish and run the id again (it "
+                "then reports what was published), wait longer (--wait-for-other-run / wait_for_other_run), "
+                "or stop the other job"
+            )
+        yield
+    finally:
+        conn.close()
 
 
 def _begin(plan: _Plan, result: LoadResult) -> dict[str, str]:
@@ -875,7 +941,8 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
             batch_size=args.batch_size,
             staging_ttl=args.staging_ttl,
             stop_after=args.stop_after,
-            progress=lambda stage, shard, n: emit(f"run {args.run_id}: {stage} {shard} rows={n}"),
+            wait_for_other_run=args.wait_for_other_run,
+            progress=lambda stage, shard, n: emit(_progress_line(args.run_id, stage, shard, n)),
         )
     emit(
         f"run {result.run_id}: done: {result.rows} good rows, {result.rejected} rejected"
@@ -883,6 +950,15 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
         f"{result.published} events published by this call"
     )
     return 0
+
+
+def _progress_line(run_id: str, stage: str, shard: str, n: int) -> str:
+    if stage == "waiting":
+        return (
+            f"run {run_id}: waiting for another live run of this run id to end (its lock on shard {shard}), "
+            f"for up to {n} s"
+        )
+    return f"run {run_id}: {stage} {shard} rows={n}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -817,6 +817,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks-per-shard", type=int, default=2, help="JDBC write tasks per shard (default 2)")
     p.add_argument("--batch-size", type=int, default=10_000, help="rows per JDBC batch (default 10000)")
     p.add_argument("--stop-after", choices=["validated", "staged"], help="stop early (a dry run: validated)")
+    p.add_argument(
+        "--wait-for-other-run",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="wait this long for another live run of the same --run-id to end, then refuse; 0: refuse at once "
+        "(default 3600)",
+    )
     p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's, else Maven)")
     p.set_defaults(func=cmd_spark_enqueue)
 

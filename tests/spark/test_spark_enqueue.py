@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from queue_manager import admin
 from queue_manager.cli.main import main as qm_main
+from queue_manager.db.sqlfiles import query
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import ConfigurationError, InvalidEventError, UnknownQueueError
 from spark_jobs import enqueue as ej
@@ -197,7 +198,8 @@ def test_a_run_killed_while_staging_is_staged_again_and_published_once(
     states = ledger(shards, "half")
     assert states["s0"] is not None and states["s0"][0] == "staged"
     assert states["s1"] == ("staging", None, 0)
-    done = ej.load_events(df, shards, queue, run_id="half", work_dir=str(tmp_path))
+    # the dead run's lock went with it: the retry need not wait
+    done = ej.load_events(df, shards, queue, run_id="half", work_dir=str(tmp_path), wait_for_other_run=0)
     assert done.published == 2000 and all_ns(shards, queue) == list(range(2000))
 
 
@@ -568,8 +570,114 @@ def test_the_cli_loads_a_parquet_source_with_a_line_per_stage(
     assert "run cli-1: validated * rows=1200" in out
     assert "run cli-1: staged s0" in out and "run cli-1: published s1" in out
     assert "1200 events published by this call" in out
-    assert qm_main(argv) == 0  # a re-run adds nothing
+    with psycopg.connect(shards.shards[0].dsn) as other:  # another live job of the run id holds it
+        assert other.execute(query("run_lock", "spark.sql"), {"queue": queue, "run": "cli-1"}).fetchone() == (True,)
+        assert qm_main([*argv, "--wait-for-other-run", "0.2"]) == 2
+    refused = capsys.readouterr()
+    assert "run cli-1: waiting for another live run of this run id" in refused.out
+    assert "another run of 'cli-1'" in refused.err and "nothing was changed" in refused.err
+    assert qm_main(argv) == 0  # its lock went with its connection; and a re-run adds nothing
     assert "0 events published by this call" in capsys.readouterr().out
     assert all_ns(shards, queue) == list(range(1200))
     assert qm_main(["spark", "recover", "--topology", str(topo)]) == 0
     assert "no two-phase run was left prepared" in capsys.readouterr().out
+
+
+class _TwoRuns:
+    """Two live runs of one run id in two threads, the first held after staging shard s0 (its s1 still
+    staging) until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.first_held = threading.Event()
+        self.release_first = threading.Event()
+        self.second_paused = threading.Event()
+        self.release_second = threading.Event()
+        self.second_lines: list[tuple[str, str, int]] = []
+        self.results: dict[str, ej.LoadResult] = {}
+        self.errors: dict[str, BaseException] = {}
+
+    def hold_first(self, step: str, shard: str) -> None:
+        if step == "staged" and shard == "s0":
+            self.first_held.set()
+            assert self.release_first.wait(60)
+
+    def second_progress(self, stage: str, shard: str, n: int) -> None:
+        self.second_lines.append((stage, shard, n))
+        if stage in ("waiting", "materialized"):
+            # waiting: it waits for the first (the run lock). materialized: it got past the start and
+            # made the run's stage tables its own without waiting; holding it here lets the first count
+            # and publish the second's empty stage table of s1, as an unlucky race would.
+            self.second_paused.set()
+            if stage == "materialized":
+                self.release_second.wait(60)
+
+    def start(self, name: str, **kwargs: Any) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.results[name] = ej.load_events(**kwargs)
+            except BaseException as exc:  # reported by the test's assertions
+                self.errors[name] = exc
+
+        thread = threading.Thread(target=run, name=f"run-{name}")
+        thread.start()
+        return thread
+
+
+def test_a_second_live_run_of_an_id_waits_for_the_first_and_reports_what_it_published(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    """An orchestrator retries a task whose first attempt is still alive: the second run of the id
+    waits for the first, then finds every shard published and says so with the real counts. Every
+    row is published once."""
+    df = events_df(spark, 2000)
+    runs = _TwoRuns()
+    same = {"df": df, "topology": shards, "queue": queue, "run_id": "twice", "work_dir": str(tmp_path)}
+    first = runs.start("first", **same, fault=runs.hold_first)
+    assert runs.first_held.wait(60)
+    second = runs.start("second", **same, materialize=True, progress=runs.second_progress)
+    assert runs.second_paused.wait(60)
+    runs.release_first.set()
+    first.join(timeout=120)
+    runs.release_second.set()
+    second.join(timeout=120)
+    assert all_ns(shards, queue) == list(range(2000))  # every row once
+    assert runs.errors == {}
+    per_shard = {name: len(rows) for name, rows in stored(shards, queue).items()}
+    one, two = runs.results["first"], runs.results["second"]
+    assert (one.rows, one.published) == (2000, 2000)
+    assert (two.rows, two.published) == (2000, 0)
+    assert ("waiting", "s0", ej.OTHER_RUN_WAIT_SECONDS) in runs.second_lines
+    assert [(p.shard, p.state, p.rows) for p in two.shards] == [
+        (name, "already published", n) for name, n in per_shard.items()
+    ]
+    assert [line for line in runs.second_lines if line[0] == "already published"] == [
+        ("already published", name, n) for name, n in per_shard.items()
+    ]
+    assert ledger(shards, "twice") == {name: ("published", n, None) for name, n in per_shard.items()}
+
+
+def test_a_second_live_run_of_an_id_refuses_after_its_bounded_wait_and_changes_nothing(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    df = events_df(spark, 1000)
+    runs = _TwoRuns()
+    same = {"df": df, "topology": shards, "queue": queue, "run_id": "busy", "work_dir": str(tmp_path)}
+    first = runs.start("first", **same, fault=runs.hold_first)
+    try:
+        assert runs.first_held.wait(60)
+        before = ledger(shards, "busy")
+        assert before["s0"] is not None and before["s0"][0] == "staged"
+        assert before["s1"] == ("staging", None, 0)
+        lines: list[tuple[str, str, int]] = []
+        with pytest.raises(ej.RunConflictError, match=r"another run of 'busy' .* is alive") as refused:
+            ej.load_events(**same, materialize=True, wait_for_other_run=0.3, progress=lambda *line: lines.append(line))
+        assert "nothing was changed" in str(refused.value)
+        assert lines == [("waiting", "s0", 1)]  # the wait, in whole seconds
+        assert ledger(shards, "busy") == before  # the first run's staging is untouched
+        with pytest.raises(ej.RunConflictError):
+            ej.load_events(**same, wait_for_other_run=0)  # no wait: refused at once
+    finally:
+        runs.release_first.set()
+        first.join(timeout=120)
+    assert runs.errors == {} and runs.results["first"].published == 1000
+    assert all_ns(shards, queue) == list(range(1000))

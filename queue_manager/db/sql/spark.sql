@@ -10,6 +10,20 @@ SELECT partitions, shuffle, payload_limit_bytes, max_delay_seconds FROM qm.queue
 -- max_prepared_transactions --
 SELECT current_setting('max_prepared_transactions')::integer
 
+-- run_lock --
+-- One live run per (queue, run id): a session lock on the coordinating shard (the topology's
+-- first), taken before the run touches anything and held on a connection of the job's own until it
+-- ends. It goes with the connection, so a killed job's retry gets it at once. Its class (29042) is
+-- its own (tests/unit/test_lock_keys.py).
+SELECT pg_try_advisory_lock(29042, hashtext(%(queue)s || chr(31) || %(run)s))
+
+-- run_lock_wait --
+-- The same lock, waited for up to the session's lock_timeout (run_lock_timeout).
+SELECT pg_advisory_lock(29042, hashtext(%(queue)s || chr(31) || %(run)s))
+
+-- run_lock_timeout --
+SELECT set_config('lock_timeout', %(ms)s, false)
+
 -- stage_run --
 -- Begin or resume the run's staging: the ledger row (state, stage_table)
 SELECT state, stage_table FROM qm.stage_run(%(run)s, %(queue)s)
