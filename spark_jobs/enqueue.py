@@ -18,7 +18,8 @@ A run moves a DataFrame of events into one queue on every shard:
 2. **stage** each shard's rows, good and rejected, through the JDBC driver into a stage table of the
    run's own on that shard (``qm.stage_run``: UNLOGGED, no index), a few tasks per shard. Spark
    commits each task on its own and a retried or speculative task writes its rows again: the stage
-   table may hold a row twice, the publish keeps one per row key;
+   table may hold a row twice, the publish keeps one per row key. The run counts and publishes only
+   the stage table it was given (a ledger naming another one fails the run, :func:`_fence`);
 3. **validate**: the shards count what was staged (``qm.staged_run``: good rows, rejected rows by
    reason, rows written twice); rejected rows are read back and written to a Parquet output with
    their reason. By default the run then stops before anything is published (its staging dropped);
@@ -464,6 +465,9 @@ class _Plan:
     batch: int
     #: rejected rows by reason, per shard (as counted by the shard)
     reasons: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the run's stage table on each shard not yet published, as qm.stage_run gave it: the only one
+    #: this run counts and publishes there
+    tables: dict[str, str] = field(default_factory=dict)
 
     @property
     def rows_path(self) -> str:
@@ -556,15 +560,17 @@ def load_events(
         plan.reasons = {s.name: {} for s in topology.shards}
         result = LoadResult(run_id, queue, shards=[ShardResult(s.name) for s in topology.shards])
 
-        tables = _begin(plan, result)
-        if tables:
+        to_stage = _begin(plan, result)
+        if to_stage:
             routed, result.materialized = _routed(plan, df, shapes, columns, materialize)
-            for shard, part in zip(topology.shards, result.shards, strict=True):
-                if shard.name in tables:
-                    _stage(plan, routed(shard.name), shard, tables[shard.name])
-                    _count(plan, shard, part)
-                    plan.say("staged", shard.name, part.rows + part.rejected)
-                    plan.hook("staged", shard.name)
+        for shard, part in zip(topology.shards, result.shards, strict=True):
+            if shard.name in to_stage:
+                _stage(plan, routed(shard.name), shard, plan.tables[shard.name])
+                _count(plan, shard, part)
+                plan.say("staged", shard.name, part.rows + part.rejected)
+                plan.hook("staged", shard.name)
+            elif part.state == "pending":  # staged completely by an earlier attempt: count its table
+                _count(plan, shard, part)
         if stop_after == "staged":
             return result
 
@@ -621,18 +627,23 @@ def _run_lock(topology: Topology, queue: str, run_id: str, wait: float, say: Pro
         conn.close()
 
 
-def _begin(plan: _Plan, result: LoadResult) -> dict[str, str]:
-    """Begin or resume the run on every shard; returns {shard: stage table} of the shards to stage."""
-    tables = {}
+def _begin(plan: _Plan, result: LoadResult) -> set[str]:
+    """Begin or resume the run on every shard: marks the shards that have the run published and
+    records the others' stage tables (``plan.tables``); returns the shards to stage (the rest were
+    staged completely by an earlier attempt)."""
+    to_stage = set()
     for shard, part in zip(plan.topology.shards, result.shards, strict=True):
         with _connect(shard) as conn:
             row = conn.execute(query("stage_run", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchone()
         assert row is not None
         state, table = str(row[0]), row[1]
+        if state == "published":
+            part.state = state
+            continue
+        plan.tables[shard.name] = str(table)
         if state == "staging":
-            tables[shard.name] = str(table)
-        part.state = state
-    return tables
+            to_stage.add(shard.name)
+    return to_stage
 
 
 def _routed(
@@ -678,16 +689,37 @@ def _stage(plan: _Plan, rows: DataFrame, shard: Shard, table: str) -> None:
     rows.write.jdbc(target.url, f"qm.{table}", mode="append", properties=props)
 
 
+def _ledger(plan: _Plan, conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+    """The run's ledger row on the connection's shard, locked until its transaction ends."""
+    row = conn.execute(query("ledger", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchone()
+    assert row is not None  # qm.stage_run wrote it
+    return tuple(row)
+
+
+def _fence(plan: _Plan, shard: Shard, ledger: tuple[Any, ...], states: tuple[str, ...]) -> None:
+    """A run counts and publishes only the stage table it was given (``plan.tables``): a ledger that
+    names another, or another state, means that another run of the id got in (the run lock keeps
+    that from happening); RunConflictError rather than counting or publishing that run's rows."""
+    state, table = ledger[2], ledger[3]
+    mine = plan.tables.get(shard.name)
+    if state not in states or table is None or table != mine:
+        raise RunConflictError(
+            f"run {plan.run_id!r} of queue {plan.queue!r} on shard {shard.name!r}: the ledger says {state} with "
+            f"stage table {table!r}, not this run's {mine!r}: another run of the id got in; this call published "
+            "nothing on that shard: let the other run end, then run the id again"
+        )
+
+
 def _count(plan: _Plan, shard: Shard, part: ShardResult) -> None:
-    """The shard's counts of the run: from its ledger once published, else from its stage table
-    (``qm.staged_run`` marks the run staged)."""
-    with _connect(shard) as conn:
+    """The shard's counts of the run: from its ledger once published, else from the run's own stage
+    table (``qm.staged_run`` marks the run staged)."""
+    with _connect(shard, autocommit=False) as conn:
+        ledger = _ledger(plan, conn)
         if part.state == "published":
-            row = conn.execute(query("ledger", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchone()
-            assert row is not None
-            part.rows, part.rejected, part.duplicates = int(row[5] or 0), int(row[6] or 0), int(row[7] or 0)
+            part.rows, part.rejected, part.duplicates = (int(ledger[i] or 0) for i in (5, 6, 7))
             part.state = "already published"
             return
+        _fence(plan, shard, ledger, ("staging", "staged"))
         counts = conn.execute(query("staged_run", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchall()
     part.rows = part.rejected = part.duplicates = 0
     for reason, distinct, written in counts:
@@ -701,9 +733,10 @@ def _count(plan: _Plan, shard: Shard, part: ShardResult) -> None:
 
 
 def _validate(plan: _Plan, result: LoadResult) -> None:
-    """Count what every shard staged (or published before), and write the rejects."""
+    """Count the shards published before (from their ledgers; the others were counted when staged or
+    resumed), add up every shard's counts, and write the rejects."""
     for shard, part in zip(plan.topology.shards, result.shards, strict=True):
-        if part.state not in ("staged", "already published"):
+        if part.state == "published":
             _count(plan, shard, part)
     result.rows = sum(p.rows for p in result.shards)
     result.rejected = sum(p.rejected for p in result.shards)
@@ -725,10 +758,7 @@ def _write_rejects(plan: _Plan, shards: Sequence[Shard]) -> None:
     """Read the rejected rows back from the stage tables and write them, with their reason, as Parquet."""
     parts = []
     for shard in shards:
-        with _connect(shard) as conn:
-            row = conn.execute(query("ledger", _SQL), {"run": plan.run_id, "queue": plan.queue}).fetchone()
-        assert row is not None and row[3] is not None
-        stage = sql.Identifier("qm", str(row[3])).as_string(None)
+        stage = sql.Identifier("qm", plan.tables[shard.name]).as_string(None)
         target = shard_jdbc_target(shard.dsn)
         select = query("rejected_rows", _SQL).replace("{stage}", stage)
         parts.append(
@@ -752,16 +782,19 @@ def _abandon(plan: _Plan) -> None:
         _delete(plan.spark, plan.rows_path)
 
 
-def _publish_one(plan: _Plan, conn: psycopg.Connection[Any], *, two_phase: bool) -> int | None:
-    """``qm.publish_run`` in the connection's transaction; a row the database refuses (the queue's
-    verify trigger) becomes the error tree's InvalidEventError or MisroutedTenantError."""
+def _publish_one(plan: _Plan, shard: Shard, conn: psycopg.Connection[Any], *, two_phase: bool) -> int:
+    """``qm.publish_run`` of the run's own stage table (:func:`_fence`) in the connection's
+    transaction; a row the database refuses (the queue's verify trigger) becomes the error tree's
+    InvalidEventError or MisroutedTenantError."""
+    _fence(plan, shard, _ledger(plan, conn), ("staged",))
     try:
         row = conn.execute(
             query("publish_run", _SQL), {"run": plan.run_id, "queue": plan.queue, "two_phase": two_phase}
         ).fetchone()
     except psycopg.Error as exc:
         raise translate(exc, queue=plan.queue) from exc
-    return None if row is None or row[0] is None else int(row[0])
+    assert row is not None and row[0] is not None  # staged, and its ledger row locked since the fence
+    return int(row[0])
 
 
 def _on_every_shard(parts: Sequence[ShardResult], work: Callable[[ShardResult], None]) -> list[BaseException]:
@@ -784,11 +817,12 @@ def _publish(plan: _Plan, result: LoadResult) -> None:
     by_name = {s.name: s for s in plan.topology.shards}
 
     def publish(part: ShardResult) -> None:
-        with _connect(by_name[part.shard], autocommit=False) as conn:
-            part.published = _publish_one(plan, conn, two_phase=False)
+        shard = by_name[part.shard]
+        with _connect(shard, autocommit=False) as conn:
+            part.published = _publish_one(plan, shard, conn, two_phase=False)
             conn.commit()
         part.state = "published"
-        plan.say("published", part.shard, part.published or 0)
+        plan.say("published", part.shard, part.published)
 
     for part in result.shards:
         if part.state == "already published":
@@ -811,12 +845,13 @@ def _publish_atomic(plan: _Plan, result: LoadResult) -> None:
 
     def prepare(part: ShardResult) -> None:
         gid = _gid(plan.queue, plan.run_id, part.shard)
-        with _connect(by_name[part.shard], autocommit=False) as conn:
-            part.published = _publish_one(plan, conn, two_phase=True)
+        shard = by_name[part.shard]
+        with _connect(shard, autocommit=False) as conn:
+            part.published = _publish_one(plan, shard, conn, two_phase=True)
             conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
         prepared.append(part.shard)
         part.state = "prepared"
-        plan.say("prepared", part.shard, part.published or 0)
+        plan.say("prepared", part.shard, part.published)
         plan.hook("prepared", part.shard)
 
     def roll_back() -> None:

@@ -176,7 +176,7 @@ def test_a_run_stopped_after_staging_shows_nothing_and_a_rerun_publishes_once(
     assert all(v is not None and v[0] == "staged" and v[2] > 0 for v in ledger(shards, "crash1").values())
     # a re-run publishes what was staged, without Spark reading the source again (here: another one)
     again = ej.load_events(events_df(spark, 10), shards, queue, run_id="crash1", work_dir=str(tmp_path))
-    assert again.published == 3000
+    assert again.published == 3000 and again.rows == 3000  # counted from the stage tables it resumed
     assert all_ns(shards, queue) == list(range(3000))
     # and a re-run of the finished run adds nothing
     third = ej.load_events(df, shards, queue, run_id="crash1", work_dir=str(tmp_path))
@@ -201,6 +201,7 @@ def test_a_run_killed_while_staging_is_staged_again_and_published_once(
     # the dead run's lock went with it: the retry need not wait
     done = ej.load_events(df, shards, queue, run_id="half", work_dir=str(tmp_path), wait_for_other_run=0)
     assert done.published == 2000 and all_ns(shards, queue) == list(range(2000))
+    assert done.rows == 2000 and [p.state for p in done.shards] == ["published"] * 2
 
 
 def test_a_duplicated_task_adds_nothing(spark: SparkSession, shards: Topology, queue: str, tmp_path: Path) -> None:
@@ -681,3 +682,24 @@ def test_a_second_live_run_of_an_id_refuses_after_its_bounded_wait_and_changes_n
         first.join(timeout=120)
     assert runs.errors == {} and runs.results["first"].published == 1000
     assert all_ns(shards, queue) == list(range(1000))
+
+
+def test_a_run_counts_and_publishes_only_its_own_stage_table(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    """Behind the run lock: should another run of the id replace a stage table all the same (one
+    that never took the lock), the run stops instead of counting and publishing the other's table
+    (here still empty: s1 would have been marked published with none of its rows)."""
+    df = events_df(spark, 1000)
+
+    def another_run_restages_s1(step: str, shard: str) -> None:
+        if step == "staged" and shard == "s0":
+            with psycopg.connect(shards.shards[1].dsn) as conn:
+                conn.execute("SELECT qm.stage_run('fenced', %s)", (queue,))
+
+    with pytest.raises(ej.RunConflictError, match=r"shard 's1': the ledger says staging with stage table .* not"):
+        ej.load_events(df, shards, queue, run_id="fenced", work_dir=str(tmp_path), fault=another_run_restages_s1)
+    assert all_ns(shards, queue) == []  # stopped before any publish
+    assert ledger(shards, "fenced")["s1"] == ("staging", None, 0)  # the other's table, untouched
+    done = ej.load_events(df, shards, queue, run_id="fenced", work_dir=str(tmp_path))
+    assert (done.rows, done.published) == (1000, 1000) and all_ns(shards, queue) == list(range(1000))

@@ -49,10 +49,12 @@ SELECT qm.abandon_run(%(run)s, %(queue)s)
 SELECT qm.cleanup_spark_runs(make_interval(secs => %(older_than)s))
 
 -- ledger --
+-- The run's ledger row on this shard, locked until the caller's transaction ends.
 SELECT run_id, queue, state, stage_table, staged_rows, good_rows, rejected_rows, duplicate_rows, published,
        dedup_skipped, started_at, updated_at
   FROM qm.spark_runs
  WHERE run_id = %(run)s AND queue = %(queue)s
+   FOR UPDATE
 
 -- decide --
 -- Record a two-phase run's outcome on the coordinating shard, unless one is recorded: the first
