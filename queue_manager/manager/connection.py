@@ -2,7 +2,7 @@
 
 Everything the protocol decides is in :class:`queue_manager.wire.session.ReceiverSession`; this
 adapter reads messages, hands them over, and carries out what comes back: frames to send,
-queue lookups, database writes through the session's writer, releases and wake-ups.
+queue lookups, database writes through the session's writer, releases, pings and wake-ups.
 """
 
 from __future__ import annotations
@@ -21,7 +21,17 @@ from queue_manager.manager.queues import QueueRuntime, Reason
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.writer import OpKind, Unavailable
 from queue_manager.wire import frames
-from queue_manager.wire.session import Action, ReceiverSession, Release, Resolve, Send, Wake, WakeUp, Write
+from queue_manager.wire.session import (
+    Action,
+    Probe,
+    ReceiverSession,
+    Release,
+    Resolve,
+    Send,
+    Wake,
+    WakeUp,
+    Write,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +49,8 @@ _WAKE_REASONS = {
     Wake.SETTLED: Reason.CREDIT,
     Wake.REQUEUED: Reason.REQUEUED,
     Wake.SUBSCRIBED: Reason.SUBSCRIBED,
+    # events may be due that no one could take while this connection was the one with room
+    Wake.ALIVE: Reason.DUE,
 }
 
 _ids = itertools.count(1)
@@ -56,12 +68,22 @@ class ReceiverConnection:
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.closed = False
         self._pending: set[asyncio.Task[None]] = set()
+        #: the ping of a Probe, until its pong (kept apart from _pending: it is no frame's work)
+        self._probe: asyncio.Task[None] | None = None
 
     # the dispatcher's view (queues.Subscriber)
 
     @property
     def free(self) -> int:
         return self.session.free
+
+    @property
+    def silent(self) -> bool:
+        return self.session.silent
+
+    def timed_out(self) -> None:
+        """The collector took back an event this connection held, past its ack deadline."""
+        self._run(self.session.timed_out())
 
     @property
     def tenants(self) -> frozenset[str] | None:
@@ -99,6 +121,8 @@ class ReceiverConnection:
             pass
         finally:
             self.closed = True  # the dispatcher sends it nothing more
+            if self._probe is not None:
+                self._probe.cancel()
             if self._pending:
                 await asyncio.wait(self._pending, timeout=SETTLE_ON_CLOSE)
             q = self.queue
@@ -139,8 +163,29 @@ class ReceiverConnection:
             elif isinstance(action, Release):
                 if self.queue is not None:
                     self.rt.release_soon(self.queue, action.items, "disconnect")
+            elif isinstance(action, Probe):
+                self._ping()
             else:  # pragma: no cover
                 raise AssertionError(action)
+
+    def _ping(self) -> None:
+        """Ping the client; its pong shows it reads again. One ping at a time: a ping still
+        unanswered from an earlier silence is answered only once the client reads again, too."""
+        if self.closed or (self._probe is not None and not self._probe.done()):
+            return
+        self._probe = asyncio.get_running_loop().create_task(self._await_pong())
+
+    async def _await_pong(self) -> None:
+        try:
+            pong = await self.ws.ping()
+            await pong
+        except ConnectionClosed:
+            return  # the keepalive's timeout, or the client, closed it: its events go back
+        except Exception:  # never let the probe take the connection down
+            logger.exception("pinging a silent receiver failed", extra={"action": "probe"})
+            return
+        if not self.closed:
+            self._run(self.session.answered())
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(self._guarded(work))

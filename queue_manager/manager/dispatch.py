@@ -5,7 +5,9 @@ A fire is one UPDATE that commits before anything is pushed. Due events of a que
 subscribers all take every tenant go by ``mgr_fire_due`` (round-robin over partitions from a
 cursor kept across batches, no scan first); scheduled events wait in the window cache and are
 fired at their fire_at (``WindowCache.take``: round-robin too). Each event goes to the least busy
-subscriber with credit that accepts its tenant, and is recorded in the queue's ledger.
+subscriber with credit that accepts its tenant, and is recorded in the queue's ledger. A subscriber
+the collector found silent (an event it held passed its ack deadline) has no credit until it shows
+life (``ReceiverSession.timed_out``), so the events taken back from it go to others.
 """
 
 from __future__ import annotations
@@ -407,6 +409,7 @@ class Dispatcher:
         mono = rt.clock.monotonic()
         out: dict[Subscriber, list[str]] = {}
         orphans: list[ReleaseItem] = []
+        unheard: list[ReleaseItem] = []
         hold = q.ledger.hold
         delays = []
         tenants = []
@@ -415,6 +418,9 @@ class Dispatcher:
             c = assign[ident]
             if c.closed:
                 orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
+                continue
+            if c.silent:  # the collector found it silent while this fire was on its way
+                unheard.append((ident, attempt, 0.0, "receiver fell silent before the push"))
                 continue
             hold(c.id, ident, attempt, mono, tenant)
             events = out.get(c)
@@ -440,3 +446,4 @@ class Dispatcher:
             if chunk:
                 c.send(frames.deliver_frame(q.name, chunk))
         rt.release_soon(q, orphans, "disconnect")
+        rt.release_soon(q, unheard, "silent")

@@ -31,7 +31,8 @@ class Reason(Enum):
 
     #: a producer committed events, some scheduled for later (NOTIFY '<queue>'): rescan
     NOTIFIED = "notified"
-    #: a producer committed events that are all due now (NOTIFY '<queue> due'): fire, no rescan
+    #: a producer committed events that are all due now (NOTIFY '<queue> due'), or a silent
+    #: receiver showed life (events may be due that no one could take): fire, no rescan
     DUE = "due"
     #: events went back to to_be_fired (nack, release, collector): rescan
     REQUEUED = "requeued"
@@ -67,6 +68,16 @@ class Subscriber(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    @property
+    def silent(self) -> bool:
+        """An event it held passed its ack deadline and it has shown no life since (it has no
+        free credit meanwhile)."""
+        ...
+
+    def timed_out(self) -> None:
+        """The collector took back an event it held, past its ack deadline."""
+        ...
 
     def send(self, text: str) -> None: ...
 

@@ -260,9 +260,16 @@ class Runtime:
 
     def refired(self, q: QueueRuntime, moved: set[int], failed: set[int], at: float | None) -> None:
         """The collector moved these fired events back (or to failed) at database time ``at``:
-        nobody holds them now."""
+        nobody holds them now, and the connections that held them are silent until they show life
+        (``ReceiverSession.timed_out``): the re-fires go to others."""
+        holders = set()
         for ident in moved:
-            q.ledger.drop(ident)
+            d = q.ledger.drop(ident)
+            if d is not None:
+                holders.add(d.holder)
+        for c in q.subscribers:
+            if c.id in holders:
+                c.timed_out()
         self.metrics.refired.inc(len(moved - failed), queue=q.name, reason="ack_timeout")
         if failed:
             self.metrics.dead.inc(len(failed), queue=q.name)

@@ -10,12 +10,15 @@ websockets library's protocol core:
   or :meth:`ReceiverSession.subscribe_failed`;
 - for a :class:`Write`, the caller has the database do it and calls :meth:`ReceiverSession.settled`
   with the result, or :meth:`ReceiverSession.write_failed`;
+- :meth:`ReceiverSession.timed_out` tells it the collector took back an event it held, past its
+  ack deadline: the connection falls silent (it is sent nothing) and a :class:`Probe` asks for a
+  websocket ping, whose pong the caller reports with :meth:`ReceiverSession.answered`;
 - :meth:`ReceiverSession.closed` tells it the connection is gone: its events in hand come back as
   a :class:`Release`.
 
 Actions are: :class:`Send` (a frame for this connection), :class:`Resolve`, :class:`Write`,
-:class:`Release` and :class:`Wake` (the dispatcher should look again: credit freed, events
-requeued, a new subscriber).
+:class:`Release`, :class:`Probe` and :class:`Wake` (the dispatcher should look again: credit
+freed, events requeued, a new subscriber, a silent connection back).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class Wake(Enum):
     SETTLED = "settled"
     REQUEUED = "requeued"
     SUBSCRIBED = "subscribed"
+    #: a silent connection showed life: its free credit counts again
+    ALIVE = "alive"
 
 
 @dataclass(slots=True)
@@ -106,13 +111,19 @@ class Release:
 
 
 @dataclass(slots=True)
+class Probe:
+    """Ping the connection (a websocket ping) and call :meth:`ReceiverSession.answered` when
+    its pong comes: it let an event pass its ack deadline, is it still there?"""
+
+
+@dataclass(slots=True)
 class WakeUp:
     reason: Wake
     #: events due from this database time on may have appeared (a nack's release)
     since: float | None = None
 
 
-Action = Send | Resolve | Write | Release | WakeUp
+Action = Send | Resolve | Write | Release | Probe | WakeUp
 
 _NOT_HERE = "not in flight on this connection (never delivered here, already settled, or re-fired)"
 
@@ -132,24 +143,29 @@ class ReceiverSession:
         self.subscribing = False
         #: set by the manager when it drains: new subscriptions are refused
         self.draining = False
+        #: an event it held passed its ack deadline, and it has shown no life since (no frame, no
+        #: pong): it is sent nothing, and the events taken back from it go to others
+        self.silent = False
 
     @property
     def free(self) -> int:
-        """Events this connection may be sent now."""
-        if self.ledger is None:
+        """Events this connection may be sent now (none while it is silent)."""
+        if self.ledger is None or self.silent:
             return 0
         return self.credit - self.ledger.held_by(self.id)
 
     # ------------------------------------------------------------------ frames in
 
     def receive(self, message: str | bytes, now: float) -> list[Action]:
-        """One client message; ``now`` is monotonic seconds."""
+        """One client message; ``now`` is monotonic seconds. Any message, even one refused, shows
+        that the client is there."""
+        alive = self._heard()
         try:
             frame = f.parse(message)
-            return self._handle(frame, now)
+            return self._handle(frame, now) + alive
         except f.FrameError as err:
             self._metrics.frame_refused(err.code)
-            return [Send(f.error_frame(err.code, err.message, err.ref))]
+            return [Send(f.error_frame(err.code, err.message, err.ref)), *alive]
 
     def _handle(self, frame: f.Frame, now: float) -> list[Action]:
         if isinstance(frame, f.Ping):
@@ -337,6 +353,29 @@ class ReceiverSession:
         if op.kind is WriteKind.RELEASE:
             return [Send(f.result_frame("nack_result", op.ref, errors, requeued=[], failed=[]))]
         return [Send(f.result_frame("extend_result", op.ref, errors, extended=[]))]
+
+    # ------------------------------------------------------------------ a silent connection
+
+    def timed_out(self) -> list[Action]:
+        """The collector took back an event this connection held, past its ack deadline. A client
+        that is alive acks, nacks or extends in time; one that does not may be frozen (a stopped
+        process, a blocked event loop) with its socket still open, and its credit would draw every
+        event, the re-fired ones first, into it. So it is sent nothing until it shows life: a frame,
+        or the pong to the ping asked for here (once per silence)."""
+        if self.silent:
+            return []
+        self.silent = True
+        return [Probe()]
+
+    def answered(self) -> list[Action]:
+        """The pong to a :class:`Probe`'s ping came: the client reads its socket again."""
+        return self._heard()
+
+    def _heard(self) -> list[Action]:
+        if not self.silent:
+            return []
+        self.silent = False
+        return [WakeUp(Wake.ALIVE)]
 
     # ------------------------------------------------------------------ the connection ends
 

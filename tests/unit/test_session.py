@@ -6,15 +6,24 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queue_manager.clock import FakeClock
-from queue_manager.manager.auth import Grant
+from queue_manager.domain.settings import QueueSettings
+from queue_manager.manager import plan
+from queue_manager.manager.auth import Grant, TokenStore
+from queue_manager.manager.config import ManagerConfig
+from queue_manager.manager.metrics import ManagerMetrics
+from queue_manager.manager.queues import QueueRuntime
+from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.signals import ManagerSignals
 from queue_manager.wire import frames
 from queue_manager.wire.ledger import Claim, Ledger
 from queue_manager.wire.session import (
     Action,
+    Probe,
     ReceiverSession,
     Release,
     Resolve,
@@ -230,6 +239,109 @@ def test_scopes_are_checked_before_the_queue_is_looked_up_and_draining_refuses()
 def test_ping_answers_with_the_database_clock() -> None:
     h = Harness()
     assert sent(h.receive(type="ping", ref="p")) == [{"type": "pong", "ref": "p", "time": 1234.5}]
+
+
+# ------------------------------------------------------------------ a connection gone silent
+
+
+def test_a_connection_that_let_an_event_time_out_is_sent_nothing_until_a_frame_shows_life() -> None:
+    h = Harness(credit=3)
+    h.deliver((1, 1), (2, 1))
+    h.clock.advance(30.0)  # past the ack deadline: the collector takes event 1 back
+    h.ledger.drop(1)
+    assert h.s.timed_out() == [Probe()]  # ping it
+    assert (h.s.silent, h.s.free) == (True, 0)  # 2 of its 3 slots are free, yet it is sent nothing
+    h.ledger.drop(2)
+    assert h.s.timed_out() == []  # one ping per silence
+    assert h.s.free == 0
+    # a late ack of what was taken back is refused, but the client is there
+    out = h.receive(type="ack", ref="late", events=[[1, 1]])
+    assert [e["code"] for e in sent(out)[0]["errors"]] == ["unknown_id"]
+    assert WakeUp(Wake.ALIVE) in out
+    assert (h.s.silent, h.s.free) == (False, 3)
+    assert WakeUp(Wake.ALIVE) not in h.receive(type="ping")  # not silent: no wake-up
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "credit", "credit": 2},
+        {"type": "nack", "events": [{"id": 9, "attempt": 1}]},
+        {"type": "extend", "events": [{"id": 9, "attempt": 1, "seconds": 5}]},
+        {"type": "ping"},
+        {"type": "no_such_frame"},
+    ],
+)
+def test_any_frame_even_a_refused_one_shows_life(body: dict[str, Any]) -> None:
+    h = Harness(credit=2)
+    h.s.timed_out()
+    assert WakeUp(Wake.ALIVE) in h.s.receive(json.dumps(body), h.clock.monotonic())
+    assert not h.s.silent and h.s.free == 2
+
+
+def test_the_pong_to_the_probe_shows_life_once() -> None:
+    h = Harness(credit=2)
+    assert h.s.answered() == []  # a pong while not silent changes nothing
+    assert h.s.timed_out() == [Probe()]
+    assert h.s.answered() == [WakeUp(Wake.ALIVE)]
+    assert h.s.answered() == []
+    assert h.s.free == 2
+    assert h.s.timed_out() == [Probe()]  # silent again: pinged again
+
+
+TOKENS = TokenStore.from_entries([{"name": "all", "secret": "secret-all-queues-0001", "queues": ["*"]}])
+
+
+class Conn:
+    """A subscriber as the dispatcher sees it, over a session (what ReceiverConnection adapts)."""
+
+    def __init__(self, h: Harness) -> None:
+        self.h = h
+        self.id = h.s.id
+        self.tenants = None
+        self.closed = False
+        self.actions: list[Action] = []
+
+    @property
+    def free(self) -> int:
+        return self.h.s.free
+
+    @property
+    def silent(self) -> bool:
+        return self.h.s.silent
+
+    def timed_out(self) -> None:
+        self.actions += self.h.s.timed_out()
+
+    def send(self, text: str) -> None:
+        pass
+
+    def close_soon(self, code: int, reason: str) -> None:
+        pass
+
+
+def test_events_that_timed_out_on_a_connection_are_fired_to_the_others_until_it_shows_life() -> None:
+    """The collector's move silences the connections that held the moved events, and only them;
+    the chooser then gives the re-fires to the others, and to the silent one again once it answers."""
+    clock = FakeClock()
+    rt = Runtime(ManagerConfig(dsn="x", tokens=TOKENS), clock, ManagerMetrics(), ManagerSignals())
+    q = QueueRuntime(QueueSettings(id=1, name="orders", partitions=4, partitions_physical=4))
+    frozen, healthy = Conn(Harness(1, q.ledger, credit=8)), Conn(Harness(2, q.ledger, credit=4))
+    q.subscribers = [frozen, healthy]  # type: ignore[list-item]
+    frozen.h.deliver(*((i, 1) for i in range(1, 9)))
+    healthy.h.deliver((20, 1))
+    q.take_nudges()
+    rt.refired(q, {1, 2, 3}, set(), 1_750_000_000.0)  # the first of the frozen one's deadlines passed
+    assert frozen.actions == [Probe()] and healthy.actions == []
+    assert (frozen.free, healthy.free) == (0, 3) and q.in_flight == 6
+    assert q.take_nudges() == (True, False)  # rescan: the moved events are back in the table
+    choose = plan.chooser(q.subscribers, lambda c: c.free, lambda c: c.tenants)
+    assert [choose("t") for _ in range(4)] == [healthy, healthy, healthy, None]
+    rt.refired(q, {4, 5, 6, 7, 8}, set(), 1_750_000_001.0)
+    assert frozen.actions == [Probe()]  # still silent: no second ping
+    assert frozen.h.s.answered() == [WakeUp(Wake.ALIVE)]  # the pong came
+    choose = plan.chooser(q.subscribers, lambda c: c.free, lambda c: c.tenants)
+    assert choose("t") is frozen  # the one with the most room again
 
 
 def test_a_result_for_ten_thousand_errors_stays_under_the_frame_limit() -> None:
