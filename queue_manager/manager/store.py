@@ -372,6 +372,15 @@ async def sweep(
     return moved, failed, pages, at, held
 
 
+async def in_hand(conn: AsyncConn, q: QueueSettings, items: Sequence[tuple[int, int]]) -> set[int]:
+    """The ids of these (id, attempt) deliveries that the queue still has fired at that attempt."""
+    cur = await conn.execute(
+        queue_sql("mgr_in_hand", q.name),
+        {"ids": _ints(i for i, _ in items), "attempts": _ints(a for _, a in items)},
+    )
+    return {int(r[0]) for r in await cur.fetchall()}
+
+
 async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[int]) -> None:
     """Count events settled by SQL as done (one partition entry each)."""
     await conn.execute(queue_sql("mgr_settled", q.name), {"term": term, "queue_id": q.id, "parts": _ints(parts)})

@@ -6,6 +6,8 @@ Each test here reproduces a way the manager once stayed safe but stopped making 
 - an event acked by SQL in an application transaction, which kept its receiver's credit slot;
 - an ack by SQL whose transaction outlived the ack deadline and then rolled back, which the
   collector had passed by while the row was locked;
+- an ack by SQL committed while the manager's session was down, whose notice reached nobody and
+  which kept the queue's only concurrency slot;
 - a producer transaction left open, which delayed every other producer's wake-up;
 - a producer transaction that commits late, after a burst moved the dispatcher's picks past its rows.
 """
@@ -264,6 +266,68 @@ async def test_an_ack_by_sql_that_outlives_the_deadline_and_rolls_back_is_fired_
             async with await psycopg.AsyncConnection.connect(shard.dsn) as c:
                 cur = await c.execute("SELECT id, state::text, attempts FROM orders ORDER BY id")
                 assert await cur.fetchall() == [(kept, "acked", 1), (undone, "fired", 2)]
+
+
+async def test_an_ack_by_sql_committed_while_the_manager_cannot_listen_frees_the_concurrency_slot(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue, pg_admin_dsn: str
+) -> None:
+    """max_concurrency 1: receiver A acks its event by SQL, and the transaction commits while the
+    manager's session is down (its listening connection gone, no new connection allowed), so the
+    qm_settled notice reaches nobody. A stays connected and sends nothing. Once the session is
+    back, a receiver B that subscribes gets the next event within 2 s. Before, the event stayed in
+    the ledger: A's credit slot and the queue's only concurrency slot were held until A went away."""
+    make_queue("orders", partitions=4, shuffle=2, max_concurrency=1)
+    tenants = tenants_of(shard, 2)
+    dbname = psycopg.conninfo.conninfo_to_dict(shard.dsn)["dbname"]
+
+    async def on_server(query: str, *params: object) -> list[tuple[Any, ...]]:
+        async with await psycopg.AsyncConnection.connect(pg_admin_dsn, autocommit=True) as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    listening = "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name LIKE 'qm-manager-listen%%'"
+
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as a:
+            await a.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(a, "subscribed")
+            [first] = await insert(shard.dsn, [(tenants[0], {"n": 1})])
+            ev = (await recv_type(a, "deliver"))["events"][0]
+            assert ev["id"] == first
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
+                cur = await app.execute(
+                    "UPDATE orders SET state = 'acked', acked_at = now() "
+                    "WHERE id = %s AND attempts = %s AND state = 'fired'",
+                    (first, ev["attempt"]),
+                )
+                assert cur.rowcount == 1
+                m.signals.session_started.clear()
+                await on_server(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+                try:
+                    [(pid,)] = await on_server(listening, dbname)
+                    await on_server("SELECT pg_terminate_backend(%s)", pid)
+                    deadline = time.monotonic() + 5
+                    while await on_server(listening, dbname):
+                        assert time.monotonic() < deadline, "the listening connection stayed"
+                        await asyncio.sleep(0.01)
+                    await app.commit()  # nobody listens: the notice reaches nobody
+                finally:
+                    await on_server(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            await m.signals.session_started.wait(timeout=5)
+            await wait_leader(m)
+            async with raw_client(m) as b:
+                # more free credit than A, so that B is the receiver of choice once the slot is free
+                await b.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
+                await recv_type(b, "subscribed")
+                assert m.health()["queues"]["orders"]["subscribers"] == 2  # A is still there
+                [second] = await insert(shard.dsn, [(tenants[1], {"n": 2})])
+                try:
+                    got = (await recv_type(b, "deliver", timeout=2))["events"][0]
+                except TimeoutError:
+                    health = m.health()["queues"]["orders"]
+                    raise AssertionError(f"B got nothing within 2 s; the manager: {health}") from None
+                assert (got["id"], got["attempt"]) == (second, 1)
 
 
 async def _first_delivery(*clients, timeout: float = 5.0):  # type: ignore[no-untyped-def]

@@ -197,6 +197,14 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
        extract(epoch FROM now())::double precision
   FROM moved
 
+-- mgr_in_hand --
+-- Which of the given (id, attempt) deliveries the queue still has fired at that attempt. A session
+-- asks this of its ledger's deliveries when it starts, after LISTEN: one that was settled while no
+-- session listened (an ack by SQL whose qm_settled notice reached nobody) is no longer in hand.
+SELECT q.id
+  FROM {queue} q, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state::text = 'fired'
+
 -- mgr_settled --
 -- Events an application settled by SQL (acked, dead-lettered or deleted while fired): count them
 -- done, one partition entry per event.
