@@ -57,10 +57,14 @@ class CollectorResult(RunResult):
 #: the collector starts this far before where its last run stopped: a deadline set by a fire or an
 #: extend that committed after that run is no earlier than its statement's start (each is a single
 #: short statement), and the deadlines of events fired ack_timeout ago, all acked, are dead index
-#: entries the sweep would walk again (5 s of them cost 25 000 buffer hits per sweep at 2 000/s)
+#: entries the sweep would walk again (5 s of them cost 25 000 buffer hits per sweep at 2 000/s).
+#: It never starts past an overdue event it had to skip (an application holds its row, say for an
+#: ack by SQL not yet committed): that row is looked at again on every run until it is settled or
+#: collected.
 SWEEP_MARGIN = 1.0
-#: and from the start every this many runs (a row an application kept locked is then found; under
-#: a held snapshot such a run walks every dead entry of the fired index once)
+#: and from the start every this many runs (a deadline that committed later than the margin allows,
+#: after a statement that ran long; under a held snapshot such a run walks every dead entry of the
+#: fired index once)
 SWEEP_FULL_EVERY = 300
 
 
@@ -70,8 +74,11 @@ class Collector:
 
     Each queue's sweep starts a little before where the last one stopped, not at the low end of
     the fired index, whose dead entries (every event acked since the last vacuum) pile up while a
-    transaction holds back vacuum. A run counts as one slice of the job ``collector`` (source
-    ``leader``), in the metrics and shard-wide.
+    transaction holds back vacuum, and never past an overdue event it skipped because an
+    application held its row: when that transaction rolls back, the next run fires the event
+    again (once a run had passed such a row, only a full sweep, 300 runs later, found it). A run
+    counts as one slice of the job ``collector`` (source ``leader``), in the metrics and
+    shard-wide.
     """
 
     name = "collector"
@@ -94,7 +101,7 @@ class Collector:
         for q in list(rt.queues.values()) if not result.aborted else []:
             floor = self._floors.get(q.name)
             try:
-                moved, failed, _pages, at = await rt.submit(OpKind.SWEEP, q, [] if floor is None else [floor])
+                moved, failed, _pages, at, held = await rt.submit(OpKind.SWEEP, q, [] if floor is None else [floor])
             except Unavailable:
                 rt.metrics.maintenance.inc(job=self.name, outcome="aborted")
                 result.aborted = True
@@ -102,7 +109,7 @@ class Collector:
             rt.metrics.maintenance.inc(job=self.name, outcome="finished")
             result.queues += 1
             if at is not None:
-                self._floors[q.name] = at - SWEEP_MARGIN
+                self._floors[q.name] = (at if held is None else min(at, held)) - SWEEP_MARGIN
             if moved:
                 rt.refired(q, moved, failed, at)
                 result.requeued += len(moved - failed)

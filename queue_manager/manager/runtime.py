@@ -258,6 +258,19 @@ class Runtime:
         else:
             self.nudge(q, Reason.REQUEUED, since=self.db_clock.now() - 1.0)
 
+    def settled_unheard(self, q: QueueRuntime, items: Iterable[tuple[int, int]]) -> None:
+        """A session starts and finds these deliveries no longer fired at their attempt in the
+        database: they were settled while no session listened (an ack by SQL whose notice reached
+        nobody). Their credit and concurrency slots are free. They are not counted done here (a
+        notice that still comes counts them; otherwise the reconciliation re-anchors the load)."""
+        gone = sum(1 for ident, attempt in items if q.ledger.drop(ident, attempt) is not None)
+        if gone:
+            logger.info(
+                "deliveries settled while no session listened",
+                extra={"action": "settled_unheard", "queue": q.name, "events": gone},
+            )
+            self.nudge(q, Reason.CREDIT)
+
     def refired(self, q: QueueRuntime, moved: set[int], failed: set[int], at: float | None) -> None:
         """The collector moved these fired events back (or to failed) at database time ``at``:
         nobody holds them now, and the connections that held them are silent until they show life

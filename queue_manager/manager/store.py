@@ -335,13 +335,15 @@ async def extend(
 
 async def sweep(
     conn: AsyncConn, q: QueueSettings, term: int, floor: float | None = None, page: int = SWEEP_PAGE
-) -> tuple[set[int], set[int], int, float | None]:
+) -> tuple[set[int], set[int], int, float | None, float | None]:
     """Re-fire events past their ack deadline (from ``floor`` on, epoch seconds), page by page;
-    returns (moved, dead-lettered, pages, the database time of the first page)."""
+    returns (moved, dead-lettered, pages, the database time of the first page, the earliest
+    deadline of an overdue event the last page left fired: one an application holds locked)."""
     moved: set[int] = set()
     failed: set[int] = set()
     pages = 0
     at: float | None = None
+    held: float | None = None
     while True:
         cur = await conn.execute(
             queue_sql("mgr_sweep", q.name),
@@ -361,12 +363,22 @@ async def sweep(
             break
         if at is None:
             at = float(row[4])
+        held = None if row[5] is None else float(row[5])
         moved.update(row[0])
         failed.update(row[1])
         # a full page of candidates means more may wait; rows it could not lock were skipped
         if int(row[3]) < page or not row[0]:
             break
-    return moved, failed, pages, at
+    return moved, failed, pages, at, held
+
+
+async def in_hand(conn: AsyncConn, q: QueueSettings, items: Sequence[tuple[int, int]]) -> set[int]:
+    """The ids of these (id, attempt) deliveries that the queue still has fired at that attempt."""
+    cur = await conn.execute(
+        queue_sql("mgr_in_hand", q.name),
+        {"ids": _ints(i for i, _ in items), "attempts": _ints(a for _, a in items)},
+    )
+    return {int(r[0]) for r in await cur.fetchall()}
 
 
 async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[int]) -> None:

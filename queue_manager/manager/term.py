@@ -104,6 +104,13 @@ class TermSession:
         )
         await listen.execute("LISTEN qm_wake")  # before the reload: nothing committed after it is missed
         await dispatcher.reload()
+        # events in hand that were settled while no session listened (notices are not kept for a
+        # listener that comes later): their slots are free, as a notice would have freed them
+        for q in rt.queues.values():
+            held = q.ledger.in_hand()
+            if held:
+                still = await store.in_hand(work, q.settings, held)
+                rt.settled_unheard(q, [h for h in held if h[0] not in still])
         for q in rt.queues.values():
             q.reset()
         self._spawn(dispatcher.run(), "qm-dispatch")

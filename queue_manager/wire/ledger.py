@@ -73,6 +73,10 @@ class Ledger:
     def deliveries_of(self, holder: int) -> list[Delivery]:
         return list(self._by_holder.get(holder, {}).values())
 
+    def in_hand(self) -> list[tuple[int, int]]:
+        """Every delivery in hand, as (id, attempt)."""
+        return [(d.id, d.attempt) for d in self._events.values()]
+
     def unsettled(self) -> list[Delivery]:
         """Deliveries in hand with no ack or nack on its way."""
         return [d for d in self._events.values() if not d.settling]

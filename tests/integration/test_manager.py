@@ -830,6 +830,8 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
             scans = [n.get("Index Name") for n in _plan_nodes(plan) if n.get("Relation Name") == queue]
             assert f"{queue}_pkey" in scans, (name, scans)
             partial = [s for s in scans if s in (f"{queue}_fired", f"{queue}_due")]
-            # the picks may use the partial indexes (bounded by floors); the rows changed, never
-            assert len(partial) == (1 if name in picked else 0), (name, scans)
+            # the picks may use the partial indexes (bounded by floors; the collector a second time,
+            # for the earliest overdue row it left behind); the rows changed, never
+            expected = 2 if name == "mgr_sweep" else 1 if name in picked else 0
+            assert len(partial) == expected, (name, scans)
         holder.rollback()

@@ -4,6 +4,10 @@ Each test here reproduces a way the manager once stayed safe but stopped making 
 
 - a leader paused past its lease (SIGSTOP) and woken again, round after round;
 - an event acked by SQL in an application transaction, which kept its receiver's credit slot;
+- an ack by SQL whose transaction outlived the ack deadline and then rolled back, which the
+  collector had passed by while the row was locked;
+- an ack by SQL committed while the manager's session was down, whose notice reached nobody and
+  which kept the queue's only concurrency slot;
 - a producer transaction left open, which delayed every other producer's wake-up;
 - a producer transaction that commits late, after a burst moved the dispatcher's picks past its rows.
 """
@@ -24,6 +28,7 @@ import pytest
 
 from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
+from queue_manager.manager.maintenance import SWEEP_MARGIN
 from tests.conftest import tenants_of
 from tests.managerkit import insert, raw_client, recv_type, running_manager, running_receiver, wait_for, wait_leader
 from tests.processkit import ManagerProcess, lease, write_config
@@ -190,6 +195,139 @@ async def test_an_ack_by_sql_gives_the_credit_slot_back(shards: Topology, shard:
             await ack_by_sql(third, got["attempt"])
             [fourth] = await insert(shard.dsn, [(tenants[3], {"n": 4})])
             assert (await _first_delivery(a, b, timeout=3))["id"] == fourth
+
+
+#: the back-off of the queue in the tests of acks by SQL that outlive their deadline (seconds)
+BACKOFF_MAX = 0.5
+
+
+async def test_an_ack_by_sql_that_outlives_the_deadline_and_rolls_back_is_fired_again_at_once(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue
+) -> None:
+    """Two events in hand, each acked by SQL in its own application transaction that stays open
+    past the ack deadline while the collector runs on (it skips the locked rows). One transaction
+    then commits: that event stays acked at attempt 1 and its slot is freed. The other rolls back:
+    its event is fired again within the back-off plus a second of the rollback. Before, the
+    collector's next runs started past the rolled-back row's deadline, and the event stayed fired
+    in the receiver's hand until the collector's next full sweep (300 runs later)."""
+    make_queue(
+        "orders",
+        partitions=4,
+        shuffle=2,
+        ack_timeout_seconds=1,
+        backoff_min_seconds=0.3,
+        backoff_max_seconds=BACKOFF_MAX,
+    )
+    tenants = tenants_of(shard, 2)
+    sql_ack = "UPDATE orders SET state = 'acked', acked_at = now() WHERE id = %s AND attempts = %s AND state = 'fired'"
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 2}))
+            await recv_type(ws, "subscribed")
+            kept, undone = await insert(shard.dsn, [(tenants[0], {"n": 1}), (tenants[1], {"n": 2})])
+            got: dict[int, Any] = {}
+            while len(got) < 2:
+                got.update({e["id"]: e for e in (await recv_type(ws, "deliver"))["events"]})
+            async with (
+                await psycopg.AsyncConnection.connect(shard.dsn) as committing,
+                await psycopg.AsyncConnection.connect(shard.dsn) as rolling_back,
+            ):
+                for conn, ident in ((committing, kept), (rolling_back, undone)):
+                    assert (await conn.execute(sql_ack, (ident, got[ident]["attempt"]))).rowcount == 1
+                async with await psycopg.AsyncConnection.connect(shard.dsn) as c:
+                    cur = await c.execute("SELECT extract(epoch FROM max(ack_deadline))::float8 FROM orders")
+                    deadline = float((await cur.fetchone())[0])  # type: ignore[index]
+                # both rows stay locked past their deadline, and the collector runs past it
+                await wait_for(
+                    lambda: time.time() > deadline + SWEEP_MARGIN + 0.1, timeout=10, what="the deadline long past"
+                )
+                m.signals.swept.clear()
+                await m.signals.swept.wait()
+                await m.signals.swept.wait()
+                assert m.health()["queues"]["orders"]["in_flight"] == 2
+                await committing.commit()
+                await rolling_back.rollback()
+                rolled_back_at = time.monotonic()
+            try:
+                frame = await recv_type(ws, "deliver", timeout=BACKOFF_MAX + 1.0)
+            except TimeoutError:
+                raise AssertionError(f"not fired again within {BACKOFF_MAX + 1.0}s of the rollback") from None
+            latency = time.monotonic() - rolled_back_at
+            assert [(e["id"], e["attempt"]) for e in frame["events"]] == [(undone, 2)]
+            assert latency < BACKOFF_MAX + 1.0
+            # the committed one: its slot is free, and the collector leaves it acked
+            await wait_for(
+                lambda: m.health()["queues"]["orders"]["in_flight"] == 1, timeout=2, what="one event in hand"
+            )
+            m.signals.swept.clear()
+            await m.signals.swept.wait()
+            await m.signals.swept.wait()
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as c:
+                cur = await c.execute("SELECT id, state::text, attempts FROM orders ORDER BY id")
+                assert await cur.fetchall() == [(kept, "acked", 1), (undone, "fired", 2)]
+
+
+async def test_an_ack_by_sql_committed_while_the_manager_cannot_listen_frees_the_concurrency_slot(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue, pg_admin_dsn: str
+) -> None:
+    """max_concurrency 1: receiver A acks its event by SQL, and the transaction commits while the
+    manager's session is down (its listening connection gone, no new connection allowed), so the
+    qm_settled notice reaches nobody. A stays connected and sends nothing. Once the session is
+    back, a receiver B that subscribes gets the next event within 2 s. Before, the event stayed in
+    the ledger: A's credit slot and the queue's only concurrency slot were held until A went away."""
+    make_queue("orders", partitions=4, shuffle=2, max_concurrency=1)
+    tenants = tenants_of(shard, 2)
+    dbname = psycopg.conninfo.conninfo_to_dict(shard.dsn)["dbname"]
+
+    async def on_server(query: str, *params: object) -> list[tuple[Any, ...]]:
+        async with await psycopg.AsyncConnection.connect(pg_admin_dsn, autocommit=True) as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    listening = "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name LIKE 'qm-manager-listen%%'"
+
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as a:
+            await a.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(a, "subscribed")
+            [first] = await insert(shard.dsn, [(tenants[0], {"n": 1})])
+            ev = (await recv_type(a, "deliver"))["events"][0]
+            assert ev["id"] == first
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
+                cur = await app.execute(
+                    "UPDATE orders SET state = 'acked', acked_at = now() "
+                    "WHERE id = %s AND attempts = %s AND state = 'fired'",
+                    (first, ev["attempt"]),
+                )
+                assert cur.rowcount == 1
+                m.signals.session_started.clear()
+                await on_server(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+                try:
+                    [(pid,)] = await on_server(listening, dbname)
+                    await on_server("SELECT pg_terminate_backend(%s)", pid)
+                    deadline = time.monotonic() + 5
+                    while await on_server(listening, dbname):
+                        assert time.monotonic() < deadline, "the listening connection stayed"
+                        await asyncio.sleep(0.01)
+                    await app.commit()  # nobody listens: the notice reaches nobody
+                finally:
+                    await on_server(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            await m.signals.session_started.wait(timeout=5)
+            await wait_leader(m)
+            async with raw_client(m) as b:
+                # more free credit than A, so that B is the receiver of choice once the slot is free
+                await b.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
+                await recv_type(b, "subscribed")
+                assert m.health()["queues"]["orders"]["subscribers"] == 2  # A is still there
+                [second] = await insert(shard.dsn, [(tenants[1], {"n": 2})])
+                try:
+                    got = (await recv_type(b, "deliver", timeout=2))["events"][0]
+                except TimeoutError:
+                    health = m.health()["queues"]["orders"]
+                    raise AssertionError(f"B got nothing within 2 s; the manager: {health}") from None
+                assert (got["id"], got["attempt"]) == (second, 1)
 
 
 async def _first_delivery(*clients, timeout: float = 5.0):  # type: ignore[no-untyped-def]

@@ -197,6 +197,14 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
        extract(epoch FROM now())::double precision
   FROM moved
 
+-- mgr_in_hand --
+-- Which of the given (id, attempt) deliveries the queue still has fired at that attempt. A session
+-- asks this of its ledger's deliveries when it starts, after LISTEN: one that was settled while no
+-- session listened (an ack by SQL whose qm_settled notice reached nobody) is no longer in hand.
+SELECT q.id
+  FROM {queue} q, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state::text = 'fired'
+
 -- mgr_settled --
 -- Events an application settled by SQL (acked, dead-lettered or deleted while fired): count them
 -- done, one partition entry per event.
@@ -242,8 +250,14 @@ RETURNING q.id, extract(epoch FROM q.ack_deadline)::double precision
 -- answered, or a manager that crashed) go back to to_be_fired after the back-off, or to failed
 -- at max attempts. Only deadlines from %(floor)s on (epoch seconds; NULL = all): the collector
 -- starts a little before where its last run stopped, so that it does not walk the dead index
--- entries of every event acked since the last vacuum. SKIP LOCKED pages past rows an application transaction holds; the ids reach
--- the UPDATE as an array (a primary-key probe), as in mgr_fire_due.
+-- entries of every event acked since the last vacuum. SKIP LOCKED pages past rows an application
+-- transaction holds (an ack by SQL not yet committed); the ids reach the UPDATE as an array (a
+-- primary-key probe), as in mgr_fire_due.
+-- The last column is the earliest deadline (epoch seconds) of an overdue fired row from the floor
+-- that this page did not take, NULL if none: when the page was not full, a row an application
+-- holds. The collector's next floor stays at or below it, so that the row is looked at again on
+-- every run and fired again on the first run after a rollback (the NOT IN is a hashed subplan:
+-- one walk of the fired index from the floor, stopping at the first row not taken).
 WITH f AS (SELECT qm.fence(%(term)s) AS term),
      cand AS MATERIALIZED (
         SELECT q.id FROM {queue} q
@@ -264,7 +278,13 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
         RETURNING q.id, q.partition, q.state)
 SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER (WHERE state = 'failed'), ARRAY[]::bigint[]),
        qm.add_done(%(queue_id)s, coalesce(array_agg(partition) FILTER (WHERE state = 'failed'), ARRAY[]::smallint[]))::text,
-       (SELECT count(*) FROM cand), extract(epoch FROM now())::double precision
+       (SELECT count(*) FROM cand), extract(epoch FROM now())::double precision,
+       (SELECT extract(epoch FROM h.ack_deadline)::double precision FROM {queue} h
+         WHERE h.state = 'fired' AND h.ack_deadline <= now()
+           AND h.ack_deadline >= coalesce(to_timestamp(%(floor)s::double precision), '-infinity'::timestamptz)
+           AND h.id NOT IN (SELECT id FROM cand)
+         ORDER BY h.ack_deadline
+         LIMIT 1)
   FROM moved
 
 -- events_retry --
