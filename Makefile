@@ -1,10 +1,17 @@
-# The two commands a new machine needs:  make demo   and   make test
+# The two commands a new machine needs:  make demo   and   make test      (make help lists every target)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+#: pytest workers for `make test`: the suite mostly waits (on servers, timeouts, sockets), so more
+#: workers than the machine's 2 cores pay off; `make test TEST_WORKERS=0` runs it in one process
+TEST_WORKERS ?= 4
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: setup demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit clean-local
+.PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit clean-local
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -12,16 +19,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-setup: $(STAMP) ## create the virtualenv and install everything
+setup: system $(STAMP) ## install everything: the system packages the tests need when missing, then the virtualenv
 
-demo: $(STAMP) ## start local shards and show events flowing (data in .qm-local)
+system: ## Java 17 and the PostgreSQL JDBC jar when missing (as root; otherwise says what to run)
+	@scripts/system-packages.sh
+
+demo: setup ## start local shards and show events flowing (data in .qm-local)
 	$(BIN)/qm demo --dir .qm-local
 
-test: $(STAMP) ## the whole suite: unit, integration (real PostgreSQL), Spark
-	$(BIN)/python -m pytest -q
+test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark; ends with the 10 slowest tests
+	$(PYTEST)
 
-test-fast: $(STAMP) ## without the Spark tests
-	$(BIN)/python -m pytest -q -m "not spark"
+test-fast: setup ## the suite without the Spark tests
+	$(PYTEST) -m "not spark"
 
 lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
 	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks
@@ -43,13 +53,13 @@ bench-churn: $(STAMP) ## 10 min of churn with retention on, clean and with a sna
 bench-fairness: $(STAMP) ## a quiet tenant's pickup delay alone and beside a 100k-event noisy tenant, ~8 min (JSON on stdout)
 	$(BIN)/python benchmarks/fairness.py
 
-bench-spark: $(STAMP) ## Spark bulk enqueue of 1M events into two shards vs Spark's JDBC writer and COPY (JSON on stdout)
+bench-spark: setup ## Spark bulk enqueue of 1M events into two shards vs Spark's JDBC writer and COPY (JSON on stdout)
 	$(BIN)/python benchmarks/spark_load.py
 
 bench-maintenance: $(STAMP) ## what a maintenance slice costs, and the acks beside reconciliation slices (JSON on stdout)
 	$(BIN)/python benchmarks/maintenance.py
 
-bench-archive: $(STAMP) ## archive 200k settled events of two shards to Parquet and delete them (JSON on stdout)
+bench-archive: setup ## archive 200k settled events of two shards to Parquet and delete them (JSON on stdout)
 	$(BIN)/python benchmarks/archive.py
 
 bench-adopt: $(STAMP) ## qm queue adopt: 100k legacy rows into two shards, by slice size (JSON on stdout)

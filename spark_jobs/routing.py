@@ -16,8 +16,10 @@ The test vectors in ``tests/vectors/routing_vectors.json`` pin the behaviour.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -198,7 +200,23 @@ def spark_session(app_name: str = "qm", *, jdbc_jar: str | None = None) -> Spark
         builder = builder.config("spark.jars", jar)
     else:
         builder = builder.config("spark.jars.packages", os.environ.get("QM_JDBC_PACKAGE", JDBC_PACKAGE))
-    return builder.getOrCreate()
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:
+        _forget_failed_start()
+        if jar is None:  # most often: Maven Central cannot be reached
+            raise ConfigurationError(f"Spark did not start ({exc}); {NO_DRIVER_HINT}") from exc
+        raise
+
+
+def _forget_failed_start() -> None:
+    """Close what a failed Spark start left open. When the JVM exits before it answers, PySpark
+    raises without closing the pipe it opened to the JVM's stdin; unreachable from here, it would
+    be reported (a ResourceWarning) whenever the garbage collector next runs, in whatever code
+    runs then. Collect it now, quietly."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 @contextmanager

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -29,6 +33,40 @@ def _collect_garbage() -> Iterator[None]:
     happened to run in."""
     yield
     gc.collect()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest work first (the Spark tests, then tests marked ``slow``), so that under
+    ``pytest -n`` it starts at once instead of being what the last worker is still doing."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("spark") else 1 if item.get_closest_marker("slow") else 2)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``pytest -n N --dist loadscope`` (``make test``): every Spark test goes to one worker, where
+    they share its one Spark session (a JVM start costs seconds of CPU); every other test is a unit
+    of its own, given to whichever worker is free."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SparkTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "spark" if nodeid.startswith("tests/spark/") else nodeid
+
+    return SparkTogether(config, log)
+
+
+@pytest.fixture
+def server_dir() -> Iterator[Path]:
+    """A directory for the embedded PostgreSQL servers a test starts itself, deleted at teardown.
+
+    Not under pytest's ``tmp_path``: every pytest session that starts on the machine makes pytest's
+    temporary root private again (mode 0700), which would cut a running server's OS user off from
+    its own data directory."""
+    directory = Path(tempfile.mkdtemp(prefix="qm-test-servers-", dir=pgtest.scratch_root()))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

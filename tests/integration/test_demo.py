@@ -38,8 +38,8 @@ def _processes_mentioning(text: str) -> list[tuple[int, str]]:
 
 
 @pytest.fixture
-def demo_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "demo"
+def demo_dir(server_dir: Path) -> Iterator[Path]:
+    directory = server_dir / "demo"
     yield directory
     for pid, _ in _processes_mentioning(str(directory / "topology.toml")):
         with contextlib.suppress(ProcessLookupError):
@@ -48,6 +48,7 @@ def demo_dir(tmp_path: Path) -> Iterator[Path]:
         server.stop("immediate")
 
 
+@pytest.mark.slow
 def test_demo_runs_live_fails_over_and_loses_nothing(demo_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(

@@ -19,8 +19,8 @@ FAST = {"fsync": "off"}
 
 
 @pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "cluster"
+def cluster_dir(server_dir: Path) -> Iterator[Path]:
+    directory = server_dir / "cluster"
     yield directory
     # whatever happened in the test, leave no server behind
     for server in LocalCluster(directory, 2).servers:
@@ -28,8 +28,8 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[LocalServer]:
-    srv = LocalServer(tmp_path / "pg" / "pgdata", settings=FAST)
+def server(server_dir: Path) -> Iterator[LocalServer]:
+    srv = LocalServer(server_dir / "pg" / "pgdata", settings=FAST)
     yield srv
     srv.stop("immediate")
 
@@ -98,8 +98,8 @@ def test_kill_then_start_recovers(server: LocalServer) -> None:
     server.stop()  # no error when not running
 
 
-def test_start_failure_reports_the_log(tmp_path: Path) -> None:
-    server = LocalServer(tmp_path / "pgdata", settings={**FAST, "shared_buffers": "not-a-size"})
+def test_start_failure_reports_the_log(server_dir: Path) -> None:
+    server = LocalServer(server_dir / "pgdata", settings={**FAST, "shared_buffers": "not-a-size"})
     with pytest.raises(LocalClusterError, match="shared_buffers"):
         server.start()
     assert not server.is_running()

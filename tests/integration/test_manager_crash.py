@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
 
 @pytest.fixture
-def crashable(tmp_path: Path) -> Iterator[tuple[LocalServer, Shard]]:
-    server = LocalServer(tmp_path / "pgdata", settings={"wal_writer_delay": "10000"})
+def crashable(server_dir: Path) -> Iterator[tuple[LocalServer, Shard]]:
+    server = LocalServer(server_dir / "pgdata", settings={"wal_writer_delay": "10000"})
     admin_dsn = server.start()
     try:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:

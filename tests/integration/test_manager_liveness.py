@@ -66,6 +66,7 @@ async def _current_leader(dsn: str, procs: list[ManagerProcess], timeout: float 
     raise AssertionError(f"no manager held the lease within {timeout}s")
 
 
+@pytest.mark.slow
 async def test_a_leader_paused_past_its_lease_never_claims_the_shard_and_never_stalls_it(
     shard: Shard,
     make_queue,  # type: ignore[no-untyped-def]

@@ -24,9 +24,9 @@ from tests.conftest import tenants_of
 
 
 @pytest.mark.cluster
-def test_two_server_cluster_1000_tenants_x_100_events(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_two_server_cluster_1000_tenants_x_100_events(server_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The issue's acceptance check on `qm local start --shards 2`: plain INSERTs, DB-side routing."""
-    directory = tmp_path / "cluster"
+    directory = server_dir / "cluster"
     assert main(["local", "start", "--shards", "2", "--dir", str(directory), "--fsync-off"]) == 0
     try:
         topo_file = directory / "topology.toml"

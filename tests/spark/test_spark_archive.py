@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,9 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[spark]')")
-if shutil.which("java") is None and not Path(os.environ.get("JAVA_HOME") or "/nonexistent", "bin", "java").is_file():
-    pytest.skip("Java is not installed: a local Spark session needs a JVM 17+", allow_module_level=True)
+pytest.importorskip("pyspark", reason="pyspark is not installed: run `make setup`")
 
 from pyspark.sql import SparkSession
 
@@ -26,7 +22,6 @@ from queue_manager.cli.main import main as qm_main
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import ArchiveError, ConfigurationError, InvalidNameError, UnknownQueueError
 from queue_manager.producer import Event, enqueue_batch
-from spark_jobs import routing as sr
 from spark_jobs.archive import ArchiveProgress, archive_events, read_archive
 from spark_jobs.archive_plan import ArchiveLayout
 from tests.conftest import tenants_of
@@ -35,16 +30,6 @@ pytestmark = pytest.mark.spark
 
 OLDER_THAN = timedelta(days=7)
 PER_SHARD = 600  # events of "orders" per shard; "billing" gets a sixth of that
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    t0 = time.monotonic()
-    session = sr.spark_session("qm-test-archive")
-    session.sparkContext.setLogLevel("ERROR")
-    print(f"\nSpark session started in {time.monotonic() - t0:.1f}s")
-    yield session
-    session.stop()
 
 
 class Crash(Exception):

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[spark]')")
-if shutil.which("java") is None and not Path(os.environ.get("JAVA_HOME") or "/nonexistent", "bin", "java").is_file():
-    pytest.skip("Java is not installed: a local Spark session needs a JVM 17+", allow_module_level=True)
+pytest.importorskip("pyspark", reason="pyspark is not installed: run `make setup`")
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -25,21 +20,8 @@ from queue_manager.db.sqlfiles import query
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import ConfigurationError, InvalidEventError, UnknownQueueError
 from spark_jobs import enqueue as ej
-from spark_jobs import routing as sr
-from spark_jobs.session import require_jdbc_driver
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    if sr.find_jdbc_jar() is None:
-        pytest.fail("no PostgreSQL JDBC jar: install libpostgresql-jdbc-java or set QM_JDBC_JAR")
-    session = sr.spark_session("qm-test-enqueue")
-    session.sparkContext.setLogLevel("ERROR")
-    require_jdbc_driver(session)
-    yield session
-    session.stop()
 
 
 @pytest.fixture

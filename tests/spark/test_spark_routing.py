@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[spark]')")
-if shutil.which("java") is None and not Path(os.environ.get("JAVA_HOME") or "/nonexistent", "bin", "java").is_file():
-    pytest.skip(
-        "Java is not installed (no $JAVA_HOME/bin/java, no java on PATH): a local Spark session needs a JVM 17+",
-        allow_module_level=True,
-    )
+pytest.importorskip("pyspark", reason="pyspark is not installed: run `make setup`")
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -38,16 +29,6 @@ BY_TENANT: dict[str, dict[str, Any]] = {v["tenant"]: v for v in VECTORS["vectors
 # generated tenants: ASCII, non-ASCII (2-, 3- and 4-byte UTF-8) and awkward characters
 GENERATED_TENANTS: list[str] = [f"{prefix}{i}" for i in range(125) for prefix in ("tenant-", "é-", "日本-", "🚀\t'\"")]
 RANGE_SPECS = ["-80", "80-", "-", "-40", "40-80", "80-c0", "c0-", "4000-8000", "-0001", "fffe-", "7f-81"]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    t0 = time.monotonic()
-    session = sr.spark_session("qm-test-routing")
-    session.sparkContext.setLogLevel("ERROR")
-    print(f"\nSpark session started in {time.monotonic() - t0:.1f}s")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
