@@ -3,9 +3,9 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-#: pytest workers for `make test`: the suite mostly waits (on servers, timeouts, sockets), so more
-#: workers than the machine's 2 cores pay off; `make test TEST_WORKERS=0` runs it in one process
-TEST_WORKERS ?= 4
+#: pytest workers for `make test`: the suite is CPU-bound on 2 cores once its waits overlap; 3
+#: workers measured 2m39-2m44 (2: 3m26, 4: 2m52 with more contention); TEST_WORKERS=0: one process
+TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
 .PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit clean-local

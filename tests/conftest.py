@@ -26,6 +26,13 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what exists once the tests are collected (every module imported: PySpark,
+    hypothesis, ...) out of the garbage collector's reach: the full collection at each test's end
+    (below) then looks only at what tests made, about 1 ms instead of 70 ms, measured."""
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _collect_garbage() -> Iterator[None]:
     """Collect what a test left in reference cycles at its end: a connection it leaked unclosed then
