@@ -81,6 +81,10 @@ class ReceiverConnection:
     def silent(self) -> bool:
         return self.session.silent
 
+    @property
+    def lapsed(self) -> bool:
+        return self.session.lapsed
+
     def timed_out(self) -> None:
         """The collector took back an event this connection held, past its ack deadline."""
         self._run(self.session.timed_out())

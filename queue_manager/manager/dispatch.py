@@ -294,8 +294,11 @@ class Dispatcher:
         return q.limits.wait(q.in_flight, s.max_qps, s.max_concurrency, now)
 
     @staticmethod
-    def _chooser(subs: list[Subscriber]) -> Callable[[str], Subscriber | None]:
-        return plan.chooser(subs, lambda c: c.free, lambda c: c.tenants)
+    def _chooser(q: QueueRuntime, subs: list[Subscriber]) -> Callable[[str], Subscriber | None]:
+        """Who gets each event of a batch (plan.chooser); ties start one subscriber further on
+        than the last batch's."""
+        q.turn += 1
+        return plan.chooser(subs, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed, q.turn)
 
     async def _fire_direct(self, q: QueueRuntime) -> int:
         """Fire events due now straight from the table (no scan round trip first)."""
@@ -326,7 +329,7 @@ class Dispatcher:
             q.cursor = plan.next_cursor(q.cursor, per_part, q.settings.partitions_physical)
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
-            choose = self._chooser(subs)
+            choose = self._chooser(q, subs)
             self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows})
         return len(rows)
 
@@ -357,7 +360,7 @@ class Dispatcher:
             q.cursor = plan.next_cursor(q.cursor, per_part, q.settings.partitions_physical)
             if len(q.cache):
                 q.cache.discard_ids({r[0] for r in rows})
-            choose = self._chooser(subs)
+            choose = self._chooser(q, subs)
             self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows})
         return len(rows)
 
@@ -368,7 +371,7 @@ class Dispatcher:
         subs, limit = self._capacity(q)
         if limit <= 0:
             return 0
-        choose = self._chooser(subs)
+        choose = self._chooser(q, subs)
         db_clock = self.rt.db_clock
         now_db = db_clock.now()
         if q.policy.active:

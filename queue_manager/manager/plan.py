@@ -203,21 +203,36 @@ S = TypeVar("S")
 
 
 def chooser(
-    subs: Sequence[S], free: Callable[[S], int], tenants: Callable[[S], frozenset[str] | None]
+    subs: Sequence[S],
+    free: Callable[[S], int],
+    tenants: Callable[[S], frozenset[str] | None],
+    lapsed: Callable[[S], bool] = lambda s: False,
+    start: int = 0,
 ) -> Callable[[str], S | None]:
-    """Pick the least busy subscriber (most free credit) that takes a tenant, and reserve a slot."""
-    reserved = {i: free(c) for i, c in enumerate(subs)}
+    """Pick the least busy subscriber (most free credit) that takes a tenant, and reserve a slot.
+
+    A ``lapsed`` subscriber (it let an event pass its ack deadline and has settled nothing since)
+    is picked only when no other with credit takes the tenant: an event that timed out on one
+    connection goes elsewhere when it can. Ties go to the first from ``start`` on: a caller that
+    moves ``start`` on from batch to batch spreads them instead of always feeding the first."""
+    n = len(subs)
+    order = [(start + k) % n for k in range(n)] if n else []
+    reserved = [free(c) for c in subs]
     accepts = [tenants(c) for c in subs]
+    steady = [not lapsed(c) for c in subs]
 
     def choose(tenant: str) -> S | None:
         best = -1
-        best_free = 0
-        for i in range(len(subs)):
+        best_key = (False, 0)
+        for i in order:
             f = reserved[i]
-            if f > best_free:
+            if f <= 0:
+                continue
+            key = (steady[i], f)
+            if best < 0 or key > best_key:
                 t = accepts[i]
                 if t is None or tenant in t:
-                    best, best_free = i, f
+                    best, best_key = i, key
         if best < 0:
             return None
         reserved[best] -= 1

@@ -75,6 +75,12 @@ class Subscriber(Protocol):
         free credit meanwhile)."""
         ...
 
+    @property
+    def lapsed(self) -> bool:
+        """An event it held passed its ack deadline and it has settled nothing since (it gets
+        events only when no other subscriber with credit takes them)."""
+        ...
+
     def timed_out(self) -> None:
         """The collector took back an event it held, past its ack deadline."""
         ...
@@ -107,6 +113,8 @@ class QueueRuntime:
         self.scanned_future_only = False
         #: round-robin position of mgr_fire_due, kept across batches
         self.cursor = 0
+        #: the subscriber that ties of free credit start from, moved on at each batch
+        self.turn = 0
         #: the slice of partitions the next periodic rescan covers (see RESCAN_SLICES)
         self.rescan_slice = 0
         #: loop times of the latest NOTIFY wake-ups, and poll mode's end

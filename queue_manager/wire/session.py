@@ -146,6 +146,10 @@ class ReceiverSession:
         #: an event it held passed its ack deadline, and it has shown no life since (no frame, no
         #: pong): it is sent nothing, and the events taken back from it go to others
         self.silent = False
+        #: an event it held passed its ack deadline, and it has settled nothing since (no ack, nack
+        #: or extend): alive, perhaps, but not working through what it is sent, so the dispatcher
+        #: gives it events only when no other subscriber with credit takes them
+        self.lapsed = False
 
     @property
     def free(self) -> int:
@@ -179,6 +183,7 @@ class ReceiverSession:
             return [Send(f.reply_frame("credit_set", frame.ref, credit=self.credit)), WakeUp(Wake.CREDIT)]
         if self.ledger is None:
             raise f.FrameError(f.NOT_SUBSCRIBED, "subscribe to a queue first", frame.ref)
+        self.lapsed = False  # an ack, nack or extend, even a refused one: it works through its events
         if isinstance(frame, f.Ack):
             return self._ack(self.ledger, frame)
         if isinstance(frame, f.Nack):
@@ -362,6 +367,7 @@ class ReceiverSession:
         process, a blocked event loop) with its socket still open, and its credit would draw every
         event, the re-fired ones first, into it. So it is sent nothing until it shows life: a frame,
         or the pong to the ping asked for here (once per silence)."""
+        self.lapsed = True
         if self.silent:
             return []
         self.silent = True

@@ -230,3 +230,48 @@ async def test_a_lone_silent_receiver_gets_its_events_again_once_it_answers_a_pi
                 got.update((e["id"], e["attempt"]) for e in frame["events"] if e["attempt"] > 1)
             await ws.send(json.dumps({"type": "ack", "ref": "a", "events": [[i, a] for i, a in got.items()]}))
             assert sorted((await recv_type(ws, "ack_result"))["acked"]) == sorted(ids)
+
+
+async def test_an_event_a_live_receiver_sits_on_goes_to_another_one_after_its_deadline(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue
+) -> None:
+    """max_concurrency 1. Receiver A acks its event by SQL (committed), then stays connected and
+    sends nothing, though its event loop runs (it answers pings). Receiver B subscribes. The next
+    event may go to A, which has as much room as B; A sits on it, and after its ack deadline it
+    goes to B, not back to A: A has settled nothing since. B gets it within ACKED_WITHIN of its
+    commit, and the queue's one slot is free again once B acks."""
+    make_queue(
+        "orders",
+        partitions=4,
+        shuffle=2,
+        max_concurrency=1,
+        ack_timeout_seconds=ACK_TIMEOUT,
+        backoff_min_seconds=0.1,
+        backoff_max_seconds=BACKOFF_MAX,
+    )
+    first_tenant, second_tenant = tenants_of(shard, 2)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as a, raw_client(m) as b:
+            await a.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(a, "subscribed")
+            [first] = await insert(shard.dsn, [(first_tenant, {"n": 1})])
+            event = (await recv_type(a, "deliver"))["events"][0]
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
+                cur = await app.execute(
+                    "UPDATE orders SET state = 'acked', acked_at = now() "
+                    "WHERE id = %s AND attempts = %s AND state = 'fired'",
+                    (first, event["attempt"]),
+                )
+                assert cur.rowcount == 1
+                await app.commit()
+            await wait_for(lambda: m.health()["queues"]["orders"]["in_flight"] == 0, 3, "the SQL ack's slot freed")
+            await b.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(b, "subscribed")
+            committed = time.monotonic()
+            [second] = await insert(shard.dsn, [(second_tenant, {"n": 2})])
+            got = (await recv_type(b, "deliver", timeout=ACKED_WITHIN))["events"][0]
+            assert got["id"] == second and time.monotonic() - committed <= ACKED_WITHIN
+            await b.send(json.dumps({"type": "ack", "ref": "b", "events": [[second, got["attempt"]]]}))
+            assert (await recv_type(b, "ack_result"))["acked"] == [second]
+            await wait_for(lambda: m.health()["queues"]["orders"]["in_flight"] == 0, 3, "the slot free again")

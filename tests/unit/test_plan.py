@@ -133,6 +133,19 @@ def test_the_chooser_prefers_the_least_busy_subscriber_that_takes_the_tenant() -
     assert choose("globex") is None
 
 
+def test_a_lapsed_subscriber_gets_events_only_when_no_other_takes_them() -> None:
+    subs = [("lapsed", 5, None, True), ("steady", 2, None, False), ("acme-only", 3, frozenset({"acme"}), False)]
+    choose = plan.chooser(subs, lambda s: s[1], lambda s: s[2], lambda s: s[3])
+    assert [choose("globex")[0] for _ in range(3)] == ["steady", "steady", "lapsed"]  # type: ignore[index]
+    assert [choose("acme")[0] for _ in range(4)] == ["acme-only"] * 3 + ["lapsed"]  # type: ignore[index]
+
+
+def test_ties_go_to_the_first_subscriber_from_the_start_given() -> None:
+    subs = [("a", 1, None), ("b", 1, None), ("c", 1, None)]
+    firsts = [plan.chooser(subs, lambda s: s[1], lambda s: s[2], start=k)("t") for k in range(4)]
+    assert [p[0] for p in firsts if p] == ["a", "b", "c", "a"]
+
+
 def test_next_scan_covers_every_partition_within_the_interval_or_half_the_window() -> None:
     assert plan.next_scan_at(NOW, 2.0, 30.0) == pytest.approx(NOW + 0.5)
     assert plan.next_scan_at(NOW, 2.0, 1.0) == pytest.approx(NOW + 0.125)

@@ -310,6 +310,10 @@ class Conn:
     def silent(self) -> bool:
         return self.h.s.silent
 
+    @property
+    def lapsed(self) -> bool:
+        return self.h.s.lapsed
+
     def timed_out(self) -> None:
         self.actions += self.h.s.timed_out()
 
@@ -340,8 +344,36 @@ def test_events_that_timed_out_on_a_connection_are_fired_to_the_others_until_it_
     rt.refired(q, {4, 5, 6, 7, 8}, set(), 1_750_000_001.0)
     assert frozen.actions == [Probe()]  # still silent: no second ping
     assert frozen.h.s.answered() == [WakeUp(Wake.ALIVE)]  # the pong came
-    choose = plan.chooser(q.subscribers, lambda c: c.free, lambda c: c.tenants)
+    # alive, but it has settled nothing since its events timed out: the others come first
+    choose = plan.chooser(q.subscribers, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed)
+    assert [choose("t") for _ in range(4)] == [healthy, healthy, healthy, frozen]
+    frozen.h.receive(type="nack", events=[{"id": 99, "attempt": 1}])  # it works through its events again
+    choose = plan.chooser(q.subscribers, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed)
     assert choose("t") is frozen  # the one with the most room again
+
+
+@pytest.mark.parametrize(
+    ("body", "settles"),
+    [
+        ({"type": "ack", "events": [[9, 1]]}, True),
+        ({"type": "nack", "events": [{"id": 9, "attempt": 1}]}, True),
+        ({"type": "extend", "events": [{"id": 9, "attempt": 1, "seconds": 5}]}, True),
+        ({"type": "credit", "credit": 2}, False),
+        ({"type": "ping"}, False),
+    ],
+)
+def test_a_connection_that_let_an_event_time_out_stays_lapsed_until_it_settles_something(
+    body: dict[str, Any], settles: bool
+) -> None:
+    """A pong or a credit frame shows the client is there; an ack, a nack or an extend (even one
+    refused, for an event taken back) shows it works through what it is sent."""
+    h = Harness(credit=2)
+    assert not h.s.lapsed
+    h.s.timed_out()
+    h.s.answered()
+    assert h.s.lapsed and not h.s.silent
+    h.s.receive(json.dumps(body), h.clock.monotonic())
+    assert h.s.lapsed is not settles
 
 
 def test_a_result_for_ten_thousand_errors_stays_under_the_frame_limit() -> None:
