@@ -5,7 +5,7 @@
 * ``QM_TEST_DSN`` when set: an existing server, used as is;
 * a ``postgres:17`` testcontainer when ``QM_TEST_POSTGRES=docker``;
 * otherwise an embedded server (:class:`queue_manager.local.embedded.LocalServer`) in
-  ``QM_TEST_PGDIR`` (default ``/dev/shm/qm-test-pg``, see :func:`scratch_root`), tuned for speed
+  ``QM_TEST_PGDIR`` (default ``/dev/shm/qm-test-pg-<user>``, see :func:`scratch_root`), tuned for speed
   over durability: one per pytest-xdist worker (``QM_TEST_PGDIR/gw0``, ...), so that what is
   server-wide (the xmin horizon, ``pg_stat_activity``, prepared transactions, the NOTIFY queue,
   checkpoints) is one worker's alone.
@@ -17,6 +17,7 @@ this process found it: then it belongs to someone else).
 from __future__ import annotations
 
 import atexit
+import getpass
 import os
 import tempfile
 import threading
@@ -39,7 +40,8 @@ def scratch_root() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
 
 
-DEFAULT_PGDIR = str(scratch_root() / "qm-test-pg")
+#: one per OS user: another user's servers there are not ours to reuse (nor writable)
+DEFAULT_PGDIR = str(scratch_root() / f"qm-test-pg-{getpass.getuser()}")
 #: durability off: a test server holds nothing worth an fsync
 TEST_SETTINGS = {
     "fsync": "off",
