@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -49,6 +50,9 @@ from queue_manager.errors import AdoptError, ConfigurationError, EnqueueError, Q
 logger = logging.getLogger(__name__)
 
 _SQL = "adopt.sql"
+#: how long a run retries an adoption lock it finds held, before it refuses (the holder may be a run
+#: whose session is ending)
+LOCK_GRACE_SECONDS = 2.0
 #: the outbox's default name, in the legacy table's schema
 DEFAULT_OUTBOX = "qm_adopt_outbox"
 #: a test may pass a hook called with these names at the points between commits
@@ -580,12 +584,20 @@ def _scalar(conn: psycopg.Connection[Any], statement: sql.Composed, params: dict
 
 
 def _lock(shard_conns: dict[str, psycopg.Connection[Any]], adoption: str) -> None:
+    """Take the adoption's lock on every shard, or AdoptError. A run that has just ended, or was
+    killed, holds it until its server session ends, a moment after its connection closed: an
+    attempt that finds it held tries again for up to LOCK_GRACE_SECONDS before it refuses."""
     for name, conn in shard_conns.items():
-        row = conn.execute(query("adopt_lock", _SQL), {"adoption": adoption}).fetchone()
-        if row is None or not row[0]:
-            raise AdoptError(
-                f"adoption {adoption!r} is already running (its lock is held on shard {name!r}): one run at a time"
-            )
+        deadline = time.monotonic() + LOCK_GRACE_SECONDS  # wall waiting on a server, not the run's clock
+        while True:
+            row = conn.execute(query("adopt_lock", _SQL), {"adoption": adoption}).fetchone()
+            if row is not None and row[0]:
+                break
+            if time.monotonic() >= deadline:
+                raise AdoptError(
+                    f"adoption {adoption!r} is already running (its lock is held on shard {name!r}): one run at a time"
+                )
+            time.sleep(0.05)
 
 
 def adopt(
