@@ -22,6 +22,9 @@ SECRET_ORDERS = "secret-orders-only-01"
 SECRET_OTHER = "secret-other-queue-01"
 SECRET_TENANT = "secret-one-tenant-001"
 
+#: an ack by SQL of (id, attempt) in the test queue "orders", as docs/manager.md documents it
+ACK_BY_SQL = "UPDATE orders SET state = 'acked', acked_at = now() WHERE id = %s AND attempts = %s AND state = 'fired'"
+
 #: fast settings for tests: short lease, frequent sweeps, purges and rescans
 FAST = {
     "lease_ttl": 2.0,

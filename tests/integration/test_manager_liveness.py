@@ -30,7 +30,16 @@ from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.manager.maintenance import SWEEP_MARGIN
 from tests.conftest import tenants_of
-from tests.managerkit import insert, raw_client, recv_type, running_manager, running_receiver, wait_for, wait_leader
+from tests.managerkit import (
+    ACK_BY_SQL,
+    insert,
+    raw_client,
+    recv_type,
+    running_manager,
+    running_receiver,
+    wait_for,
+    wait_leader,
+)
 from tests.processkit import ManagerProcess, lease, write_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -153,8 +162,7 @@ async def test_an_ack_by_sql_gives_the_credit_slot_back(shards: Topology, shard:
     async def ack_by_sql(ident: int, attempt: int) -> None:
         async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
             cur = await app.execute(
-                "UPDATE orders SET state = 'acked', acked_at = now() "
-                "WHERE id = %s AND attempts = %s AND state = 'fired'",
+                ACK_BY_SQL,
                 (ident, attempt),
             )
             assert cur.rowcount == 1
@@ -220,7 +228,6 @@ async def test_an_ack_by_sql_that_outlives_the_deadline_and_rolls_back_is_fired_
         backoff_max_seconds=BACKOFF_MAX,
     )
     tenants = tenants_of(shard, 2)
-    sql_ack = "UPDATE orders SET state = 'acked', acked_at = now() WHERE id = %s AND attempts = %s AND state = 'fired'"
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
@@ -235,7 +242,7 @@ async def test_an_ack_by_sql_that_outlives_the_deadline_and_rolls_back_is_fired_
                 await psycopg.AsyncConnection.connect(shard.dsn) as rolling_back,
             ):
                 for conn, ident in ((committing, kept), (rolling_back, undone)):
-                    assert (await conn.execute(sql_ack, (ident, got[ident]["attempt"]))).rowcount == 1
+                    assert (await conn.execute(ACK_BY_SQL, (ident, got[ident]["attempt"]))).rowcount == 1
                 async with await psycopg.AsyncConnection.connect(shard.dsn) as c:
                     cur = await c.execute("SELECT extract(epoch FROM max(ack_deadline))::float8 FROM orders")
                     deadline = float((await cur.fetchone())[0])  # type: ignore[index]
@@ -298,8 +305,7 @@ async def test_an_ack_by_sql_committed_while_the_manager_cannot_listen_frees_the
             assert ev["id"] == first
             async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
                 cur = await app.execute(
-                    "UPDATE orders SET state = 'acked', acked_at = now() "
-                    "WHERE id = %s AND attempts = %s AND state = 'fired'",
+                    ACK_BY_SQL,
                     (first, ev["attempt"]),
                 )
                 assert cur.rowcount == 1

@@ -24,6 +24,7 @@ from queue_manager.domain.topology import Shard
 from queue_manager.manager import Manager
 from tests.conftest import tenants_of
 from tests.managerkit import (
+    ACK_BY_SQL,
     SECRET_ALL,
     insert,
     raw_client,
@@ -259,8 +260,7 @@ async def test_an_event_a_live_receiver_sits_on_goes_to_another_one_after_its_de
             event = (await recv_type(a, "deliver"))["events"][0]
             async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
                 cur = await app.execute(
-                    "UPDATE orders SET state = 'acked', acked_at = now() "
-                    "WHERE id = %s AND attempts = %s AND state = 'fired'",
+                    ACK_BY_SQL,
                     (first, event["attempt"]),
                 )
                 assert cur.rowcount == 1
