@@ -14,6 +14,7 @@ what was expected, what to do).
     │   └── QueuePausedError      (reserved) the queue refuses new events
     ├── UnknownQueueError         no queue of that name on the shard
     ├── LocalClusterError         the embedded PostgreSQL servers could not be started
+    ├── MigrationError            a database the migrations cannot bring to head
     ├── ArchiveError              the archive job found its output or a shard not as it left them
     └── AdoptError                qm queue adopt stopped: rows the queue refuses, or a run already going
 """
@@ -67,6 +68,10 @@ class UnknownQueueError(QueueManagerError):
 
 class LocalClusterError(QueueManagerError):
     """The local embedded PostgreSQL cluster could not be managed."""
+
+
+class MigrationError(QueueManagerError):
+    """The database cannot be migrated."""
 
 
 class ArchiveError(QueueManagerError):

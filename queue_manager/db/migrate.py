@@ -16,8 +16,6 @@ from queue_manager.domain.topology import Shard, Topology
 
 logger = logging.getLogger(__name__)
 
-#: advisory lock key serialising concurrent migrations of one database
-_MIGRATION_LOCK = 29036
 _ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,10 +33,12 @@ def alembic_config() -> Config:
 
 
 def upgrade(dsn: str, revision: str = "head") -> None:
-    """Bring one database to ``revision`` (idempotent; concurrent callers serialise)."""
+    """Bring one database to ``revision`` in one transaction (idempotent; concurrent callers serialise
+    on the migration lock, alembic/env.py). At head, the schema's functions are applied from their
+    source and every queue's code is regenerated (queue_manager.db.schema), also when no revision ran.
+    """
     cfg = alembic_config()
     with engine_for(dsn).begin() as conn:
-        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
     logger.info("migrated", extra={"action": "migrate", "revision": revision})

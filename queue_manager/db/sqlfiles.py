@@ -1,4 +1,4 @@
-"""Access to the SQL files shipped with the package (schema revisions and named runtime queries)."""
+"""Access to the SQL files shipped with the package: revisions, the schema source, named runtime queries."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ _BLOCK_RE = re.compile(r"^-- ([a-z0-9_]+) --\n", re.MULTILINE)
 
 
 def read_sql(name: str) -> str:
-    """The text of ``queue_manager/db/sql/<name>``."""
-    return resources.files("queue_manager.db").joinpath("sql", name).read_text(encoding="utf-8")
+    """The text of ``queue_manager/db/sql/<name>`` (``name`` may name a subdirectory: ``schema/...``)."""
+    return resources.files("queue_manager.db").joinpath("sql", *name.split("/")).read_text(encoding="utf-8")
 
 
 @cache

@@ -1,6 +1,6 @@
 """Leadership of the shard: take the lease, renew it, run one session per term, step down.
 
-The lease is the row ``qm.leader`` in the shard's database (schema_0002.sql): a term, a holder
+The lease is the row ``qm.leader`` in the shard's database (sql/schema/leadership/): a term, a holder
 and an expiry by the database's clock. The loop:
 
 - as a **standby**, tries ``qm.acquire_leadership`` every ``standby_poll``;

@@ -573,7 +573,7 @@ def test_adopted_events_wake_a_waiting_manager(
         manager = psycopg.connect(shard.dsn, autocommit=True)
         qid = manager.execute("SELECT id FROM qm.queues WHERE name = 'orders'").fetchone()
         manager.execute("LISTEN qm_wake")
-        manager.execute("SELECT pg_advisory_lock(qm.wake_lock_key(), %s)", qid)  # armed: waiting for a wake-up
+        manager.execute("SELECT pg_advisory_lock(qm.lock_class('wake'), %s)", qid)  # armed: waiting for a wake-up
         waiting[shard.name] = manager
     try:
         adopt(shards, "orders", legacy_dsn, mapping())

@@ -93,7 +93,7 @@ async def test_load_counters_stay_exact_under_concurrent_enqueue_and_acks(shard:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# reconciliation beside enqueues that are not committed yet (revision 0013_enqueue_lock)
+# reconciliation beside enqueues that are not committed yet (the enqueue lock)
 
 
 async def _partition_of(conn: psycopg.AsyncConnection[Any], tenant: str) -> int:
@@ -162,7 +162,7 @@ async def test_a_producer_that_meets_a_slice_waits_for_its_count(shard: Shard, m
         cur = await producer.execute("SELECT id FROM qm.queues WHERE name = 'orders'")
         qid = int((await cur.fetchone())[0])  # type: ignore[index]
         # what qm.reconcile_partition holds while it counts, left open
-        await slice_.execute("SELECT pg_advisory_xact_lock(qm.enq_lock_key(), %s * 64 + %s %% 64)", (qid, p))
+        await slice_.execute("SELECT pg_advisory_xact_lock(qm.lock_class('enqueue'), %s * 64 + %s %% 64)", (qid, p))
         await producer.execute("SET statement_timeout = '2s'")
         await producer.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (elsewhere,))
         for statement, args in (
@@ -174,7 +174,7 @@ async def test_a_producer_that_meets_a_slice_waits_for_its_count(shard: Shard, m
             assert not waiting.done(), statement
             await slice_.rollback()
             await asyncio.wait_for(waiting, 2)
-            await slice_.execute("SELECT pg_advisory_xact_lock(qm.enq_lock_key(), %s * 64 + %s %% 64)", (qid, p))
+            await slice_.execute("SELECT pg_advisory_xact_lock(qm.lock_class('enqueue'), %s * 64 + %s %% 64)", (qid, p))
         await slice_.rollback()
     loads, live = await _counts(shard.dsn)
     assert live[p] == sum(1 for t in tenants if parts[t] == p) + 1
@@ -233,7 +233,7 @@ async def test_an_insert_into_every_partition_of_a_wide_queue_holds_at_most_64_e
     make_queue("orders", partitions=256, shuffle=16)
     tenants = tenants_of(shard, 400)
     held = (
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = qm.enq_lock_key() "
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = qm.lock_class('enqueue') "
         "AND pid = pg_backend_pid()"
     )
     async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:

@@ -450,7 +450,7 @@ async def test_qm_status_shows_the_slices_of_every_manager(shards: Topology, sha
         await drain_partitions(s, q)
         await s.take(Job.RECONCILIATION, q, 0, "floor")
         async with await psycopg.AsyncConnection.connect(shard.dsn) as holder:
-            await holder.execute("SELECT pg_advisory_xact_lock(qm.load_lock_key(), %s)", (q.id,))
+            await holder.execute("SELECT pg_advisory_xact_lock(qm.lock_class('load'), %s)", (q.id,))
             await s.take(Job.RECONCILIATION, q, 1, "floor")
     data = await asyncio.to_thread(admin.status, shards)
     entry = next(e for e in data["shards"] if e["shard"] == shard.name)

@@ -238,7 +238,7 @@ def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) 
         prod.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
         assert list(manager.notifies(timeout=0.3, stop_after=1)) == []
 
-        manager.execute("SELECT pg_advisory_lock(qm.wake_lock_key(), %s)", (qid,))  # the manager arms itself
+        manager.execute("SELECT pg_advisory_lock(qm.lock_class('wake'), %s)", (qid,))  # the manager arms itself
         with prod.transaction():
             prod.execute("INSERT INTO orders (tenant) SELECT %s FROM generate_series(1, 1000)", (t,))
             prod.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
@@ -252,7 +252,7 @@ def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) 
         )
         got = [n.payload for n in manager.notifies(timeout=2, stop_after=1)]
         assert len(got) == 1 and re.fullmatch(r"orders at \d{16}", got[0]), got  # one for later: rescan
-        manager.execute("SELECT pg_advisory_unlock(qm.wake_lock_key(), %s)", (qid,))
+        manager.execute("SELECT pg_advisory_unlock(qm.lock_class('wake'), %s)", (qid,))
 
         # no manager waits, but a row older than its insert is announced with its fire_at: the
         # manager's picks start at what it already fired and would not look that far back
@@ -263,9 +263,9 @@ def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) 
         # a producer mid-transaction holds the shared lock: the manager cannot arm until it ends
         with prod.transaction():
             prod.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
-            armed = manager.execute("SELECT pg_try_advisory_lock(qm.wake_lock_key(), %s)", (qid,)).fetchone()
+            armed = manager.execute("SELECT pg_try_advisory_lock(qm.lock_class('wake'), %s)", (qid,)).fetchone()
             assert armed == (False,)
-        assert manager.execute("SELECT pg_try_advisory_lock(qm.wake_lock_key(), %s)", (qid,)).fetchone() == (True,)
+        assert manager.execute("SELECT pg_try_advisory_lock(qm.lock_class('wake'), %s)", (qid,)).fetchone() == (True,)
 
 
 def test_cli_manager_refuses_bad_maintenance_intervals(

@@ -366,7 +366,9 @@ def test_atomic_publish_with_a_waiting_manager_and_past_fire_at_wakes_it_after_c
     for s in shards.shards:
         c = psycopg.connect(s.dsn, autocommit=True)
         c.execute("LISTEN qm_wake")
-        c.execute("SELECT pg_advisory_lock(qm.wake_lock_key(), (SELECT id FROM qm.queues WHERE name = %s))", (queue,))
+        c.execute(
+            "SELECT pg_advisory_lock(qm.lock_class('wake'), (SELECT id FROM qm.queues WHERE name = %s))", (queue,)
+        )
         managers.append(c)
     try:
         df = events_df(spark, 500).withColumn("fire_at", F.lit("2021-06-01T00:00:00Z"))

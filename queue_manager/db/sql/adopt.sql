@@ -158,10 +158,10 @@ SELECT count(*) FROM {outbox} WHERE adoption = %(adoption)s
 
 -- adopt_lock --
 -- The same adoption never runs twice at once, whatever legacy database it reads: a session lock on
--- every shard, held for the run. Its class (29041) is its own: until session 11 it shared 29038 with
--- the load lock (qm.load_lock_key(), queue id), so an adoption whose name hashed to a queue's id
--- would have held that queue's acks for the whole run.
-SELECT pg_try_advisory_lock(29041, hashtext(%(adoption)s))
+-- every shard, held for the run. Its class is its own (queue_manager/db/locks.py): it once shared
+-- the load lock's class (load, queue id), so an adoption whose name hashed to a queue's id would
+-- have held that queue's acks for the whole run.
+SELECT pg_try_advisory_lock(qm.lock_class('adopt'), hashtext(%(adoption)s))
 
 -- adopt_ledger_add --
 -- Phase 2, on the tenant's shard, in the transaction that inserts the events: remember the outbox

@@ -1,6 +1,7 @@
 -- Named queries of the manager (loaded by queue_manager.db.sqlfiles.queries("manager.sql")).
 -- {queue} is a queue table name checked against the allow-list. Every statement that changes an
--- event's state calls qm.fence(term) first (see schema_0002.sql): a deposed manager's writes fail.
+-- event's state calls qm.fence(term) first (schema/leadership/fence.sql): a deposed manager's
+-- writes fail.
 --
 -- Statements that change rows named by id guard their state as text (q.state::text = 'fired'):
 -- the comparison guards the same, but it does not prove a partial index's predicate, so the
@@ -36,22 +37,22 @@ SELECT qm.release_leadership(%(holder)s, %(term)s)
 -- mgr_arm --
 -- Try (never wait) to take the wake locks of the given queues, for the session: a producer whose
 -- shared try-lock then fails sends NOTIFY qm_wake. Returns the queue ids it holds.
-SELECT array_agg(q) FILTER (WHERE pg_try_advisory_lock(qm.wake_lock_key(), q)) FROM unnest(%(ids)s::integer[]) AS q
+SELECT array_agg(q) FILTER (WHERE pg_try_advisory_lock(qm.lock_class('wake'), q)) FROM unnest(%(ids)s::integer[]) AS q
 
 -- mgr_disarm --
 -- Give one queue's wake lock back: producers stop sending NOTIFY while the queue is busy.
-SELECT pg_advisory_unlock(qm.wake_lock_key(), %(id)s)
+SELECT pg_advisory_unlock(qm.lock_class('wake'), %(id)s)
 
 -- mgr_wait_wake_lock --
 -- Wait (on a connection of its own, without timeouts) for one queue's wake-up lock, which an open
 -- producer transaction holds in shared mode. While this request waits, producers' shared try-locks
 -- fail, so they NOTIFY (see queue_manager/manager/wakeups.py).
-SELECT pg_advisory_lock(qm.wake_lock_key(), %(id)s)
+SELECT pg_advisory_lock(qm.lock_class('wake'), %(id)s)
 
 -- mgr_wake_lock_waiters --
 -- Which of the given backends wait (not yet granted) for a wake-up lock.
 SELECT DISTINCT pid FROM pg_locks
- WHERE locktype = 'advisory' AND classid = qm.wake_lock_key() AND objsubid = 2 AND NOT granted
+ WHERE locktype = 'advisory' AND classid = qm.lock_class('wake') AND objsubid = 2 AND NOT granted
    AND pid = ANY(%(pids)s::integer[])
 
 -- mgr_scan --
@@ -217,8 +218,8 @@ SELECT qm.add_done(%(queue_id)s, %(parts)s::smallint[]) FROM (SELECT qm.fence(%(
 -- backend: 2.5 ms a reading in a busy drain, 100 readings a second, a quarter of the drain's speed.
 -- A producer that tries the shared lock in the instant it is held here fails its try and notifies.
 SELECT p.q,
-       CASE WHEN pg_try_advisory_lock(qm.wake_lock_key(), p.q)
-            THEN NOT pg_advisory_unlock(qm.wake_lock_key(), p.q) ELSE true END,
+       CASE WHEN pg_try_advisory_lock(qm.lock_class('wake'), p.q)
+            THEN NOT pg_advisory_unlock(qm.lock_class('wake'), p.q) ELSE true END,
        extract(epoch FROM clock_timestamp())::double precision
   FROM unnest(%(ids)s::integer[]) AS p(q)
 
@@ -231,7 +232,7 @@ SELECT l.objid::integer AS queue_id, l.pid,
        extract(epoch FROM clock_timestamp())::double precision
   FROM pg_locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
- WHERE l.locktype = 'advisory' AND l.classid = qm.wake_lock_key() AND l.objsubid = 2 AND l.mode = 'ShareLock'
+ WHERE l.locktype = 'advisory' AND l.classid = qm.lock_class('wake') AND l.objsubid = 2 AND l.mode = 'ShareLock'
    AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
    AND l.objid::integer = ANY(%(ids)s::integer[])
 UNION ALL

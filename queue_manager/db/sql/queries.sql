@@ -109,5 +109,5 @@ LIMIT 1
 
 -- maintenance_counts --
 -- The maintenance jobs' slices on this shard, every manager together: recruited, finished,
--- aborted, and the events they handled (sequences, see schema_0009.sql).
+-- aborted, and the events they handled (sequences, see schema/maintenance/count_maintenance.sql).
 SELECT job, recruited, finished, aborted, events FROM qm.maintenance_counts()

@@ -1,5 +1,5 @@
 -- Runtime queries of the Spark bulk loader (spark_jobs/enqueue.py), one named block each
--- ("-- name --"). The functions they call are in schema_0007.sql.
+-- ("-- name --"). The functions they call are in schema/spark/.
 
 -- shard_name --
 SELECT name FROM qm.shard
@@ -13,13 +13,13 @@ SELECT current_setting('max_prepared_transactions')::integer
 -- run_lock --
 -- One live run per (queue, run id): a session lock on the coordinating shard (the topology's
 -- first), taken before the run touches anything and held on a connection of the job's own until it
--- ends. It goes with the connection, so a killed job's retry gets it at once. Its class (29042) is
--- its own (tests/unit/test_lock_keys.py).
-SELECT pg_try_advisory_lock(29042, hashtext(%(queue)s || chr(31) || %(run)s))
+-- ends. It goes with the connection, so a killed job's retry gets it at once. Its class is its own
+-- (queue_manager/db/locks.py).
+SELECT pg_try_advisory_lock(qm.lock_class('spark_run'), hashtext(%(queue)s || chr(31) || %(run)s))
 
 -- run_lock_wait --
 -- The same lock, waited for up to the session's lock_timeout (run_lock_timeout).
-SELECT pg_advisory_lock(29042, hashtext(%(queue)s || chr(31) || %(run)s))
+SELECT pg_advisory_lock(qm.lock_class('spark_run'), hashtext(%(queue)s || chr(31) || %(run)s))
 
 -- run_lock_timeout --
 SELECT set_config('lock_timeout', %(ms)s, false)

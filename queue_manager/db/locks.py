@@ -1,0 +1,59 @@
+"""The registry of advisory locks: every advisory lock the queue manager takes has its class here.
+
+Every lock is the two-key form, ``pg_advisory*(class integer, key integer)``. The class is one of
+the fixed values below, one per purpose; the key says which object of that purpose is locked. No
+lock takes a queue id (or anything else that varies) as its class, and none uses the one-key
+(bigint) form, which PostgreSQL keeps in a key space of its own: two purposes never wait on each
+other, whatever the queue ids, names and hashes.
+
+SQL spells a class ``qm.lock_class('wake')`` (``qm.lock_classes()`` lists them all, for reading
+``pg_locks``: ``pg_locks.classid`` is the class, ``objid`` the key, ``objsubid`` 2); Python spells it
+``LockClass.WAKE``. Both lists live in one place each: this module and
+``sql/schema/locks/lock_classes.sql``. ``tests/unit/test_lock_registry.py`` checks that they are the
+same and that no SQL or Python source takes an advisory lock of a class spelled any other way;
+``tests/integration/test_lock_registry.py`` checks every function of a migrated database, the
+generated ones of each queue included.
+
+Keys that pack two values (``queue id * 64 + partition % 64``) stay within ``integer`` for queue
+ids below 33 554 432; a queue id is an identity that grows by one per queue created on the shard.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class LockClass(IntEnum):
+    """One advisory lock class per purpose; the comment of each says what its key is."""
+
+    #: key 0: one migration of a database at a time (queue_manager.db.migrate, alembic/env.py);
+    #: transaction-level, exclusive
+    MIGRATION = 29036
+    #: key: queue id. A manager waiting for a queue's events holds it exclusively (session-level);
+    #: a producer's statement trigger tries it shared and sends NOTIFY when the try fails (docs/design.md,
+    #: "Waking the manager without a NOTIFY per producer")
+    WAKE = 29037
+    #: key: queue id. Orders the done counters' read-then-set (qm.add_done waits for it) against a
+    #: reconciliation slice (qm.reconcile_partition only tries it); transaction-level, exclusive
+    LOAD = 29038
+    #: key: the job's position in qm.maintenance_jobs() (1, 2, 3). Adds up the events counter of a
+    #: maintenance job across managers (qm.count_maintenance); transaction-level, exclusive
+    MAINTENANCE = 29039
+    #: key: queue id * 64 + partition % 64. Held shared by a transaction that bumped the partition's
+    #: enqueue counter, to its end (the route trigger, qm.add_load); a reconciliation slice tries it
+    #: exclusively. Partitions p and p + 64 share a key, so a transaction holds at most 64 per queue
+    ENQUEUE = 29040
+    #: key: hashtext(adoption name). One run of an adoption at a time, on every shard (adopt.sql);
+    #: session-level
+    ADOPT = 29041
+    #: key: hashtext(queue || chr(31) || run id). One live Spark enqueue run per (queue, run id), on
+    #: the coordinating shard (spark.sql); session-level
+    SPARK_RUN = 29042
+    #: key: hashtext(queue id || chr(31) || tenant || chr(31) || dedup key). Serialises producers of
+    #: one dedup key in the route trigger, so READ COMMITTED sees a committed twin; transaction-level
+    DEDUP = 29043
+
+    @property
+    def purpose(self) -> str:
+        """The name SQL gives the class: ``qm.lock_class('<purpose>')``."""
+        return self.name.lower()

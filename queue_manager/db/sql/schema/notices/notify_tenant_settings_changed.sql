@@ -1,0 +1,13 @@
+-- A tenant's overrides changed by qm.set_tenant / qm.unset_tenant (or by hand) reach the manager at
+-- once, as a queue setting does: NOTIFY qm_wake '<queue> settings', delivered at commit.
+CREATE OR REPLACE FUNCTION qm.notify_tenant_settings_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('qm_wake', q.name || ' settings')
+       FROM qm.queues q WHERE q.id = coalesce(NEW.queue_id, OLD.queue_id);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER qm_tenant_settings_changed AFTER INSERT OR UPDATE OR DELETE ON qm.tenant_settings
+    FOR EACH ROW EXECUTE FUNCTION qm.notify_tenant_settings_changed();

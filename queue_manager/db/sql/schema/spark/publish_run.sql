@@ -1,0 +1,68 @@
+-- Publish the good rows of a staged run into the queue table, once: one INSERT ... SELECT (the
+-- queue's verify trigger checks every row: one refused row fails the whole statement, so the shard
+-- gets all of the run's good rows or none; rows whose (tenant, dedup_key) exists are skipped, as for
+-- any producer), the load counters bumped by the rows inserted per partition (qm.add_load, as the
+-- Python bulk producer does), the ledger marked published and the stage table dropped, all in the
+-- caller's transaction. Returns the events inserted, or NULL when the run was published already.
+-- two_phase: the caller will PREPARE the transaction, which PostgreSQL refuses after a NOTIFY, so
+-- the verify trigger leaves its wake-up to the caller (qm.defer_wake), who sends it after COMMIT
+-- PREPARED from the ledger's wake_at.
+CREATE OR REPLACE FUNCTION qm.publish_run(run text, queue_name text, two_phase boolean DEFAULT false) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    r qm.spark_runs;
+    source text;
+    written bigint;
+    n bigint;
+    parts integer[];
+    counts integer[];
+    earliest timestamptz;
+BEGIN
+    SELECT * INTO r FROM qm.spark_runs s WHERE s.run_id = run AND s.queue = queue_name FOR UPDATE;
+    IF FOUND AND r.state = 'published' THEN
+        RETURN NULL;
+    END IF;
+    IF NOT FOUND OR r.state <> 'staged' THEN
+        RAISE EXCEPTION 'Spark run % of queue "%" is not staged on this shard (state %): run the job again',
+            quote_literal(run), queue_name, coalesce(r.state, 'none') USING ERRCODE = '55000';
+    END IF;
+    IF NOT EXISTS (SELECT FROM qm.queues WHERE name = queue_name) THEN
+        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
+    END IF;
+    IF two_phase THEN
+        PERFORM set_config('qm.defer_wake', 'on', true);
+    END IF;
+    -- A task attempt that Spark gave up on may still commit its rows late: SHARE mode waits for it
+    -- and keeps any other writer out until this transaction ends (and drops the table).
+    EXECUTE format('LOCK TABLE qm.%I IN SHARE MODE', r.stage_table);
+    EXECUTE format('SELECT count(*) FROM qm.%I', r.stage_table) INTO written;
+    -- one row per row key; the sort only when some row was written twice
+    source := CASE WHEN written > r.good_rows + r.rejected_rows
+                   THEN format('(SELECT DISTINCT ON (x.row_key) x.* FROM qm.%I x ORDER BY x.row_key)', r.stage_table)
+                   ELSE format('qm.%I', r.stage_table) END;
+    EXECUTE format($q$
+        WITH ins AS (
+            INSERT INTO public.%I AS t (tenant, partition, payload, fire_at, dedup_key)
+            SELECT s.tenant, s.partition, s.payload::jsonb,
+                   coalesce(timestamptz 'epoch' + s.fire_at_us * interval '1 microsecond', $1), s.dedup_key
+              FROM %s s
+             WHERE s.reason IS NULL
+            ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+            RETURNING t.partition, t.fire_at)
+        SELECT coalesce(sum(g.c), 0), array_agg(g.partition ORDER BY g.partition), array_agg(g.c ORDER BY g.partition),
+               min(g.earliest)
+          FROM (SELECT i.partition, count(*)::integer AS c, min(i.fire_at) AS earliest FROM ins i GROUP BY i.partition) g
+        $q$, queue_name, source)
+      INTO n, parts, counts, earliest USING clock_timestamp();
+    IF n > 0 THEN
+        PERFORM qm.add_load(queue_name, parts, counts);
+    END IF;
+    EXECUTE format('DROP TABLE qm.%I', r.stage_table);
+    UPDATE qm.spark_runs s
+       SET state = 'published', published = n, dedup_skipped = r.good_rows - n, stage_table = NULL,
+           duplicate_rows = written - r.good_rows - r.rejected_rows,
+           wake_at = least(earliest, now()), updated_at = clock_timestamp()
+     WHERE s.run_id = run AND s.queue = queue_name;
+    RETURN n;
+END
+$$;
