@@ -1,10 +1,11 @@
 """How producers wake the dispatcher, without a lost wake-up and without waiting on each other.
 
-The protocol (design.md, "Wake-ups"): an idle dispatcher holds each idle queue's exclusive
-advisory lock, the *wake-up lock*; a producer's statement trigger tries the shared form and,
-when that fails, sends ``NOTIFY qm_wake '<queue>'``. A producer whose try succeeds holds the
-shared lock until it commits, so the dispatcher can take the exclusive lock only after that
-commit, and its rescan then sees the rows: nothing is missed.
+The protocol (design.md, "Waking the manager without a NOTIFY per producer"): an idle dispatcher
+holds each idle queue's exclusive advisory lock, the *wake-up lock*; a producer's statement
+trigger tries the shared form and, when that fails, sends a notice on ``qm_wake`` (``'<queue>
+due|at <t>'``). A producer whose try succeeds holds the shared lock until it commits, so the
+dispatcher can take the exclusive lock only after that commit, and its rescan then sees the rows:
+nothing is missed. (Which state the lock of each queue is in, and the transitions: wakestate.py.)
 
 The catch: a producer transaction that stays open holds the shared lock, and the dispatcher's
 try fails for as long as it is open. Until 2026-11 the dispatcher kept trying, and meanwhile
@@ -21,10 +22,9 @@ the remaining gaps:
 - once the request is *granted* (the open transaction ended): the waiter gives the lock back at
   once and tells the dispatcher, which rescans (that transaction's rows) and tries to arm again.
 
-:class:`Listener` turns ``qm_wake`` notifications into nudges, and notices of events settled by
-SQL (``'<queue> settled <id> <attempt>'``, sent by the queue table's ``qm_settled`` trigger) into
-freed credit, and notices of changed queue settings (pause, resume, alter) into an immediate
-reload.
+:class:`Listener` turns ``qm_wake`` notifications (their shapes and senders: notices.py) into
+nudges, notices of events settled by SQL into freed credit, and notices of changed queue
+settings (pause, resume, alter) into an immediate reload.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from queue_manager.manager import store
+from queue_manager.manager import notices, store
 from queue_manager.manager.store import AsyncConn
 
 logger = logging.getLogger(__name__)
@@ -81,28 +81,23 @@ class Listener:
                 await self.conn.execute("SELECT 1")
 
     def handle(self, payload: str) -> None:
-        """``'<queue> due|at <earliest fire_at, epoch us>'`` from a producer (``'<queue>'`` from an
-        older producer or an operator), ``'<queue> settled <id> <attempt> <partition> <state>'``
-        from a queue table's qm_settled trigger, ``'<queue> settings'`` from qm.queues' triggers
-        (a queue created, dropped, paused, resumed or altered: reload at once)."""
-        name, *words = payload.split(" ")
-        kind = words[0] if words else ""
-        if kind == "settings":
-            self._on_settings()
-            return
-        if not self._known(name):
-            self._on_unknown()  # a queue we do not know yet: reload settings
-            return
+        """Hand one notification over (its shapes and senders: notices.py); a malformed one is
+        logged and ignored."""
         try:
-            if kind == "settled":
-                ident, attempt, partition, state = words[1:5]
-                self._on_settled(name, int(ident), int(attempt), int(partition), state)
-                return
-            since = int(words[1]) / 1e6 if len(words) > 1 else None
-        except ValueError:
-            logger.warning("malformed notice", extra={"action": "listen", "payload": payload[:200]})
+            n = notices.parse(payload)
+        except notices.MalformedNotice as exc:
+            logger.warning("malformed notice", extra={"action": "listen", "payload": payload[:200], "error": str(exc)})
             return
-        self._on_wake(name, kind == "due", since, self._time())
+        if isinstance(n, notices.SettingsChanged):
+            self._on_settings()  # also for a queue we do not know yet (created)
+        elif not self._known(n.queue):
+            self._on_unknown()  # a queue we do not know yet: reload settings
+        elif isinstance(n, notices.Settled):
+            self._on_settled(n.queue, n.id, n.attempt, n.partition, n.state)
+        elif isinstance(n, notices.Poke):
+            self._on_wake(n.queue, False, None, self._time())
+        else:
+            self._on_wake(n.queue, isinstance(n, notices.Due), n.since, self._time())
 
 
 class Waiter:
