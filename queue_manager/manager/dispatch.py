@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
-from queue_manager.manager.floors import FULL_RESET, SAFETY_INTERVAL, SAFETY_LOOKBACK, holder_interval
+from queue_manager.manager.floors import holder_interval
 from queue_manager.manager.queues import QueueRuntime, Reason, Subscriber, active
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
@@ -56,8 +56,7 @@ class Dispatcher:
         ended. Rescan what it committed, and arm the queue again."""
         q = self.rt.queue_by_id(queue_id)
         if q is not None:
-            q.waiting = False
-            self.rt.nudge(q, Reason.ARMED, since=q.watch.settle())
+            self.rt.nudge(q, Reason.ARMED, since=q.wake_state.wait_ended())
 
     async def reload(self) -> None:
         rt = self.rt
@@ -86,7 +85,7 @@ class Dispatcher:
                 self.next_reload = now + cfg.rescan_interval
                 await self.reload()
             queues = active(rt.queues.values())
-            watched = [q for q in queues if not q.armed and now >= q.next_holder_check]
+            watched = [q for q in queues if q.wake_state.reading_due(now)]
             if watched:
                 await self._read_holders(watched)
             progressed = False
@@ -109,44 +108,33 @@ class Dispatcher:
         # a slow reading (a busy server) spaces the next one out: the fires come first
         next_check = done + holder_interval(done - started)
         for q in queues:
-            q.watch.start(at)
-            gone = q.watch.read(holders.get(q.id, {}), at)
-            q.next_holder_check = next_check
+            gone = q.wake_state.read_holders(holders.get(q.id, {}), at, next_check)
             if gone is not None:
                 self.rt.nudge(q, Reason.DUE, since=gone)
 
     async def _round(self, q: QueueRuntime, now: float) -> bool:
         """One queue's steps; True when events were fired and more may follow at once."""
-        if now >= q.reset_at:
-            q.floors.clear()  # one pick from the start of each partition
-            q.reset_at = now + FULL_RESET
-        elif now >= q.safety_at:
-            # a row an application kept locked while a pick passed: look back a while, one partition in turn
-            partitions = max(1, q.settings.partitions_physical)
-            q.floors.lower_one(q.safety_partition % partitions, SAFETY_LOOKBACK)
-            q.safety_partition = (q.safety_partition + 1) % partitions
-            q.safety_at = now + SAFETY_INTERVAL / partitions
+        wake = q.wake_state
+        wake.safety_net(now)
         dirty, hint = q.take_nudges()
         if q.room_again():  # a tenant held back by its cap has room: its due events go now
             hint = True
+        direct = q.direct()
+        if direct and wake.burst(now):
+            self.rt.metrics.poll.inc(queue=q.name)
         r = plan.plan_round(
             plan.QueueState(
-                direct=q.direct(),
+                direct=direct,
                 dirty=dirty,
                 due_hint=hint,
                 backlog=q.backlog,
                 next_scan=q.next_scan,
-                poll_until=q.poll_until,
-                wake_times=tuple(q.wake_times),
+                polling=wake.polling(now),
                 needs_refill=q.cache.needs_refill(),
                 scanned_future_only=q.scanned_future_only,
             ),
             now,
         )
-        if r.poll_until is not None:
-            q.poll_until = r.poll_until
-            q.wake_times.clear()
-            self.rt.metrics.poll.inc(queue=q.name)
         if r.scan is plan.Scan.FULL:
             await self._scan(q, r.future_only, None)
         elif r.scan is plan.Scan.SLICE:
@@ -157,7 +145,7 @@ class Dispatcher:
             if not fired and q.limits.cut and (hint or dirty):
                 q.due_hint = True  # held back by the queue's limits: fire when they admit it (limits.py)
             if fired and r.polling:
-                q.poll_until = now + plan.POLL_LINGER
+                wake.polled(now)
             # a poll that emptied the queue waits POLL_INTERVAL before the next one
             if fired and (q.backlog or not r.polling):
                 progressed = True
@@ -174,13 +162,13 @@ class Dispatcher:
                 plan.IdleState(
                     id=q.id,
                     backlog=q.backlog,
-                    polling=q.polling(now),
+                    polling=q.wake_state.polling(now),
                     has_due=q.cache.has_due(db_now),
                     has_free=not q.cache_held and any(c.free > 0 for c in q.subscribers),
                     next_fire_at=q.cache.next_fire_at(),
                     next_scan=q.next_scan,
-                    armed=q.armed,
-                    waiting=q.waiting,
+                    armed=q.wake_state.armed,
+                    waiting=q.wake_state.waiting,
                     limit_wait=self._limit_wait(q, now, db_now),
                 )
                 for q in queues
@@ -193,12 +181,10 @@ class Dispatcher:
         by_id = {q.id: q for q in queues}
         for qid in idle.disarm:
             await store.disarm(self.conn, qid)
-            q = by_id[qid]
-            q.armed = False
-            q.watch.start(rt.db_clock.now())  # producers stop notifying from here on
+            by_id[qid].wake_state.released(rt.db_clock.now())
         for qid in idle.stop_waiting:
             await self.waiter.cancel(qid)
-            by_id[qid].waiting = False
+            by_id[qid].wake_state.wait_dropped()
         retry = False
         if self.waiter.unconfirmed():
             # rescan each queue whose waiter is now seen waiting: what committed before its
@@ -206,7 +192,7 @@ class Dispatcher:
             for qid in await self.waiter.confirm(self.conn):
                 seen = rt.queue_by_id(qid)
                 if seen is not None:
-                    rt.nudge(seen, Reason.ARMED, since=seen.watch.settle())
+                    rt.nudge(seen, Reason.ARMED, since=seen.wake_state.wait_seen())
             if rt.wake.is_set():
                 return True
             retry = self.waiter.unconfirmed()
@@ -215,24 +201,21 @@ class Dispatcher:
             for qid in idle.arm:
                 q = by_id[qid]
                 if qid in got:
-                    q.armed = True
                     # rows of producers that did not notify, whether seen holding the lock or not
-                    q.nudge(Reason.ARMED, since=q.watch.settle())
-                    q.watch.stop()
+                    q.nudge(Reason.ARMED, since=q.wake_state.took_lock())
                     rt.signals.armed.emit(q.name)
                 elif self.waiter.start(qid):
                     # an open producer transaction holds the lock: wait for it on the side, while
                     # every other producer notifies (see wakeups.py)
-                    q.waiting = True
+                    q.wake_state.wait_started()
                     rt.metrics.wake_waits.inc(queue=q.name)
                 else:
                     retry = True
             if got:
                 return True
         timeout = min(idle.timeout, plan.ARM_RETRY) if retry else idle.timeout
-        for q in queues:
-            if not q.armed:  # producers do not notify: read their locks on schedule
-                timeout = min(timeout, max(0.0, q.next_holder_check - now))
+        for q in queues:  # producers that do not notify: read their locks on schedule
+            timeout = min(timeout, q.wake_state.until_reading(now))
         rt.went_idle(spare=idle.spare)
         if timeout > 0:
             await self._sleep(timeout)
@@ -253,7 +236,7 @@ class Dispatcher:
         holds up the timers of the cached events (a full 2 000-event window took 6 to 10 ms).
         """
         rt = self.rt
-        used = None if future_only else q.floors.begin(q.watch.cap)
+        used = None if future_only else q.wake_state.pick_floors()
         pick_time = rt.db_clock.now()
         sent = rt.clock.wall()
         rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
@@ -271,7 +254,7 @@ class Dispatcher:
             entries.append(Entry(ident, tenant, part, fire_at))
         if not future_only:
             scanned = range(q.settings.partitions_physical) if parts is None else parts
-            q.floors.after_pick(firsts, scanned, pick_time)
+            q.wake_state.picked(firsts, scanned, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
         q.next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
         rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))
@@ -307,8 +290,7 @@ class Dispatcher:
             return 0
         if q.policy.active:
             return await self._fire_direct_fair(q, subs, limit)
-        floors = q.floors
-        used = floors.begin(q.watch.cap)
+        used = q.wake_state.pick_floors()
         pick_time = self.rt.db_clock.now()
         rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used)
         q.limits.spent(len(rows), self.rt.clock.monotonic())
@@ -323,7 +305,7 @@ class Dispatcher:
                 tops[p] = r[4]
         # short of the limit: every partition was examined, and those that gave nothing have nothing due
         empty = range(q.settings.partitions_physical) if len(rows) < limit else ()
-        floors.after_pick(tops, empty, pick_time)
+        q.wake_state.picked(tops, empty, pick_time)
         q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
         if rows:
             q.cursor = plan.next_cursor(q.cursor, per_part, q.settings.partitions_physical)
@@ -339,7 +321,7 @@ class Dispatcher:
         candidates the weights did not choose), so "nothing is due below what was fired" does not hold."""
         in_flight = q.ledger.by_tenant()
         pick = q.fair.pick(q.policy, in_flight, limit)
-        used = q.floors.begin(q.watch.cap)
+        used = q.wake_state.pick_floors()
         rows, quota, seen = await store.fire_due_fair(self.conn, q.settings, self.term, q.cursor, limit, pick, used)
         self.rt.signals.fired.emit(q.name)
         per_part: dict[int, int] = {}

@@ -80,14 +80,12 @@ class Floors:
     raises no floor above the lowest point any floor fell to meanwhile.
     """
 
-    __slots__ = ("_f", "_fell_to", "generation")
+    __slots__ = ("_f", "_fell_to")
 
     def __init__(self, partitions: int) -> None:
         self._f: list[float | None] = [None] * partitions
         #: the lowest point floors fell to since the last begin(); None: they did not fall
         self._fell_to: float | None = None
-        #: moves whenever a floor falls
-        self.generation = 0
 
     def __len__(self) -> int:
         return len(self._f)
@@ -96,7 +94,6 @@ class Floors:
         return self._f[p]
 
     def _fell(self, t: float) -> None:
-        self.generation += 1
         self._fell_to = t if self._fell_to is None else min(self._fell_to, t)
 
     def resize(self, partitions: int) -> None:

@@ -2,16 +2,10 @@
 
 The dispatch loop (``dispatch.py``) runs rounds. In each round it asks :func:`plan_round` for
 every active queue's steps (rescan the window: all of it, a slice, or nothing; fire what is due
-straight from the table or not; enter poll mode or not), runs them, and when nothing was fired
-asks :func:`plan_idle` which wake-up locks to take or give back and how long to sleep.
-:func:`capacity` and :func:`chooser` decide how many events may go and to whom.
-
-Poll mode. A NOTIFY makes the producer's commit take a database-wide lock held through its WAL
-flush, so while the manager waits on a queue that gets many single-row transactions, those
-producers commit one at a time (measured: 8 connections could not reach 2 000 inserts/s). When
-POLL_ENTER_WAKES wake-ups of a queue come within POLL_ENTER_SPAN seconds (>= 500/s), the
-dispatcher releases the queue's wake lock (producers stop notifying) and fires due events every
-POLL_INTERVAL instead, until POLL_LINGER passes with nothing found; then it arms again.
+straight from the table or not), runs them, and when nothing was fired asks :func:`plan_idle`
+which wake-up locks to take or give back and how long to sleep. :func:`capacity` and
+:func:`chooser` decide how many events may go and to whom. Whether a queue is polled, and its
+wake-up lock's state, are the queue's :class:`~.wakestate.WakeState`'s.
 """
 
 from __future__ import annotations
@@ -21,11 +15,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from queue_manager.manager.queues import POLL_ENTER_WAKES, RESCAN_SLICES
+from queue_manager.manager.queues import RESCAN_SLICES
+from queue_manager.manager.wakestate import POLL_INTERVAL
 
-POLL_ENTER_SPAN = 0.016
-POLL_INTERVAL = 0.001
-POLL_LINGER = 0.05
 #: how soon a wake-up lock is tried again when a producer's transaction held it and no waiter
 #: could be started for it
 ARM_RETRY = 0.002
@@ -51,9 +43,8 @@ class QueueState:
     due_hint: bool
     backlog: bool
     next_scan: float
-    poll_until: float
-    #: loop times of the latest wake-ups (at most POLL_ENTER_WAKES)
-    wake_times: tuple[float, ...]
+    #: in poll mode (wakestate.py)
+    polling: bool
     #: a partition cut short by its quota has run dry
     needs_refill: bool
     #: the last full scan was future_only
@@ -68,27 +59,20 @@ class Round:
     #: only events not yet due go to the cache (the due ones go by mgr_fire_due)
     future_only: bool
     fire_direct: bool
-    #: the queue enters poll mode now, until poll_until
-    poll_until: float | None
-    #: polling after this round's steps
+    #: a poll: due events are fetched directly, every POLL_INTERVAL while nothing else is to do
     polling: bool
 
 
 def plan_round(s: QueueState, now: float) -> Round:
     dirty = s.dirty or (s.due_hint and not s.direct)  # filtered subscribers: due events go through the cache
-    poll_until: float | None = None
-    polling_until = s.poll_until
-    burst = len(s.wake_times) == POLL_ENTER_WAKES and s.wake_times[-1] - s.wake_times[0] < POLL_ENTER_SPAN
-    if s.direct and burst:
-        poll_until = polling_until = now + POLL_LINGER
-    polling = s.direct and now < polling_until
+    polling = s.direct and s.polling
     periodic = now >= s.next_scan
     full = dirty or s.needs_refill or s.direct != s.scanned_future_only
     scan = Scan.FULL if full else Scan.SLICE if periodic else Scan.NONE
     # Scan first, then fire directly: an event that falls due between the two is in the scan
     # (still future) and then fired (and dropped from the cache), in two round trips.
     fire_direct = s.direct and (dirty or s.due_hint or s.backlog or periodic or polling)
-    return Round(scan, s.direct, fire_direct, poll_until, polling)
+    return Round(scan, s.direct, fire_direct, polling)
 
 
 def next_scan_at(now: float, rescan_interval: float, window_seconds: float) -> float:

@@ -8,7 +8,6 @@ what the dispatcher does next: rescan the window, fire what is due, or only look
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from enum import Enum
 from typing import Protocol
@@ -16,14 +15,12 @@ from typing import Protocol
 from queue_manager.domain.settings import QueueSettings
 from queue_manager.manager.cache import WindowCache
 from queue_manager.manager.fairness import FairShare, TenantPolicy
-from queue_manager.manager.floors import Floors, HolderWatch
 from queue_manager.manager.limits import QueueLimits
+from queue_manager.manager.wakestate import WakeState
 from queue_manager.wire.ledger import Ledger
 
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
 RESCAN_SLICES = 4
-#: poll mode's trigger: this many wake-ups of a queue within POLL_ENTER_SPAN seconds (see plan.py)
-POLL_ENTER_WAKES = 8
 
 
 class Reason(Enum):
@@ -102,10 +99,8 @@ class QueueRuntime:
         self.dirty = True
         #: producers committed events that were all due at once: a direct fire finds them
         self.due_hint = False
-        #: this session holds the queue's wake-up lock: producers NOTIFY
-        self.armed = False
-        #: a waiter waits for the wake-up lock behind an open producer transaction: producers NOTIFY
-        self.waiting = False
+        #: the wake-up lock, poll mode, the holder readings and the floors (wakestate.py)
+        self.wake_state = WakeState(settings.partitions_physical)
         self.next_scan = 0.0
         #: the last direct fire was full: more events are due now
         self.backlog = False
@@ -117,19 +112,6 @@ class QueueRuntime:
         self.turn = 0
         #: the slice of partitions the next periodic rescan covers (see RESCAN_SLICES)
         self.rescan_slice = 0
-        #: loop times of the latest NOTIFY wake-ups, and poll mode's end
-        self.wake_times: deque[float] = deque(maxlen=POLL_ENTER_WAKES)
-        self.poll_until = 0.0
-        #: where the picks of each partition start (see floors.py)
-        self.floors = Floors(settings.partitions_physical)
-        #: producers holding the wake-up lock while the queue is not armed
-        self.watch = HolderWatch()
-        #: loop times of the next holder reading, of the next safety lookback and of the next reset
-        self.next_holder_check = 0.0
-        self.safety_at = 0.0
-        self.reset_at = 0.0
-        #: the partition whose floor the next safety lookback lowers
-        self.safety_partition = 0
         #: this manager's slices of max_qps and max_concurrency, and its token bucket (budget.py)
         self.limits = QueueLimits()
         #: per-tenant weights and caps (fairness.py); inactive: dispatch by partition alone
@@ -156,7 +138,7 @@ class QueueRuntime:
     def nudge(self, reason: Reason, since: float | None = None) -> None:
         """``since``: rows with a fire_at from then on (database clock) may have appeared."""
         if since is not None:
-            self.floors.lower_all(since)
+            self.wake_state.lower_floors(since)
         if reason in RESCAN_REASONS:
             self.dirty = True
         elif reason is Reason.DUE:
@@ -183,10 +165,6 @@ class QueueRuntime:
                 return True
         return False
 
-    def polling(self, now: float) -> bool:
-        """In poll mode: wake lock released, due events fetched every POLL_INTERVAL."""
-        return now < self.poll_until
-
     def direct(self) -> bool:
         """Due events go by mgr_fire_due when every subscriber takes every tenant."""
         return all(c.tenants is None for c in self.subscribers)
@@ -200,10 +178,7 @@ class QueueRuntime:
     def reset(self) -> None:
         """A session ended: the cache, the floors and the wake-up state are gone; rescan from scratch."""
         self.cache.clear()
-        self.floors.clear()
-        self.watch.stop()
-        self.armed = False
-        self.waiting = False
+        self.wake_state.reset()
         self.limits = QueueLimits()  # the session's slices were given back: the next one starts from none
         self.nudge(Reason.SESSION)
 

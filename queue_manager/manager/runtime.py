@@ -196,7 +196,7 @@ class Runtime:
                 self.nudge(q, Reason.DUE)  # caps may have been raised
             old = q.settings
             q.settings = settings
-            q.floors.resize(settings.partitions_physical)
+            q.wake_state.resize(settings.partitions_physical)
             if (
                 settings.partitions_physical != old.partitions_physical
                 or settings.window_seconds != old.window_seconds

@@ -145,7 +145,7 @@ class TermSession:
         rt = self.rt
         q = rt.queues.get(queue)
         if q is not None:
-            q.wake_times.append(now)
+            q.wake_state.woken(now)
             if since is None:  # a notice without a time (an operator's): look a second back
                 since = rt.db_clock.now() - 1.0
             rt.nudge(q, Reason.DUE if due else Reason.NOTIFIED, since)

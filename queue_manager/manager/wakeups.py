@@ -111,10 +111,6 @@ class Waiter:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         #: queue id -> backend pid of its request, until the request is seen waiting
         self._unconfirmed: dict[int, int] = {}
-        self.failed: BaseException | None = None
-
-    def waiting(self, queue_id: int) -> bool:
-        return queue_id in self._tasks
 
     def start(self, queue_id: int) -> bool:
         """Start waiting for the queue's lock; False when MAX_WAITERS already wait."""
@@ -171,7 +167,6 @@ class Waiter:
             logger.warning(
                 "waiting for a wake-up lock failed", extra={"action": "wake_wait", "error": str(exc).strip()[:200]}
             )
-            self.failed = exc
         finally:
             if conn is not None:
                 with contextlib.suppress(Exception):

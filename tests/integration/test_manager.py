@@ -583,7 +583,7 @@ async def test_a_burst_of_wake_ups_switches_to_polling_and_back(shard: Shard, qu
         await wait_leader(m)
         async with running_receiver(url(m), credit=200, concurrency=50) as (receiver, rec):
             q = m.queues["orders"]
-            await wait_for(lambda: q.armed, what="the queue armed (idle)")
+            await wait_for(lambda: q.wake_state.armed, what="the queue armed (idle)")
 
             async def produce(j: int) -> list[int]:
                 ids = []
@@ -608,7 +608,9 @@ async def test_a_burst_of_wake_ups_switches_to_polling_and_back(shard: Shard, qu
             assert m.metrics.poll.total() >= 1, "five bursts did not switch the queue to polling"
             # once the burst is over the queue arms again (producers notify again), and serves on
             await wait_for(
-                lambda: q.armed and asyncio.get_running_loop().time() >= q.poll_until, timeout=5, what="armed"
+                lambda: q.wake_state.armed and not q.wake_state.polling(asyncio.get_running_loop().time()),
+                timeout=5,
+                what="armed",
             )
             (late,) = await insert(shard.dsn, [(tenants[0], {"after": True})])
             await wait_for(lambda: late in rec.ids(), timeout=5, what="the event after the burst")
@@ -640,7 +642,7 @@ async def test_wake_ups_fire_without_waiting_for_a_rescan(
         await wait_leader(m)
         async with running_receiver(url(m)) as (_, rec):
             q = m.queues["orders"]
-            await wait_for(lambda: q.armed, what="the queue armed (idle)")
+            await wait_for(lambda: q.wake_state.armed, what="the queue armed (idle)")
             (due,) = await insert(shard.dsn, [(tenants[0], {"due": True})])
             await wait_for(lambda: due in rec.ids(), timeout=2, what="the due event")
             scans_before = full_scans

@@ -10,7 +10,6 @@ from queue_manager.clock import DatabaseClock, FakeClock
 from queue_manager.manager import plan
 from queue_manager.manager.config import LEASE_MARGIN
 from queue_manager.manager.plan import IdleState, QueueState, Scan
-from queue_manager.manager.queues import POLL_ENTER_WAKES
 from queue_manager.manager.runtime import Lease
 
 NOW = 100.0
@@ -21,8 +20,7 @@ QUIET = QueueState(
     due_hint=False,
     backlog=False,
     next_scan=NOW + 1,
-    poll_until=0.0,
-    wake_times=(),
+    polling=False,
     needs_refill=False,
     scanned_future_only=True,
 )
@@ -30,7 +28,7 @@ QUIET = QueueState(
 
 def test_a_quiet_queue_does_nothing_until_its_slice_is_due() -> None:
     r = plan.plan_round(QUIET, NOW)
-    assert (r.scan, r.fire_direct, r.poll_until, r.polling) == (Scan.NONE, False, None, False)
+    assert (r.scan, r.fire_direct, r.polling) == (Scan.NONE, False, False)
     r = plan.plan_round(QUIET, NOW + 1)
     assert (r.scan, r.fire_direct) == (Scan.SLICE, True)  # the safety net fires what it finds due too
 
@@ -50,12 +48,12 @@ def test_tenant_filtered_subscribers_take_due_events_through_the_cache() -> None
     assert plan.plan_round(replace(QUIET, scanned_future_only=False), NOW).scan is Scan.FULL
 
 
-def test_a_burst_of_wake_ups_enters_poll_mode_and_a_slow_trickle_does_not() -> None:
-    burst = tuple(NOW - 0.010 + i * 0.001 for i in range(POLL_ENTER_WAKES))
-    r = plan.plan_round(replace(QUIET, wake_times=burst), NOW)
-    assert r.poll_until == NOW + plan.POLL_LINGER and r.polling and r.fire_direct
-    slow = tuple(NOW - 1 + i * 0.1 for i in range(POLL_ENTER_WAKES))
-    assert plan.plan_round(replace(QUIET, wake_times=slow), NOW).poll_until is None
+def test_a_polled_queue_fires_directly_each_round_unless_its_subscribers_filter_tenants() -> None:
+    """(When a burst of wake-ups enters poll mode, and when it ends: test_wakestate.py.)"""
+    r = plan.plan_round(replace(QUIET, polling=True), NOW)
+    assert (r.scan, r.polling, r.fire_direct) == (Scan.NONE, True, True)
+    r = plan.plan_round(replace(QUIET, polling=True, direct=False, scanned_future_only=False), NOW)
+    assert (r.scan, r.polling, r.fire_direct) == (Scan.NONE, False, False)
 
 
 def test_a_refill_or_a_backlog_is_worked_on_at_once() -> None:
