@@ -20,9 +20,10 @@ just exit and let the next worker make an attempt").
 
 Who takes slices (``recruit.py`` decides which job, and where):
 
-- the **floor**: the leader's session runs :meth:`Slicer.floor` every ``purge_interval`` and
-  ``reconcile_interval`` (APScheduler, maintenance.py). It walks the partitions in order, so that
-  every partition is served even when the manager is never idle and has no standby;
+- the **baseline pass**: the leader's session runs :meth:`Slicer.baseline_pass` every
+  ``purge_interval`` and ``reconcile_interval`` (APScheduler, maintenance.py). It walks the
+  partitions in order, so that every partition is served even when the manager is never idle and
+  has no standby;
 - **idle moments**: each time the leader's dispatcher finds nothing to do, :meth:`Slicer.on_idle`
   enlists the process (at most once per ``slice_interval``), and a recruited slice runs as a task
   of its own: the dispatcher does not wait for it. A moment when due events wait for credit is not
@@ -60,9 +61,9 @@ logger = logging.getLogger(__name__)
 #: the queue list a process slices is re-read this often, seconds (a standby has no dispatcher
 #: that would keep it fresh)
 QUEUES_TTL = 5.0
-#: most retention slices one floor run takes per queue: every partition once when there are no
+#: most retention slices one baseline pass takes per queue: every partition once when there are no
 #: more (and nothing is full), the rest for partitions whose pages come back full
-FLOOR_RETENTION_SLICES = 32
+PASS_RETENTION_SLICES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ class SliceResult:
     job: Job
     queue: str
     partition: int
-    #: floor | idle | standby
+    #: baseline | idle | standby
     source: str
     #: finished | aborted
     outcome: str
@@ -89,8 +90,8 @@ class SliceResult:
 
 
 @dataclass
-class FloorResult:
-    """What one floor run did."""
+class PassResult:
+    """What one baseline pass did."""
 
     slices: int = 0
     aborted_slices: int = 0
@@ -141,11 +142,11 @@ class Slicer:
         #: each job's share of enlistments (recruit.RATES)
         self.rates: tuple[tuple[Job, float], ...] = recruit.RATES
         self._conn: AsyncConn | None = None
-        #: one slice at a time on the one connection (the floor waits for it, a recruit does not)
+        #: one slice at a time on the one connection (the baseline pass waits for it, a recruit does not)
         self._lock = asyncio.Lock()
         self._queues: list[QueueSettings] = []
         self._queues_at: float | None = None
-        #: the floor's next partition of each queue (retention)
+        #: the baseline pass's next partition of each queue (retention)
         self._cursor: dict[str, int] = {}
         #: the correction this process's last reconciliation slice of (queue, partition) found
         self._drift: dict[tuple[str, int], int] = {}
@@ -217,26 +218,26 @@ class Slicer:
             return await self._take(job, queues[t.queue], t.partition, source)
 
     async def take(self, job: Job, queue: QueueSettings, partition: int, source: str) -> SliceResult:
-        """One slice of ``job`` on this partition (the floor's way, and the tests')."""
+        """One slice of ``job`` on this partition (the baseline pass's way, and the tests')."""
         async with self._lock:
             return await self._take(job, queue, partition, source)
 
-    # ------------------------------------------------------------------ the floor
+    # ------------------------------------------------------------------ the baseline pass
 
-    async def floor(self, job: Job) -> FloorResult:
-        """One floor run: every queue, partitions in order from where the last run stopped.
+    async def baseline_pass(self, job: Job) -> PassResult:
+        """One baseline pass: every queue, partitions in order from where the last pass stopped.
 
         Reconciliation: one slice per partition. Retention: a slice per partition, and more for a
-        partition whose page came back full, up to FLOOR_RETENTION_SLICES per queue. A slice that
-        aborts is not retried; the run goes on with the next partition (the next run, or a
-        recruit, comes back to it). A lost connection ends the run."""
-        result = FloorResult()
+        partition whose page came back full, up to PASS_RETENTION_SLICES per queue. A slice that
+        aborts is not retried; the pass goes on with the next partition (the next pass, or a
+        recruit, comes back to it). A lost connection ends the pass."""
+        result = PassResult()
         async with self._lock:
             try:
                 queues = await self._load_queues(fresh=True)
             except (psycopg.Error, OSError) as exc:
                 await self._drop_connection()
-                logger.info("maintenance floor: no database", extra={"action": "floor", "error": str(exc)[:200]})
+                logger.info("baseline pass: no database", extra={"action": "baseline_pass", "error": str(exc)[:200]})
                 result.aborted = True
                 return result
         for q in queues:
@@ -245,23 +246,23 @@ class Slicer:
                 for p in range(n):
                     if self._resting(job) is None:
                         return result
-                    r = await self.take(job, q, p, "floor")
+                    r = await self.take(job, q, p, "baseline")
                     result.add(r)
                     if r.reason == "connection":
                         result.aborted = True
                         return result
                 continue
             cursor = self._cursor.get(q.name, 0) % n
-            budget = max(FLOOR_RETENTION_SLICES, 1)
+            budget = max(PASS_RETENTION_SLICES, 1)
             visited = 0
             while budget > 0 and visited < n:
-                r = await self.take(job, q, cursor, "floor")
+                r = await self.take(job, q, cursor, "baseline")
                 result.add(r)
                 budget -= 1
                 if r.reason == "connection":
                     result.aborted = True
                     return result
-                cursor, advanced = recruit.floor_walk(cursor, n, r.full and not r.aborted)
+                cursor, advanced = recruit.pass_walk(cursor, n, r.full and not r.aborted)
                 visited += advanced
             self._cursor[q.name] = cursor
         return result

@@ -334,9 +334,9 @@ async def extend(
 
 
 async def sweep(
-    conn: AsyncConn, q: QueueSettings, term: int, floor: float | None = None, page: int = SWEEP_PAGE
+    conn: AsyncConn, q: QueueSettings, term: int, resume_at: float | None = None, page: int = SWEEP_PAGE
 ) -> tuple[set[int], set[int], int, float | None, float | None]:
-    """Re-fire events past their ack deadline (from ``floor`` on, epoch seconds), page by page;
+    """Re-fire events past their ack deadline (deadlines from ``resume_at`` on, epoch seconds), page by page;
     returns (moved, dead-lettered, pages, the database time of the first page, the earliest
     deadline of an overdue event the last page left fired: one an application holds locked)."""
     moved: set[int] = set()
@@ -349,7 +349,7 @@ async def sweep(
             queue_sql("mgr_sweep", q.name),
             {
                 "term": term,
-                "floor": floor,
+                "resume_at": resume_at,
                 "limit": page,
                 "max_attempts": q.max_attempts,
                 "backoff_min": q.backoff_min_seconds,

@@ -1,4 +1,4 @@
-"""Maintenance by work stealing: retention and reconciliation slices, taken by the leader's floor, in
+"""Maintenance by work stealing: retention and reconciliation slices, taken by the leader's baseline pass, in
 its idle moments and by standbys; each slice bounded, given up at the first conflict, counted.
 
 Slices are taken directly through a manager's :class:`~queue_manager.manager.slices.Slicer` where
@@ -87,7 +87,7 @@ async def counts(dsn: str) -> dict[str, tuple[int, int, int, int]]:
         return {str(r[0]): (int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in await cur.fetchall()}
 
 
-async def drain_partitions(s: Slicer, q: QueueSettings, source: str = "floor") -> list[SliceResult]:
+async def drain_partitions(s: Slicer, q: QueueSettings, source: str = "baseline") -> list[SliceResult]:
     """Retention slices on every partition until none comes back full."""
     out = []
     for p in range(q.partitions_physical):
@@ -266,11 +266,11 @@ async def _live(dsn: str, partitions: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# who takes slices: the floor, idle moments, standbys
+# who takes slices: the baseline pass, idle moments, standbys
 
 
-async def test_the_floor_purges_and_reconciles_when_the_manager_is_never_idle(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
-    """With no idle slices (a dispatcher that is never idle) and no standby, the leader's floor runs
+async def test_the_baseline_pass_purges_and_reconciles_when_the_manager_is_never_idle(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    """With no idle slices (a dispatcher that is never idle) and no standby, the leader's baseline passes
     still purge every partition and remove the drift of rollbacks and SQL acks."""
     make_queue("orders", partitions=4, shuffle=2, retention_seconds=60)
     tenants = tenants_of(shard, 8)
@@ -282,22 +282,24 @@ async def test_the_floor_purges_and_reconciles_when_the_manager_is_never_idle(sh
             for t in tenants[:3]:
                 await conn.execute("INSERT INTO orders (tenant) VALUES (%s)", (t,))
             await conn.rollback()
-        await wait_for(lambda: m.metrics.purged.get(queue="orders", state="acked") == 6, what="the floor's purge")
+        await wait_for(
+            lambda: m.metrics.purged.get(queue="orders", state="acked") == 6, what="the baseline pass's purge"
+        )
         runs = m.metrics.maintenance.get(job="reconciliation", outcome="finished")
         await wait_for(
             lambda: m.metrics.maintenance.get(job="reconciliation", outcome="finished") >= runs + 2,
-            what="two reconciliation floor runs",
+            what="two reconciliation baseline passes",
         )
         assert await _loads(shard.dsn) == await _live(shard.dsn, 4)
         assert m.metrics.load_drift.get(queue="orders") == 0
     assert sorted(await states(shard.dsn)) == sorted(ids[6:])
     for job in ("retention", "reconciliation"):
-        assert m.metrics.slices.get(job=job, outcome="finished", source="floor") >= 4
+        assert m.metrics.slices.get(job=job, outcome="finished", source="baseline") >= 4
         assert m.metrics.slices.get(job=job, outcome="recruited", source="idle") == 0
 
 
 async def test_idle_moments_take_slices(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
-    """No floor for an hour: the purge comes from slices the leader takes when it has nothing to do.
+    """No baseline pass for an hour: the purge comes from slices the leader takes when it has nothing to do.
 
     An idle dispatcher sleeps up to its rescan interval (2 s by default) and each wake-up recruits
     at most one slice, for a random job and partition: with the default, covering the 3-4
@@ -313,7 +315,7 @@ async def test_idle_moments_take_slices(shard: Shard, make_queue) -> None:  # ty
         await wait_for(lambda: m.metrics.purged.get(queue="orders", state="acked") == 8, what="the idle slices' purge")
     assert await states(shard.dsn) == {}
     assert m.metrics.slices.get(job="retention", outcome="finished", source="idle") >= 1
-    assert m.metrics.slices.get(job="retention", outcome="recruited", source="floor") == 0
+    assert m.metrics.slices.get(job="retention", outcome="recruited", source="baseline") == 0
 
 
 async def test_no_idle_slices_while_due_events_wait_for_credit(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
@@ -351,7 +353,7 @@ async def test_no_idle_slices_while_due_events_wait_for_credit(shard: Shard, mak
 
 
 async def test_a_standby_takes_slices_while_the_leader_leads(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
-    """The leader takes no slice (no idle slices, no floor for an hour); the standby's loop purges
+    """The leader takes no slice (no idle slices, no baseline pass for an hour); the standby's loop purges
     and reconciles, and the leader keeps its term all along."""
     make_queue("orders", partitions=4, shuffle=2, retention_seconds=60)
     tenants = tenants_of(shard, 8)
@@ -448,10 +450,10 @@ async def test_qm_status_shows_the_slices_of_every_manager(shards: Topology, sha
     q = await settings_of(shard.dsn, "orders")
     async with slicer(shard.dsn) as (_, s):
         await drain_partitions(s, q)
-        await s.take(Job.RECONCILIATION, q, 0, "floor")
+        await s.take(Job.RECONCILIATION, q, 0, "baseline")
         async with await psycopg.AsyncConnection.connect(shard.dsn) as holder:
             await holder.execute("SELECT pg_advisory_xact_lock(qm.lock_class('load'), %s)", (q.id,))
-            await s.take(Job.RECONCILIATION, q, 1, "floor")
+            await s.take(Job.RECONCILIATION, q, 1, "baseline")
     data = await asyncio.to_thread(admin.status, shards)
     entry = next(e for e in data["shards"] if e["shard"] == shard.name)
     assert entry["maintenance"]["retention"] == {"recruited": 2, "finished": 2, "aborted": 0, "events": 2}
