@@ -46,7 +46,8 @@ class ManagerConfig:
     #: events older than the queue's retentions); slices come on top (``slice_interval``)
     purge_interval: float = 5.0
     #: how often the leader's baseline pass re-anchors every partition's load counter on a count of
-    #: its live events; slices come on top
+    #: its live events (the reconciliation period of docs/design.md, "Shuffle sharding"); slices
+    #: come on top
     reconcile_interval: float = 60.0
     #: how often the leader reads the database's health for its gauges (xmin horizon, dead tuples,
     #: sizes, bloat estimate, NOTIFY queue; docs/operations.md, "Database health"), seconds

@@ -29,8 +29,8 @@ class Job(Enum):
 
 
 #: each job's share of enlistments. Retention does the bulk of the work; a reconciliation slice
-#: holds its queue's load lock (which ack statements wait for) for one partition's count, and the
-#: counters drift slowly, so it is recruited less often. The remaining 0.3 dismisses the worker.
+#: counts one partition's live events, and the counters drift slowly, so it is recruited less often.
+#: The remaining 0.3 dismisses the worker.
 RATES: tuple[tuple[Job, float], ...] = ((Job.RETENTION, 0.5), (Job.RECONCILIATION, 0.2))
 
 

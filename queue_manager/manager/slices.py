@@ -8,15 +8,16 @@ connection (never the leader's writer, so acks never queue behind it):
   to ``slice_rows`` failed events older than its failed retention, oldest first, ``FOR UPDATE SKIP
   LOCKED`` (a row another transaction holds is skipped, not waited for). The DELETE itself states
   that the row is acked or failed, so no slice ever deletes a to_be_fired or fired event;
-- **reconciliation**: re-anchors the partition's load counter on a count of its live events, under
-  the queue's load lock, which it only *tries* (``qm.reconcile_partition``).
+- **reconciliation**: re-anchors the partition's load counter on a count of its live events
+  (``qm.reconcile_partition``). It takes no lock, and nothing waits for it: the load only steers
+  inserts, so it is approximate by design (docs/design.md, "Shuffle sharding", states the bound).
 
-Neither is fenced by the leader's term: deleting a settled event and re-anchoring a counter under
-its lock are right whoever does them, which is what lets a standby take slices while the leader
-leads, or while it is stopped. A slice gives up at the first conflict (the load lock taken,
-``lock_timeout``, ``statement_timeout``, a serialization failure, a lost connection) and is counted
-aborted; it is never retried: the next recruit draws its own partition (seed 002: "don't retry,
-just exit and let the next worker make an attempt").
+Neither is fenced by the leader's term: deleting a settled event and re-anchoring an approximate
+counter are right whoever does them, which is what lets a standby take slices while the leader
+leads, or while it is stopped. A slice gives up at the first conflict (``lock_timeout``,
+``statement_timeout``, a serialization failure, a lost connection) and is counted aborted; it is
+never retried: the next recruit draws its own partition (seed 002: "don't retry, just exit and let
+the next worker make an attempt").
 
 Who takes slices (``recruit.py`` decides which job, and where):
 
@@ -106,18 +107,13 @@ class PassResult:
             self.aborted_slices += 1
 
 
-#: after a reconciliation slice gave up on its time bound, this process takes none for this long
-#: (seconds), doubled at each further one up to RECONCILE_REST_MAX, back to this after one finishes.
-#: Each try holds the queue's acks for the whole bound (50 ms), and under a held snapshot every try
-#: fails: 135 of them in 3 minutes at 2 000 events/s before the rest (docs/benchmarks.md).
+#: after a reconciliation slice gave up on its time bound (store.RECONCILE_SLICE_TIMEOUT_MS), this
+#: process takes none for this long (seconds), doubled at each further one up to RECONCILE_REST_MAX,
+#: back to this after one finishes. Under a held snapshot every count walks dead index entries and
+#: every try fails, spending its whole bound in the server: 135 of them in 3 minutes at 2 000
+#: events/s before the rest (docs/benchmarks.md).
 RECONCILE_REST_MIN = 10.0
 RECONCILE_REST_MAX = 300.0
-#: a reconciliation slice that finished but held the load lock longer than this in the server
-#: (seconds) rests the process as a timeout does. Resting only on timeouts was not enough: under a
-#: held snapshot at 2 000 events/s some partitions still counted within the bound, each such slice
-#: reset the rest and held the acks for 30-50 ms, 64 slow slices in 3 minutes (docs/benchmarks.md,
-#: "Held snapshot", session 9).
-RECONCILE_SLOW = 0.020
 
 
 def abort_reason(exc: BaseException) -> str:
@@ -174,13 +170,9 @@ class Slicer:
         if job is not None:
             self._spawn(self.take_random(job, "idle"))
 
-    def _reconciled(self, seconds: float) -> None:
-        """A reconciliation slice finished in ``seconds``: a quick one ends the rests, a slow one
-        (RECONCILE_SLOW) rests the process as a timeout does."""
-        if seconds > RECONCILE_SLOW:
-            self._rest_reconciliation()
-        else:
-            self._reconcile_rest = RECONCILE_REST_MIN
+    def _reconciled(self) -> None:
+        """A reconciliation slice finished: the next rest is the shortest again."""
+        self._reconcile_rest = RECONCILE_REST_MIN
 
     def _rest_reconciliation(self) -> None:
         """No reconciliation slice for the current rest; the next rest twice as long, up to the most."""
@@ -283,8 +275,8 @@ class Slicer:
                 if failed:
                     rt.metrics.purged.inc(failed, queue=q.name, state="failed")
             else:
-                before, live, held = await store.slice_reconcile(conn, q, partition)
-                self._reconciled(held)
+                before, live = await store.slice_reconcile(conn, q, partition)
+                self._reconciled()
                 result = SliceResult(job, q.name, partition, source, "finished", abs(before - live))
                 self._drift[(q.name, partition)] = result.events
                 rt.metrics.load_drift.set(
@@ -312,7 +304,7 @@ class Slicer:
         reason = abort_reason(exc)
         if job is Job.RECONCILIATION and reason == "timeout":
             # the count outgrew its bound (store.slice_reconcile): dead entries vacuum cannot
-            # remove yet, most likely; every try would hold the acks up again for as long
+            # remove yet, most likely; every try would spend its whole bound in the server again
             self._rest_reconciliation()
         if not counted:
             rt.metrics.slices.inc(job=job.value, outcome="recruited", source=source)

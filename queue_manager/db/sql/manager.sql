@@ -346,12 +346,9 @@ SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FILTER (WHERE state = '
   FROM gone
 
 -- mgr_slice_reconcile --
--- A reconciliation slice: one partition's load re-anchored on its live events (see
--- qm.reconcile_partition: it gives up at once, lock_not_available, while an ack statement of the
--- queue holds the load lock). Returns {load before, live events} and the statement's time in the
--- server, seconds (the lock is taken first and held to the end: how long the acks could wait).
-SELECT qm.reconcile_partition(%(queue)s, %(partition)s),
-       extract(epoch FROM clock_timestamp() - statement_timestamp())::double precision
+-- A reconciliation slice: one partition's load re-anchored on its live events, without a lock (see
+-- qm.reconcile_partition). Returns {load before, live events}.
+SELECT qm.reconcile_partition(%(queue)s, %(partition)s)
 
 -- mgr_count_maintenance --
 -- Count a maintenance slice shard-wide: recruited, finished, aborted, or the events it handled.
