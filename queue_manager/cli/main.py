@@ -687,13 +687,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, wait this long for acks (default 30)")
     p.add_argument("--sweep-interval", type=float, default=1.0, help="old-event collector period, seconds (default 1)")
     p.add_argument(
-        "--purge-interval", type=float, default=5.0, help="the retention purge's floor period, seconds (default 5)"
+        "--purge-interval", type=float, default=5.0, help="the retention purge's baseline pass period, s (default 5)"
     )
     p.add_argument(
         "--reconcile-interval",
         type=float,
         default=60.0,
-        help="the load counter reconciliation's floor period, s (default 60)",
+        help="the load counter reconciliation's baseline pass period, s (default 60)",
     )
     p.add_argument(
         "--slice-interval",

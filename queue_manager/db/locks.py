@@ -14,8 +14,8 @@ same and that no SQL or Python source takes an advisory lock of a class spelled 
 ``tests/integration/test_lock_registry.py`` checks every function of a migrated database, the
 generated ones of each queue included.
 
-Keys that pack two values (``queue id * 64 + partition % 64``) stay within ``integer`` for queue
-ids below 33 554 432; a queue id is an identity that grows by one per queue created on the shard.
+A class that is no longer used is removed, and its number is not given to another purpose (29038
+and 29040 held the load counters' locks until the counters became approximate by design).
 """
 
 from __future__ import annotations
@@ -33,16 +33,9 @@ class LockClass(IntEnum):
     #: a producer's statement trigger tries it shared and sends NOTIFY when the try fails (docs/design.md,
     #: "Waking the manager without a NOTIFY per producer")
     WAKE = 29037
-    #: key: queue id. Orders the done counters' read-then-set (qm.add_done waits for it) against a
-    #: reconciliation slice (qm.reconcile_partition only tries it); transaction-level, exclusive
-    LOAD = 29038
     #: key: the job's position in qm.maintenance_jobs() (1, 2, 3). Adds up the events counter of a
     #: maintenance job across managers (qm.count_maintenance); transaction-level, exclusive
     MAINTENANCE = 29039
-    #: key: queue id * 64 + partition % 64. Held shared by a transaction that bumped the partition's
-    #: enqueue counter, to its end (the route trigger, qm.add_load); a reconciliation slice tries it
-    #: exclusively. Partitions p and p + 64 share a key, so a transaction holds at most 64 per queue
-    ENQUEUE = 29040
     #: key: hashtext(adoption name). One run of an adoption at a time, on every shard (adopt.sql);
     #: session-level
     ADOPT = 29041

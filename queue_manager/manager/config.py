@@ -42,11 +42,12 @@ class ManagerConfig:
     standby_poll: float = 0.5
     #: how often the old-event collector runs, seconds
     sweep_interval: float = 1.0
-    #: how often the leader's floor run of the retention purge walks the partitions (deletes settled
+    #: how often the leader's baseline pass of the retention purge walks the partitions (deletes settled
     #: events older than the queue's retentions); slices come on top (``slice_interval``)
     purge_interval: float = 5.0
-    #: how often the leader's floor run re-anchors every partition's load counter on a count of its
-    #: live events; slices come on top
+    #: how often the leader's baseline pass re-anchors every partition's load counter on a count of
+    #: its live events (the reconciliation period of docs/design.md, "Shuffle sharding"); slices
+    #: come on top
     reconcile_interval: float = 60.0
     #: how often the leader reads the database's health for its gauges (xmin horizon, dead tuples,
     #: sizes, bloat estimate, NOTIFY queue; docs/operations.md, "Database health"), seconds
@@ -55,7 +56,7 @@ class ManagerConfig:
     #: vacuumed by the leader itself (docs/operations.md, "Vacuum"); 0 leaves it to autovacuum
     vacuum_after: float = 5.0
     #: least time between two maintenance slices this process recruits itself for (as leader in its
-    #: dispatcher's idle moments, as standby on its maintenance loop), seconds; the floor runs of
+    #: dispatcher's idle moments, as standby on its maintenance loop), seconds; the baseline passes of
     #: ``purge_interval`` and ``reconcile_interval`` come on top (docs/manager.md, "Maintenance slices")
     slice_interval: float = 0.2
     #: most acked events, and most failed events, one retention slice deletes

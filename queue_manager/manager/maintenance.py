@@ -1,4 +1,4 @@
-"""Maintenance of the active manager: the old-event collector, and the floors of the sliced jobs.
+"""Maintenance of the active manager: the old-event collector, and the baseline passes of the sliced jobs.
 
 - The **old-event collector** moves fired events past their ack deadline back to to_be_fired (or
   to failed). It stays the leader's, on the session's writer and fenced by its term, and is not
@@ -10,9 +10,9 @@
   and vacuums a queue table autovacuum is late for. It only reads (and vacuums), on a connection
   of its own, so acks never wait behind it.
 - The **retention purge** and the **load reconciliation** run in slices that any manager process
-  takes (slices.py). The leader's session adds their floors here: every ``purge_interval`` and
-  ``reconcile_interval`` a run over every partition, so that they progress even when the leader is
-  never idle and has no standby.
+  takes (slices.py). The leader's session adds their baseline passes here: every ``purge_interval``
+  and ``reconcile_interval`` a run over every partition, so that they progress even when the leader
+  is never idle and has no standby.
 
 Each job has a ``run_once()`` that returns its counts (tests call it directly); :func:`schedule`
 runs them periodically with APScheduler (``max_instances=1``, ``coalesce=True``), as tasks that
@@ -33,7 +33,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from queue_manager.manager.health import HealthMonitor
 from queue_manager.manager.recruit import Job
 from queue_manager.manager.runtime import Runtime
-from queue_manager.manager.slices import FloorResult, Slicer
+from queue_manager.manager.slices import PassResult, Slicer
 from queue_manager.manager.writer import OpKind, Unavailable
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,8 @@ class Collector:
     def __init__(self, rt: Runtime, slicer: Slicer | None = None) -> None:
         self.rt = rt
         self.slicer = slicer
-        self._floors: dict[str, float] = {}
+        #: where each queue's next sweep starts (a deadline, epoch seconds); none: from the start
+        self._resume_at: dict[str, float] = {}
         self._runs = 0
 
     async def run_once(self) -> CollectorResult:
@@ -94,14 +95,14 @@ class Collector:
         result = CollectorResult()
         self._runs += 1
         if self._runs % SWEEP_FULL_EVERY == 1:
-            self._floors.clear()
+            self._resume_at.clear()
         self._count("recruited")
         if not rt.leading():
             result.aborted = True
         for q in list(rt.queues.values()) if not result.aborted else []:
-            floor = self._floors.get(q.name)
+            start = self._resume_at.get(q.name)
             try:
-                moved, failed, _pages, at, held = await rt.submit(OpKind.SWEEP, q, [] if floor is None else [floor])
+                moved, failed, _pages, at, held = await rt.submit(OpKind.SWEEP, q, [] if start is None else [start])
             except Unavailable:
                 rt.metrics.maintenance.inc(job=self.name, outcome="aborted")
                 result.aborted = True
@@ -109,7 +110,7 @@ class Collector:
             rt.metrics.maintenance.inc(job=self.name, outcome="finished")
             result.queues += 1
             if at is not None:
-                self._floors[q.name] = (at if held is None else min(at, held)) - SWEEP_MARGIN
+                self._resume_at[q.name] = (at if held is None else min(at, held)) - SWEEP_MARGIN
             if moved:
                 rt.refired(q, moved, failed, at)
                 result.requeued += len(moved - failed)
@@ -125,17 +126,18 @@ class Collector:
             self.slicer.count_soon(self.name, "events", events)
 
 
-class Floor:
-    """The floor of one sliced job: a periodic run over every partition of every queue, in slices
-    (slices.py), so that the job progresses even when the leader is never idle and no standby runs."""
+class BaselinePass:
+    """The baseline pass of one sliced job: a periodic run over every partition of every queue, in
+    slices (slices.py), so that the job progresses even when the leader is never idle and no standby
+    runs."""
 
     def __init__(self, rt: Runtime, slicer: Slicer, job: Job) -> None:
         self.rt = rt
         self.slicer = slicer
         self.job = job
 
-    async def run_once(self) -> FloorResult:
-        result = await self.slicer.floor(self.job)
+    async def run_once(self) -> PassResult:
+        result = await self.slicer.baseline_pass(self.job)
         self.rt.metrics.maintenance.inc(job=self.job.value, outcome="aborted" if result.aborted else "finished")
         signal = self.rt.signals.purged if self.job is Job.RETENTION else self.rt.signals.reconciled
         signal.emit(result.events)
@@ -147,8 +149,8 @@ class Maintenance:
 
     def __init__(self, rt: Runtime, slicer: Slicer) -> None:
         self.collector = Collector(rt, slicer)
-        self.retention = Floor(rt, slicer, Job.RETENTION)
-        self.reconciliation = Floor(rt, slicer, Job.RECONCILIATION)
+        self.retention = BaselinePass(rt, slicer, Job.RETENTION)
+        self.reconciliation = BaselinePass(rt, slicer, Job.RECONCILIATION)
         self.health = HealthMonitor(rt)
         self._scheduler = AsyncIOScheduler()
         self._running: set[asyncio.Task[Any]] = set()

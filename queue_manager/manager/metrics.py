@@ -321,12 +321,12 @@ class ManagerMetrics:
         self.frame_errors = r.counter("qm_protocol_errors_total", "Client frames refused, by error code.")
         self.maintenance = r.counter(
             "qm_maintenance_runs_total",
-            "Runs of the leader's maintenance jobs (the collector, the retention and reconciliation floors) by job "
-            "and outcome.",
+            "Runs of the leader's maintenance jobs (the collector, the retention and reconciliation baseline "
+            "passes) by job and outcome.",
         )
         self.slices = r.counter(
             "qm_maintenance_slices_total",
-            "Maintenance slices by job, outcome (recruited, finished, aborted) and source (idle, standby, floor; "
+            "Maintenance slices by job, outcome (recruited, finished, aborted) and source (idle, standby, baseline; "
             "leader for the collector's runs).",
         )
         self.slice_aborts = r.counter(

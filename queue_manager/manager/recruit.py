@@ -8,8 +8,8 @@ work this time). A recruit then picks a random queue and a random partition of i
 needs no shared cursor and no coordination between the managers of a shard, and a slice that
 gives up leaves its partition to whichever recruit draws it next.
 
-The floor (the leader's periodic run, which guarantees progress when nobody is idle) walks the
-partitions in order instead: :func:`floor_walk`.
+The baseline pass (the leader's periodic run over every partition, which guarantees progress when
+nobody is idle) walks the partitions in order instead: :func:`pass_walk`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class Job(Enum):
 
 
 #: each job's share of enlistments. Retention does the bulk of the work; a reconciliation slice
-#: holds its queue's load lock (which ack statements wait for) for one partition's count, and the
-#: counters drift slowly, so it is recruited less often. The remaining 0.3 dismisses the worker.
+#: counts one partition's live events, and the counters drift slowly, so it is recruited less often.
+#: The remaining 0.3 dismisses the worker.
 RATES: tuple[tuple[Job, float], ...] = ((Job.RETENTION, 0.5), (Job.RECONCILIATION, 0.2))
 
 
@@ -65,8 +65,8 @@ def target(partitions: Sequence[int], queue_draw: float, partition_draw: float) 
     return Target(qi, min(int(partition_draw * n), n - 1))
 
 
-def floor_walk(cursor: int, partitions: int, full: bool) -> tuple[int, bool]:
-    """The floor's next partition after a retention slice of ``cursor``: the same one again while
+def pass_walk(cursor: int, partitions: int, full: bool) -> tuple[int, bool]:
+    """The baseline pass's next partition after a retention slice of ``cursor``: the same one again while
     its slices come back full (more may wait there), else the next. Returns (partition, advanced)."""
     n = max(1, partitions)
     if full:

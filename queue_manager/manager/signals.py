@@ -72,9 +72,9 @@ class ManagerSignals:
     idle: TestSignal[None] = field(default_factory=TestSignal)
     #: a run of the old-event collector finished
     swept: TestSignal[int] = field(default_factory=TestSignal)
-    #: a floor run of the retention purge finished (events deleted)
+    #: a baseline pass of the retention purge finished (events deleted)
     purged: TestSignal[int] = field(default_factory=TestSignal)
-    #: a floor run of the load reconciliation finished (drift found)
+    #: a baseline pass of the load reconciliation finished (drift found)
     reconciled: TestSignal[int] = field(default_factory=TestSignal)
     #: a database health reading was taken (its warnings)
     health_read: TestSignal[list[str]] = field(default_factory=TestSignal)

@@ -8,21 +8,23 @@ connection (never the leader's writer, so acks never queue behind it):
   to ``slice_rows`` failed events older than its failed retention, oldest first, ``FOR UPDATE SKIP
   LOCKED`` (a row another transaction holds is skipped, not waited for). The DELETE itself states
   that the row is acked or failed, so no slice ever deletes a to_be_fired or fired event;
-- **reconciliation**: re-anchors the partition's load counter on a count of its live events, under
-  the queue's load lock, which it only *tries* (``qm.reconcile_partition``).
+- **reconciliation**: re-anchors the partition's load counter on a count of its live events
+  (``qm.reconcile_partition``). It takes no lock, and nothing waits for it: the load only steers
+  inserts, so it is approximate by design (docs/design.md, "Shuffle sharding", states the bound).
 
-Neither is fenced by the leader's term: deleting a settled event and re-anchoring a counter under
-its lock are right whoever does them, which is what lets a standby take slices while the leader
-leads, or while it is stopped. A slice gives up at the first conflict (the load lock taken,
-``lock_timeout``, ``statement_timeout``, a serialization failure, a lost connection) and is counted
-aborted; it is never retried: the next recruit draws its own partition (seed 002: "don't retry,
-just exit and let the next worker make an attempt").
+Neither is fenced by the leader's term: deleting a settled event and re-anchoring an approximate
+counter are right whoever does them, which is what lets a standby take slices while the leader
+leads, or while it is stopped. A slice gives up at the first conflict (``lock_timeout``,
+``statement_timeout``, a serialization failure, a lost connection) and is counted aborted; it is
+never retried: the next recruit draws its own partition (seed 002: "don't retry, just exit and let
+the next worker make an attempt").
 
 Who takes slices (``recruit.py`` decides which job, and where):
 
-- the **floor**: the leader's session runs :meth:`Slicer.floor` every ``purge_interval`` and
-  ``reconcile_interval`` (APScheduler, maintenance.py). It walks the partitions in order, so that
-  every partition is served even when the manager is never idle and has no standby;
+- the **baseline pass**: the leader's session runs :meth:`Slicer.baseline_pass` every
+  ``purge_interval`` and ``reconcile_interval`` (APScheduler, maintenance.py). It walks the
+  partitions in order, so that every partition is served even when the manager is never idle and
+  has no standby;
 - **idle moments**: each time the leader's dispatcher finds nothing to do, :meth:`Slicer.on_idle`
   enlists the process (at most once per ``slice_interval``), and a recruited slice runs as a task
   of its own: the dispatcher does not wait for it. A moment when due events wait for credit is not
@@ -60,9 +62,9 @@ logger = logging.getLogger(__name__)
 #: the queue list a process slices is re-read this often, seconds (a standby has no dispatcher
 #: that would keep it fresh)
 QUEUES_TTL = 5.0
-#: most retention slices one floor run takes per queue: every partition once when there are no
+#: most retention slices one baseline pass takes per queue: every partition once when there are no
 #: more (and nothing is full), the rest for partitions whose pages come back full
-FLOOR_RETENTION_SLICES = 32
+PASS_RETENTION_SLICES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,7 @@ class SliceResult:
     job: Job
     queue: str
     partition: int
-    #: floor | idle | standby
+    #: baseline | idle | standby
     source: str
     #: finished | aborted
     outcome: str
@@ -89,8 +91,8 @@ class SliceResult:
 
 
 @dataclass
-class FloorResult:
-    """What one floor run did."""
+class PassResult:
+    """What one baseline pass did."""
 
     slices: int = 0
     aborted_slices: int = 0
@@ -105,18 +107,13 @@ class FloorResult:
             self.aborted_slices += 1
 
 
-#: after a reconciliation slice gave up on its time bound, this process takes none for this long
-#: (seconds), doubled at each further one up to RECONCILE_REST_MAX, back to this after one finishes.
-#: Each try holds the queue's acks for the whole bound (50 ms), and under a held snapshot every try
-#: fails: 135 of them in 3 minutes at 2 000 events/s before the rest (docs/benchmarks.md).
+#: after a reconciliation slice gave up on its time bound (store.RECONCILE_SLICE_TIMEOUT_MS), this
+#: process takes none for this long (seconds), doubled at each further one up to RECONCILE_REST_MAX,
+#: back to this after one finishes. Under a held snapshot every count walks dead index entries and
+#: every try fails, spending its whole bound in the server: 135 of them in 3 minutes at 2 000
+#: events/s before the rest (docs/benchmarks.md).
 RECONCILE_REST_MIN = 10.0
 RECONCILE_REST_MAX = 300.0
-#: a reconciliation slice that finished but held the load lock longer than this in the server
-#: (seconds) rests the process as a timeout does. Resting only on timeouts was not enough: under a
-#: held snapshot at 2 000 events/s some partitions still counted within the bound, each such slice
-#: reset the rest and held the acks for 30-50 ms, 64 slow slices in 3 minutes (docs/benchmarks.md,
-#: "Held snapshot", session 9).
-RECONCILE_SLOW = 0.020
 
 
 def abort_reason(exc: BaseException) -> str:
@@ -141,11 +138,11 @@ class Slicer:
         #: each job's share of enlistments (recruit.RATES)
         self.rates: tuple[tuple[Job, float], ...] = recruit.RATES
         self._conn: AsyncConn | None = None
-        #: one slice at a time on the one connection (the floor waits for it, a recruit does not)
+        #: one slice at a time on the one connection (the baseline pass waits for it, a recruit does not)
         self._lock = asyncio.Lock()
         self._queues: list[QueueSettings] = []
         self._queues_at: float | None = None
-        #: the floor's next partition of each queue (retention)
+        #: the baseline pass's next partition of each queue (retention)
         self._cursor: dict[str, int] = {}
         #: the correction this process's last reconciliation slice of (queue, partition) found
         self._drift: dict[tuple[str, int], int] = {}
@@ -173,13 +170,9 @@ class Slicer:
         if job is not None:
             self._spawn(self.take_random(job, "idle"))
 
-    def _reconciled(self, seconds: float) -> None:
-        """A reconciliation slice finished in ``seconds``: a quick one ends the rests, a slow one
-        (RECONCILE_SLOW) rests the process as a timeout does."""
-        if seconds > RECONCILE_SLOW:
-            self._rest_reconciliation()
-        else:
-            self._reconcile_rest = RECONCILE_REST_MIN
+    def _reconciled(self) -> None:
+        """A reconciliation slice finished: the next rest is the shortest again."""
+        self._reconcile_rest = RECONCILE_REST_MIN
 
     def _rest_reconciliation(self) -> None:
         """No reconciliation slice for the current rest; the next rest twice as long, up to the most."""
@@ -217,26 +210,26 @@ class Slicer:
             return await self._take(job, queues[t.queue], t.partition, source)
 
     async def take(self, job: Job, queue: QueueSettings, partition: int, source: str) -> SliceResult:
-        """One slice of ``job`` on this partition (the floor's way, and the tests')."""
+        """One slice of ``job`` on this partition (the baseline pass's way, and the tests')."""
         async with self._lock:
             return await self._take(job, queue, partition, source)
 
-    # ------------------------------------------------------------------ the floor
+    # ------------------------------------------------------------------ the baseline pass
 
-    async def floor(self, job: Job) -> FloorResult:
-        """One floor run: every queue, partitions in order from where the last run stopped.
+    async def baseline_pass(self, job: Job) -> PassResult:
+        """One baseline pass: every queue, partitions in order from where the last pass stopped.
 
         Reconciliation: one slice per partition. Retention: a slice per partition, and more for a
-        partition whose page came back full, up to FLOOR_RETENTION_SLICES per queue. A slice that
-        aborts is not retried; the run goes on with the next partition (the next run, or a
-        recruit, comes back to it). A lost connection ends the run."""
-        result = FloorResult()
+        partition whose page came back full, up to PASS_RETENTION_SLICES per queue. A slice that
+        aborts is not retried; the pass goes on with the next partition (the next pass, or a
+        recruit, comes back to it). A lost connection ends the pass."""
+        result = PassResult()
         async with self._lock:
             try:
                 queues = await self._load_queues(fresh=True)
             except (psycopg.Error, OSError) as exc:
                 await self._drop_connection()
-                logger.info("maintenance floor: no database", extra={"action": "floor", "error": str(exc)[:200]})
+                logger.info("baseline pass: no database", extra={"action": "baseline_pass", "error": str(exc)[:200]})
                 result.aborted = True
                 return result
         for q in queues:
@@ -245,23 +238,23 @@ class Slicer:
                 for p in range(n):
                     if self._resting(job) is None:
                         return result
-                    r = await self.take(job, q, p, "floor")
+                    r = await self.take(job, q, p, "baseline")
                     result.add(r)
                     if r.reason == "connection":
                         result.aborted = True
                         return result
                 continue
             cursor = self._cursor.get(q.name, 0) % n
-            budget = max(FLOOR_RETENTION_SLICES, 1)
+            budget = max(PASS_RETENTION_SLICES, 1)
             visited = 0
             while budget > 0 and visited < n:
-                r = await self.take(job, q, cursor, "floor")
+                r = await self.take(job, q, cursor, "baseline")
                 result.add(r)
                 budget -= 1
                 if r.reason == "connection":
                     result.aborted = True
                     return result
-                cursor, advanced = recruit.floor_walk(cursor, n, r.full and not r.aborted)
+                cursor, advanced = recruit.pass_walk(cursor, n, r.full and not r.aborted)
                 visited += advanced
             self._cursor[q.name] = cursor
         return result
@@ -282,8 +275,8 @@ class Slicer:
                 if failed:
                     rt.metrics.purged.inc(failed, queue=q.name, state="failed")
             else:
-                before, live, held = await store.slice_reconcile(conn, q, partition)
-                self._reconciled(held)
+                before, live = await store.slice_reconcile(conn, q, partition)
+                self._reconciled()
                 result = SliceResult(job, q.name, partition, source, "finished", abs(before - live))
                 self._drift[(q.name, partition)] = result.events
                 rt.metrics.load_drift.set(
@@ -311,7 +304,7 @@ class Slicer:
         reason = abort_reason(exc)
         if job is Job.RECONCILIATION and reason == "timeout":
             # the count outgrew its bound (store.slice_reconcile): dead entries vacuum cannot
-            # remove yet, most likely; every try would hold the acks up again for as long
+            # remove yet, most likely; every try would spend its whole bound in the server again
             self._rest_reconciliation()
         if not counted:
             rt.metrics.slices.inc(job=job.value, outcome="recruited", source=source)

@@ -30,9 +30,8 @@ AsyncConn = psycopg.AsyncConnection[Any]
 #: SQLSTATE raised by qm.fence when the manager's term is no longer current
 FENCED_SQLSTATE = "QMF01"
 SWEEP_PAGE = 1000
-#: a maintenance slice's statement gives up after this long (the count of one partition's live
-#: events, a page of deletes): a reconciliation slice holds its queue's load lock, which the ack
-#: statements wait for, at most this long
+#: a maintenance slice's statement gives up after this long (a page of deletes; a reconciliation
+#: slice's count has a shorter bound of its own, RECONCILE_SLICE_TIMEOUT_MS)
 SLICE_STATEMENT_TIMEOUT_MS = 1000
 #: and after waiting this long for a lock (a table lock of a CREATE INDEX, say): a slice waiting in
 #: a lock queue would hold up everyone queued behind it
@@ -334,9 +333,9 @@ async def extend(
 
 
 async def sweep(
-    conn: AsyncConn, q: QueueSettings, term: int, floor: float | None = None, page: int = SWEEP_PAGE
+    conn: AsyncConn, q: QueueSettings, term: int, resume_at: float | None = None, page: int = SWEEP_PAGE
 ) -> tuple[set[int], set[int], int, float | None, float | None]:
-    """Re-fire events past their ack deadline (from ``floor`` on, epoch seconds), page by page;
+    """Re-fire events past their ack deadline (deadlines from ``resume_at`` on, epoch seconds), page by page;
     returns (moved, dead-lettered, pages, the database time of the first page, the earliest
     deadline of an overdue event the last page left fired: one an application holds locked)."""
     moved: set[int] = set()
@@ -349,7 +348,7 @@ async def sweep(
             queue_sql("mgr_sweep", q.name),
             {
                 "term": term,
-                "floor": floor,
+                "resume_at": resume_at,
                 "limit": page,
                 "max_attempts": q.max_attempts,
                 "backoff_min": q.backoff_min_seconds,
@@ -412,8 +411,9 @@ async def wake_lock_holders(
     return out, at
 
 
-#: how long a reconciliation slice may hold the queue's load lock (the acks wait for it), ms: a
-#: partition of 10 000 live events counted in 2-10 ms (docs/manager.md, "Maintenance slices")
+#: how long a reconciliation slice's count may run, ms: a partition of 10 000 live events is counted
+#: in 2-10 ms (docs/manager.md, "Maintenance slices"); under a held snapshot a count walks dead index
+#: entries for 100-400 ms, and this bound keeps such tries cheap until vacuum has run
 RECONCILE_SLICE_TIMEOUT_MS = 50
 
 
@@ -449,19 +449,16 @@ async def slice_purge(conn: AsyncConn, q: QueueSettings, partition: int, limit: 
     return int(row[0]), int(row[1]), int(row[2]) >= limit
 
 
-async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> tuple[int, int, float]:
-    """A reconciliation slice of one partition: (load before, live events, seconds the statement held
-    the load lock in the server); the load is now the live events.
+async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> tuple[int, int]:
+    """A reconciliation slice of one partition: (load before, live events); the load is now the
+    live events, up to what was in flight (docs/design.md, "Shuffle sharding").
 
-    The count runs under the queue's load lock, and every ack statement of the queue waits for that
-    lock: so the slice may hold it at most RECONCILE_SLICE_TIMEOUT_MS, and gives up (statement
-    timeout: counted aborted) beyond. Measured before this bound, under a held snapshot at 2 000
-    events/s: each count walked its partition's dead index entries for 100-400 ms while every ack
-    waited, and the queue depth reached 2 500 (docs/benchmarks.md, "Held snapshot", session 8).
-    A partition is reconciled again once its count is cheap (vacuum has run)."""
-    # the connection's own timeout for this one statement (no transaction block around it: the
-    # statement stays its own transaction, as the load lock's argument in qm.reconcile_partition
-    # assumes)
+    The count takes no lock and holds up no producer or ack, but it may run at most
+    RECONCILE_SLICE_TIMEOUT_MS and gives up (statement timeout: counted aborted) beyond: under a
+    held snapshot every count walks its partition's dead index entries (100-400 ms at 2 000
+    events/s, docs/benchmarks.md, "Held snapshot"). A partition is reconciled again once its count
+    is cheap (vacuum has run)."""
+    # the connection's own timeout for this one statement (no transaction block around it)
     reset = f"SET statement_timeout = {SLICE_STATEMENT_TIMEOUT_MS}"
     await conn.execute(f"SET statement_timeout = {RECONCILE_SLICE_TIMEOUT_MS}")
     try:
@@ -477,7 +474,7 @@ async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> 
     await conn.execute(reset)
     assert row is not None and row[0] is not None
     before, live = row[0]
-    return int(before), int(live), float(row[1])
+    return int(before), int(live)
 
 
 async def count_maintenance(conn: AsyncConn, job: str, what: str, n: int = 1) -> None:

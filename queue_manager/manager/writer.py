@@ -36,7 +36,7 @@ class OpKind(Enum):
     EXTEND = "extend"
     #: events an application settled by SQL: count them done (items: their partitions)
     SETTLED = "settled"
-    #: items: the collector's floor for this queue (one item, or none)
+    #: items: where the collector's sweep of this queue resumes (one item, or none: from the start)
     SWEEP = "sweep"
 
 

@@ -727,7 +727,7 @@ def test_fire_and_sweep_statements_probe_the_primary_key(shard: Shard, queue: st
             },
             "mgr_sweep": {
                 "term": 1,
-                "floor": None,
+                "resume_at": None,
                 "limit": 1000,
                 "max_attempts": 3,
                 "backoff_min": 0.1,
@@ -816,7 +816,7 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
             },
             "mgr_sweep": {
                 "term": 1,
-                "floor": None,
+                "resume_at": None,
                 "limit": 1000,
                 "max_attempts": 3,
                 "backoff_min": 0.1,

@@ -117,8 +117,11 @@ def _contents(conn: Conn) -> dict[str, list[tuple[Any, ...]]]:
     for schema_name, name in tables:
         query = sql.SQL("SELECT * FROM {} ORDER BY 1, 2").format(sql.Identifier(schema_name, name))
         found[f"{schema_name}.{name}"] = conn.execute(query).fetchall()
+    # a done counter never written reads NULL before the migration and 0 after it (apply_queue_counters
+    # marks it called, so that qm.add_done's first nextval counts one): the same value to every reader
     found["sequences"] = conn.execute(
-        "SELECT c.relname, pg_sequence_last_value(c.oid) FROM pg_class c "
+        "SELECT c.relname, CASE WHEN right(c.relname, 5) = '_done' THEN coalesce(pg_sequence_last_value(c.oid), 0) "
+        "ELSE pg_sequence_last_value(c.oid) END FROM pg_class c "
         "WHERE c.relkind = 'S' AND c.relnamespace = 'qm'::regnamespace ORDER BY 1"
     ).fetchall()
     return found

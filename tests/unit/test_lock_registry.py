@@ -58,7 +58,14 @@ def test_each_purpose_has_a_class_of_its_own_and_sql_agrees_with_python() -> Non
     assert len(set(python.values())) == len(python)
     assert all(0 < v < 2**31 for v in python.values())
     assert registry_sql() == python
-    assert {"migration", "wake", "load", "maintenance", "enqueue", "adopt", "spark_run", "dedup"} <= python.keys()
+    assert python == {
+        "migration": 29036,
+        "wake": 29037,
+        "maintenance": 29039,
+        "adopt": 29041,
+        "spark_run": 29042,
+        "dedup": 29043,
+    }, "a class was added or removed, or a number changed (a removed class's number is not reused)"
 
 
 def test_every_advisory_lock_in_the_sources_takes_a_registered_class() -> None:
@@ -80,9 +87,7 @@ def test_every_advisory_lock_in_the_sources_takes_a_registered_class() -> None:
     expected = {
         "migration": "queue_manager/db/sql/migrate.sql",
         "wake": "queue_manager/db/sql/manager.sql",
-        "load": "queue_manager/db/sql/schema/counters/add_done.sql",
         "maintenance": "queue_manager/db/sql/schema/maintenance/count_maintenance.sql",
-        "enqueue": "queue_manager/db/sql/schema/queue_triggers/route_source.sql",
         "dedup": "queue_manager/db/sql/schema/queue_triggers/route_source.sql",
         "adopt": "queue_manager/db/sql/adopt.sql",
         "spark_run": "queue_manager/db/sql/spark.sql",
@@ -96,14 +101,14 @@ def test_the_migration_lock_is_bound_from_the_registry() -> None:
 
 
 def test_the_scan_refuses_a_class_outside_the_registry() -> None:
-    assert advisory_calls("SELECT pg_advisory_xact_lock(qm.lock_class('load'), 7)") == [
-        ("pg_advisory_xact_lock(qm.lock_class('load'), 7)", "load")
+    assert advisory_calls("SELECT pg_advisory_xact_lock(qm.lock_class('wake'), 7)") == [
+        ("pg_advisory_xact_lock(qm.lock_class('wake'), 7)", "wake")
     ]
     assert advisory_calls("format('PERFORM pg_advisory_xact_lock(qm.lock_class(''dedup''), h)')")[0][1] == "dedup"
     for bad in (
         "SELECT pg_advisory_xact_lock(29038, 7)",  # a bare number
         "PERFORM pg_advisory_xact_lock(5, hashtext(k))",  # a queue id as class
-        "SELECT pg_try_advisory_lock(qm.lock_class('load'))",  # the one-key form
+        "SELECT pg_try_advisory_lock(qm.lock_class('wake'))",  # the one-key form
         "SELECT pg_advisory_lock(qm.wake_lock_key(), 1)",  # another spelling
     ):
         assert advisory_calls(bad)[0][1] is None, bad

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg import errors as pg
 
-from queue_manager.manager.recruit import RATES, Job, Target, floor_walk, recruit, target
+from queue_manager.manager.recruit import RATES, Job, Target, pass_walk, recruit, target
 from queue_manager.manager.slices import abort_reason
 
 
@@ -55,10 +55,10 @@ def test_targets_are_spread_over_every_queue_and_partition() -> None:
     assert target([], 0.5, 0.5) is None
 
 
-def test_the_floor_stays_on_a_full_partition_and_walks_on_otherwise() -> None:
-    assert floor_walk(3, 4, full=True) == (3, False)
-    assert floor_walk(3, 4, full=False) == (0, True)
-    assert floor_walk(0, 1, full=False) == (0, True)
+def test_the_baseline_pass_stays_on_a_full_partition_and_walks_on_otherwise() -> None:
+    assert pass_walk(3, 4, full=True) == (3, False)
+    assert pass_walk(3, 4, full=False) == (0, True)
+    assert pass_walk(0, 1, full=False) == (0, True)
 
 
 def test_abort_reasons() -> None:

@@ -249,21 +249,21 @@ RETURNING q.id, extract(epoch FROM q.ack_deadline)::double precision
 -- mgr_sweep --
 -- The old-event collector: events left fired past their ack deadline (a receiver that never
 -- answered, or a manager that crashed) go back to to_be_fired after the back-off, or to failed
--- at max attempts. Only deadlines from %(floor)s on (epoch seconds; NULL = all): the collector
+-- at max attempts. Only deadlines from %(resume_at)s on (epoch seconds; NULL = all): the collector
 -- starts a little before where its last run stopped, so that it does not walk the dead index
 -- entries of every event acked since the last vacuum. SKIP LOCKED pages past rows an application
 -- transaction holds (an ack by SQL not yet committed); the ids reach the UPDATE as an array (a
 -- primary-key probe), as in mgr_fire_due.
--- The last column is the earliest deadline (epoch seconds) of an overdue fired row from the floor
+-- The last column is the earliest deadline (epoch seconds) of an overdue fired row from resume_at on
 -- that this page did not take, NULL if none: when the page was not full, a row an application
--- holds. The collector's next floor stays at or below it, so that the row is looked at again on
+-- holds. The collector's next resume_at stays at or below it, so that the row is looked at again on
 -- every run and fired again on the first run after a rollback (the NOT IN is a hashed subplan:
--- one walk of the fired index from the floor, stopping at the first row not taken).
+-- one walk of the fired index from resume_at, stopping at the first row not taken).
 WITH f AS (SELECT qm.fence(%(term)s) AS term),
      cand AS MATERIALIZED (
         SELECT q.id FROM {queue} q
          WHERE q.state = 'fired' AND q.ack_deadline <= now()
-           AND q.ack_deadline >= coalesce(to_timestamp(%(floor)s::double precision), '-infinity'::timestamptz)
+           AND q.ack_deadline >= coalesce(to_timestamp(%(resume_at)s::double precision), '-infinity'::timestamptz)
          ORDER BY q.ack_deadline
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED),
@@ -282,7 +282,7 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
        (SELECT count(*) FROM cand), extract(epoch FROM now())::double precision,
        (SELECT extract(epoch FROM h.ack_deadline)::double precision FROM {queue} h
          WHERE h.state = 'fired' AND h.ack_deadline <= now()
-           AND h.ack_deadline >= coalesce(to_timestamp(%(floor)s::double precision), '-infinity'::timestamptz)
+           AND h.ack_deadline >= coalesce(to_timestamp(%(resume_at)s::double precision), '-infinity'::timestamptz)
            AND h.id NOT IN (SELECT id FROM cand)
          ORDER BY h.ack_deadline
          LIMIT 1)
@@ -346,12 +346,9 @@ SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FILTER (WHERE state = '
   FROM gone
 
 -- mgr_slice_reconcile --
--- A reconciliation slice: one partition's load re-anchored on its live events (see
--- qm.reconcile_partition: it gives up at once, lock_not_available, while an ack statement of the
--- queue holds the load lock). Returns {load before, live events} and the statement's time in the
--- server, seconds (the lock is taken first and held to the end: how long the acks could wait).
-SELECT qm.reconcile_partition(%(queue)s, %(partition)s),
-       extract(epoch FROM clock_timestamp() - statement_timestamp())::double precision
+-- A reconciliation slice: one partition's load re-anchored on its live events, without a lock (see
+-- qm.reconcile_partition). Returns {load before, live events}.
+SELECT qm.reconcile_partition(%(queue)s, %(partition)s)
 
 -- mgr_count_maintenance --
 -- Count a maintenance slice shard-wide: recruited, finished, aborted, or the events it handled.

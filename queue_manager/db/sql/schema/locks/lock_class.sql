@@ -1,6 +1,6 @@
 -- The advisory lock class of a purpose (qm.lock_classes() lists them). IMMUTABLE: a call with a
 -- constant argument is folded into the plan of the statement that makes it, once per plan, so a
--- lock written pg_advisory_xact_lock(qm.lock_class('load'), q.id) costs what a literal class does.
+-- lock written pg_advisory_xact_lock(qm.lock_class('wake'), q.id) costs what a literal class does.
 -- An unknown purpose is an error, never a NULL class (with which the lock functions would lock
 -- nothing and say so by returning NULL).
 CREATE OR REPLACE FUNCTION qm.lock_class(purpose text) RETURNS integer

@@ -1,7 +1,8 @@
 -- Every advisory lock class, one per purpose: the SQL side of queue_manager/db/locks.py, which
 -- says what each key is (tests/unit/test_lock_registry.py checks that the two lists are the same).
 -- Every advisory lock is the two-key form pg_advisory*(class, key), its class spelled
--- qm.lock_class('<purpose>'); in pg_locks, classid is the class, objid the key, objsubid 2.
+-- qm.lock_class('<purpose>'); in pg_locks, classid is the class, objid the key, objsubid 2. The
+-- numbers of classes no longer used (29038, 29040) are not given to another purpose.
 --   SELECT l.purpose, k.objid, k.mode, k.pid
 --     FROM pg_locks k JOIN qm.lock_classes() l ON l.lock_class = k.classid
 --    WHERE k.locktype = 'advisory' AND k.objsubid = 2;
@@ -9,9 +10,7 @@ CREATE OR REPLACE FUNCTION qm.lock_classes() RETURNS TABLE (purpose text, lock_c
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     VALUES ('migration', 29036),    -- key 0: one migration of the database at a time
            ('wake', 29037),         -- key: queue id; a waiting manager's wake-up lock
-           ('load', 29038),         -- key: queue id; the done counters' writers
            ('maintenance', 29039),  -- key: the job's position in qm.maintenance_jobs()
-           ('enqueue', 29040),      -- key: queue id * 64 + partition % 64; open enqueues of a partition
            ('adopt', 29041),        -- key: hashtext(adoption name); one run of an adoption
            ('spark_run', 29042),    -- key: hashtext(queue || chr(31) || run id); one live Spark run
            ('dedup', 29043)         -- key: hashtext(queue id || chr(31) || tenant || chr(31) || dedup key)

@@ -16,10 +16,16 @@ BEGIN
         seq_name := format('q%s_p%s_enq', q.id, p);
         EXECUTE format('CREATE SEQUENCE IF NOT EXISTS qm.%I', seq_name);
         seqs := seqs || format('qm.%I', seq_name)::regclass;
-        -- the published done counter may be set to any value, 0 included (qm.reconcile_partition)
+        -- the published done counter may be set to any value, 0 included (qm.reconcile_partition).
+        -- qm.add_done moves it by nextval, and the first nextval of a sequence never called returns
+        -- its start without counting: so it is marked called at 0 (a no-op for every reader, which
+        -- takes a NULL last value for 0), and its first nextval counts one
         seq_name := format('q%s_p%s_done', q.id, p);
         EXECUTE format('CREATE SEQUENCE IF NOT EXISTS qm.%I MINVALUE -9223372036854775808 START 0', seq_name);
         dseqs := dseqs || format('qm.%I', seq_name)::regclass;
+        IF pg_sequence_last_value(dseqs[p + 1]) IS NULL THEN
+            PERFORM setval(dseqs[p + 1], 0);
+        END IF;
     END LOOP;
     FOR p IN q.partitions_physical .. 1023 LOOP
         EXIT WHEN to_regclass(format('qm.q%s_p%s_enq', q.id, p)) IS NULL;
