@@ -67,6 +67,7 @@ SOURCE: tuple[str, ...] = (
     # keyspace, shuffle sets, topology
     "routing/keyspace_hex.sql",
     "routing/draw_hex.sql",
+    "routing/draw_width.sql",
     "routing/shuffle_set.sql",
     "routing/shard_for.sql",
     "routing/partition_loads.sql",

@@ -11,7 +11,7 @@ CREATE OR REPLACE FUNCTION qm.route_source(q qm.queues, s qm.shard) RETURNS text
 LANGUAGE plpgsql AS $source$
 DECLARE
     k integer := q.shuffle;
-    per integer := 16 / CASE WHEN k <= 8 THEN 7 ELSE 4 END;  -- draws per 16-digit word (route_picks)
+    per integer := 16 / qm.draw_width(k);  -- draws per 16-digit word (route_picks)
     valid text := qm.rule_valid(q, s);
     body text;
 BEGIN

@@ -8,7 +8,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     n integer := q.partitions;
     k integer := q.shuffle;
-    w integer := CASE WHEN k <= 8 THEN 7 ELSE 4 END;  -- routing.draw_width
+    w integer := qm.draw_width(k);
     per integer := 16 / w;                             -- draws per 16-digit word of the draw hash
     lo_arr integer[];
     off_arr integer[];

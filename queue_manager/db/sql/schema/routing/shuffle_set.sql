@@ -6,7 +6,7 @@ CREATE OR REPLACE FUNCTION qm.shuffle_set(tenant text, n integer, k integer) RET
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 DECLARE
     g text := qm.draw_hex(tenant);
-    w integer := CASE WHEN k <= 8 THEN 7 ELSE 4 END;
+    w integer := qm.draw_width(k);
     per integer := 16 / w;
     lo integer;
     hi integer;
