@@ -114,6 +114,13 @@ class PassResult:
 #: events/s before the rest (docs/benchmarks.md).
 RECONCILE_REST_MIN = 10.0
 RECONCILE_REST_MAX = 300.0
+#: a reconciliation slice that finished but took longer than this (seconds, as the process saw it)
+#: rests the process as a timeout does. The count holds up no producer or ack, but under a held
+#: snapshot it walks its partition's dead index entries, and each such count takes the server's CPU
+#: that dispatch needs: at 500 events/s on 2 cores, without this rule 41 to 59 counts of 20 to 113 ms
+#: ran in a 90 s held phase (8 to 10 with it), and the held phase's p99 rose to 2.3-2.8x the clean
+#: phase's in 2 runs of 4 (docs/benchmarks.md, "Held snapshot").
+RECONCILE_SLOW = 0.020
 
 
 def abort_reason(exc: BaseException) -> str:
@@ -170,9 +177,13 @@ class Slicer:
         if job is not None:
             self._spawn(self.take_random(job, "idle"))
 
-    def _reconciled(self) -> None:
-        """A reconciliation slice finished: the next rest is the shortest again."""
-        self._reconcile_rest = RECONCILE_REST_MIN
+    def _reconciled(self, seconds: float) -> None:
+        """A reconciliation slice finished in ``seconds``: a quick one ends the rests, a slow one
+        (RECONCILE_SLOW) rests the process as a timeout does."""
+        if seconds > RECONCILE_SLOW:
+            self._rest_reconciliation()
+        else:
+            self._reconcile_rest = RECONCILE_REST_MIN
 
     def _rest_reconciliation(self) -> None:
         """No reconciliation slice for the current rest; the next rest twice as long, up to the most."""
@@ -275,8 +286,9 @@ class Slicer:
                 if failed:
                     rt.metrics.purged.inc(failed, queue=q.name, state="failed")
             else:
+                started = rt.clock.monotonic()
                 before, live = await store.slice_reconcile(conn, q, partition)
-                self._reconciled()
+                self._reconciled(rt.clock.monotonic() - started)
                 result = SliceResult(job, q.name, partition, source, "finished", abs(before - live))
                 self._drift[(q.name, partition)] = result.events
                 rt.metrics.load_drift.set(

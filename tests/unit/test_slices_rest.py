@@ -13,7 +13,7 @@ from queue_manager.manager.metrics import ManagerMetrics
 from queue_manager.manager.recruit import Job
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.signals import ManagerSignals
-from queue_manager.manager.slices import RECONCILE_REST_MAX, RECONCILE_REST_MIN, Slicer
+from queue_manager.manager.slices import RECONCILE_REST_MAX, RECONCILE_REST_MIN, RECONCILE_SLOW, Slicer
 
 
 def slicer(clock: FakeClock) -> Slicer:
@@ -54,6 +54,23 @@ def test_a_finished_reconciliation_slice_ends_the_doubling_of_the_rests() -> Non
         asyncio.run(s._aborted(Job.RECONCILIATION, "orders", 0, "idle", pg.QueryCanceled("timeout"), counted=False))
     assert s._reconcile_rest == RECONCILE_REST_MIN * 8
     clock.advance(RECONCILE_REST_MAX + 1)
-    s._reconciled()  # a count within its bound: the next rest is the shortest again
+    s._reconciled(RECONCILE_SLOW / 2)  # a quick count: the next rest is the shortest again
     assert s._reconcile_rest == RECONCILE_REST_MIN
     assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
+
+
+def test_a_slow_reconciliation_slice_rests_like_a_timeout_and_a_quick_one_ends_the_rests() -> None:
+    clock = FakeClock()
+    s = slicer(clock)
+    s._reconciled(RECONCILE_SLOW / 2)
+    assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
+    s._reconciled(RECONCILE_SLOW * 4)  # finished, but its count was slow (a held snapshot)
+    assert s._resting(Job.RECONCILIATION) is None
+    clock.advance(RECONCILE_REST_MIN + 0.01)
+    assert s._resting(Job.RECONCILIATION) is Job.RECONCILIATION
+    s._reconciled(RECONCILE_SLOW * 2)  # slow again: the rest doubles
+    clock.advance(RECONCILE_REST_MIN + 0.01)
+    assert s._resting(Job.RECONCILIATION) is None
+    clock.advance(RECONCILE_REST_MIN)
+    s._reconciled(RECONCILE_SLOW / 2)  # a quick one: the next rest is the shortest again
+    assert s._reconcile_rest == RECONCILE_REST_MIN
