@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,22 @@ from queue_manager.domain.topology import Topology
 from queue_manager.errors import ConfigurationError, InvalidNameError, QueueManagerError, UnknownQueueError
 from queue_manager.web import data
 from queue_manager.web.access import Sessions, WebTokens, WebUser
-from queue_manager.web.filters import STATES, EventFilter, FilterError, format_cursor, parse_cursor, parse_filter
+from queue_manager.web.filters import (
+    STATES,
+    EventFilter,
+    FilterError,
+    format_cursor,
+    parse_cursor,
+    parse_filter,
+    parse_time,
+)
 
 logger = logging.getLogger(__name__)
 
 COOKIE = "qm_session"
+#: the fields of a bulk form that are not the event filter
+BULK_FIELDS = frozenset({"csrf", "sel", "do", "confirm", "new_fire_at"})
+Selection = dict[str, list[int]]
 HERE = Path(str(resources.files("queue_manager.web")))
 
 
@@ -314,11 +326,11 @@ def create_app(config: WebConfig) -> Starlette:
             raise Refused(404, f"no event {raw_id} in queue {queue!r} on shard {shard!r} (deleted by retention?)")
         return page(request, "event.html", user, queue=queue, shard=shard, e=row)
 
-    def _selection(form: FormData) -> dict[str, list[int]] | None:
+    def _selection(form: FormData) -> Selection | None:
         picked = [str(v) for v in form.getlist("sel")]
         if not picked:
             return None
-        out: dict[str, list[int]] = {}
+        out: Selection = {}
         for item in picked:
             name, _, raw = item.partition(":")
             if name not in shard_names or not raw.isdigit() or len(raw) > 18:
@@ -328,68 +340,77 @@ def create_app(config: WebConfig) -> Starlette:
             raise Refused(400, f"selection: more than {limits.bulk_cap} events; use a filter and 'all matching'")
         return out
 
-    async def retry_preview(request: Request) -> Response:
+    def _bulk_request(form: FormData) -> tuple[data.BulkAction, EventFilter | None, Selection | None, datetime | None]:
+        """The action, the filter or the selection, and the new fire_at of a bulk form."""
+        do = str(form.get("do") or "")
+        name, _, scope = do.partition("/")
+        action = data.ACTIONS.get(name)
+        if action is None or scope not in ("selection", "all"):
+            raise Refused(400, f"unknown bulk action {do[:40]!r}; use one of the event browser's buttons")
+        fire_at = None
+        if action.name == "reschedule":
+            raw = str(form.get("new_fire_at") or "").strip()
+            if not raw:
+                raise Refused(400, "reschedule: give the new fire_at (ISO 8601, e.g. 2026-11-28T09:00:00Z)")
+            fire_at = parse_time("new fire_at", raw)
+        if scope == "all":
+            fields = {k: str(v) for k, v in form.items() if k not in BULK_FIELDS}
+            return action, parse_filter(fields, shard_names), None, fire_at
+        selection = _selection(form)
+        if selection is None:
+            raise Refused(400, "nothing selected: tick some events, or choose 'all matching the filter'")
+        return action, None, selection, fire_at
+
+    async def bulk_preview(request: Request) -> Response:
         user, form = await require(request, action=True)
         assert form is not None
         queue = check_queue_name(request.path_params["queue"])
-        selection = _selection(form)
-        scope = str(form.get("scope") or "selection")
-        flt: EventFilter | None = None
-        if scope == "all":
-            flt = parse_filter({k: str(v) for k, v in form.items() if k not in ("csrf", "sel", "scope")}, shard_names)
-            selection = None
-        elif selection is None:
-            raise Refused(400, "nothing selected: tick some events, or choose 'all matching the filter'")
-        counts = await run_in_threadpool(data.count_dead, topology, queue, flt, selection, limits.bulk_cap)
+        action, flt, selection, fire_at = _bulk_request(form)
+        counts = await run_in_threadpool(data.count_targets, topology, queue, action, flt, selection, limits.bulk_cap)
         total = sum(counts.values())
         return page(
             request,
             "confirm.html",
             user,
             queue=queue,
+            action=action,
+            do=str(form.get("do")),
+            new_fire_at=fire_at.isoformat() if fire_at else "",
             counts=counts,
             total=min(total, limits.bulk_cap),
             over=total > limits.bulk_cap,
             cap=limits.bulk_cap,
-            flt=flt,
             fields=(flt.query() if flt else {}),
             picked=[f"{s}:{i}" for s, ids in (selection or {}).items() for i in ids],
             what=(flt.describe() if flt else f"{sum(len(v) for v in (selection or {}).values())} selected events"),
         )
 
-    async def retry_run(request: Request) -> Response:
+    async def bulk_run(request: Request) -> Response:
         user, form = await require(request, action=True)
         assert form is not None
         queue = check_queue_name(request.path_params["queue"])
-        selection = _selection(form)
-        flt = None
-        if str(form.get("scope") or "") == "all":
-            flt = parse_filter(
-                {k: str(v) for k, v in form.items() if k not in ("csrf", "sel", "scope", "confirm")}, shard_names
-            )
-            selection = None
-        elif selection is None:
-            raise Refused(400, "nothing selected")
+        action, flt, selection, fire_at = _bulk_request(form)
         confirmed = str(form.get("confirm") or "")
         if not confirmed.isdigit():
             raise Refused(400, "confirm the count shown on the confirmation page first")
         cap = min(int(confirmed), limits.bulk_cap)
-        description = (
-            flt.describe() if flt else ", ".join(f"{s}:{i}" for s, ids in (selection or {}).items() for i in ids)
-        )
-        moved = await run_in_threadpool(
-            lambda: data.retry_dead(
+        picked = ", ".join(f"{s}:{i}" for s, ids in (selection or {}).items() for i in ids)
+        description = flt.describe() if flt else picked
+        changed = await run_in_threadpool(
+            lambda: data.run_action(
                 topology,
                 queue,
+                action,
                 flt,
                 selection,
                 actor=user.name,
                 description=description[:2000],
                 cap=cap,
                 slice_size=limits.bulk_slice,
+                fire_at=fire_at,
             )
         )
-        notice = f"retried {sum(moved.values())} dead letters of {queue} ({description[:200]})"
+        notice = f"{action.verb}: {sum(changed.values())} {action.noun} of {queue} ({description[:200]})"
         return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'notice': notice})}", status_code=303)
 
     async def audit_page(request: Request) -> Response:
@@ -412,8 +433,8 @@ def create_app(config: WebConfig) -> Starlette:
         Route("/queues/{queue}/limits", guard(set_limits), methods=["POST"]),
         Route("/queues/{queue}/events", guard(events), methods=["GET"]),
         Route("/queues/{queue}/events/{shard}/{id}", guard(event_page), methods=["GET"]),
-        Route("/queues/{queue}/retry", guard(retry_preview), methods=["POST"]),
-        Route("/queues/{queue}/retry/confirm", guard(retry_run), methods=["POST"]),
+        Route("/queues/{queue}/bulk", guard(bulk_preview), methods=["POST"]),
+        Route("/queues/{queue}/bulk/confirm", guard(bulk_run), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     inner = Starlette(routes=routes)

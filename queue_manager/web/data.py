@@ -17,6 +17,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -215,9 +216,58 @@ def health(topology: Topology) -> dict[str, Any]:
 Selection = dict[str, list[int]]
 
 
-def _dead_params(flt: EventFilter | None, ids: Sequence[int] | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BulkAction:
+    """A bulk action of the event browser: the one state of the events it may change (a state no
+    manager holds in hand) and how the pages name it."""
+
+    #: the action's name in forms and in the audit table
+    name: str
+    #: the state of the events it changes
+    target: str
+    #: only events not yet due
+    future: bool
+    #: "Retry 12 dead letters", "Fire 12 scheduled events now", ...
+    verb: str
+    noun: str
+    #: what it does, on the confirmation page
+    effect: str
+
+
+ACTIONS = {
+    a.name: a
+    for a in (
+        BulkAction(
+            "retry_dead",
+            "failed",
+            False,
+            "Retry",
+            "dead letters",
+            "back in the queue, due now, with a fresh attempt budget",
+        ),
+        BulkAction(
+            "fire_now",
+            "to_be_fired",
+            True,
+            "Fire now",
+            "scheduled events",
+            "due now instead of at their fire_at: the manager fires each once",
+        ),
+        BulkAction(
+            "reschedule",
+            "to_be_fired",
+            False,
+            "Reschedule",
+            "events not yet fired",
+            "due at the new time (never fired before it)",
+        ),
+    )
+}
+
+
+def _action_params(action: BulkAction, flt: EventFilter | None, ids: Sequence[int] | None) -> dict[str, Any]:
     params = (flt or EventFilter()).params()
-    params["ids"] = list(ids) if ids is not None else None
+    params.update(ids=list(ids) if ids is not None else None, target=action.target, future=action.future)
     return params
 
 
@@ -229,28 +279,63 @@ def _targets(topology: Topology, flt: EventFilter | None, selection: Selection |
     return list(topology.shards)
 
 
-def count_dead(
-    topology: Topology, queue: str, flt: EventFilter | None, selection: Selection | None, cap: int
+def count_targets(
+    topology: Topology,
+    queue: str,
+    action: BulkAction,
+    flt: EventFilter | None,
+    selection: Selection | None,
+    cap: int,
 ) -> dict[str, int]:
-    """How many dead letters a retry would move, per shard (each at most ``cap + 1``: more than the
-    cap shows as cap + 1)."""
+    """How many events ``action`` would change, per shard (each at most ``cap + 1``: more than
+    the cap shows as cap + 1)."""
     check_queue_name(queue)
     table = sql.Identifier(queue)
     out: dict[str, int] = {}
     for shard in _targets(topology, flt, selection):
-        params = {**_dead_params(flt, None if selection is None else selection[shard.name]), "below": None}
-        params["limit"] = cap + 1
+        params = _action_params(action, flt, None if selection is None else selection[shard.name])
+        params.update(below=None, limit=cap + 1)
         try:
             with _connect(shard) as conn:
-                out[shard.name] = len(conn.execute(sql.SQL(_q("web_dead_ids")).format(queue=table), params).fetchall())
+                found = conn.execute(sql.SQL(_q("web_action_ids")).format(queue=table), params).fetchall()
         except psycopg.Error as exc:
             raise _on(shard, queue, exc) from None
+        out[shard.name] = len(found)
     return out
 
 
-def retry_dead(
+def _change(
+    conn: psycopg.Connection[dict[str, Any]],
+    table: sql.Identifier,
+    queue: str,
+    action: BulkAction,
+    ids: list[int],
+    fire_at: datetime | None,
+) -> int:
+    """One slice's change, in the caller's transaction; how many events changed."""
+    if action.name == "retry_dead":
+        # qm events retry's statement: failed -> to_be_fired, the partitions' load counters bumped
+        done = conn.execute(
+            sql.SQL(query("events_retry", "manager.sql")).format(queue=table),
+            {"ids": ids, "tenant": None, "queue": queue},
+        ).fetchall()
+        if done:  # delivered at commit: the manager fires them without waiting for a rescan
+            conn.execute(query("events_wake", "manager.sql"), {"queue": queue})
+        return len(done)
+    if action.name == "fire_now":
+        return len(conn.execute(sql.SQL(_q("web_fire_now")).format(queue=table), {"ids": ids}).fetchall())
+    if action.name == "reschedule":
+        assert fire_at is not None
+        return len(
+            conn.execute(sql.SQL(_q("web_reschedule")).format(queue=table), {"ids": ids, "fire_at": fire_at}).fetchall()
+        )
+    raise AssertionError(f"unknown action {action.name!r}")  # pragma: no cover
+
+
+def run_action(
     topology: Topology,
     queue: str,
+    action: BulkAction,
     flt: EventFilter | None,
     selection: Selection | None,
     *,
@@ -258,29 +343,33 @@ def retry_dead(
     description: str,
     cap: int,
     slice_size: int,
+    fire_at: datetime | None = None,
     requested: dict[str, int] | None = None,
 ) -> dict[str, int]:
-    """Put dead letters back (``failed`` -> ``to_be_fired``, due now, fresh attempts) in slices:
-    those of ``selection`` (shard -> ids) or all matching ``flt``, at most ``cap`` in all. Each
-    slice selects its ids and moves them with the state-guarded ``events_retry`` in one
-    transaction, with its count added to the shard's audit row; a row a manager or another action
-    changed in between is simply not moved. Wakes each shard's manager. Returns moved per shard."""
+    """Do ``action`` in slices to the events of ``selection`` (shard -> ids) or all matching
+    ``flt``, at most ``cap`` in all. Each slice selects its ids and changes them with a
+    state-guarded UPDATE in one transaction, with its count added to the shard's audit row; an
+    event a manager or another action changed in between is simply not changed. Returns the
+    events changed per shard."""
     check_queue_name(queue)
+    if action.name == "reschedule" and fire_at is None:
+        raise DashboardError("reschedule: give the new fire_at")
     table = sql.Identifier(queue)
     remaining = cap
-    moved: dict[str, int] = {}
+    changed: dict[str, int] = {}
     for shard in _targets(topology, flt, selection):
         ids = None if selection is None else selection[shard.name]
-        moved[shard.name] = 0
+        changed[shard.name] = 0
+        audit_filter = description if fire_at is None else f"{description}; fire_at {fire_at.isoformat()}"
         try:
             with _connect(shard) as conn:
                 row = conn.execute(
                     _q("web_audit_start"),
                     {
                         "actor": actor,
-                        "action": "retry_dead",
+                        "action": action.name,
                         "queue": queue,
-                        "filter": description,
+                        "filter": audit_filter,
                         "requested": len(ids) if ids is not None else (requested or {}).get(shard.name, remaining),
                     },
                 ).fetchone()
@@ -290,30 +379,27 @@ def retry_dead(
                 while remaining > 0:
                     limit = min(slice_size, remaining)
                     with conn.transaction():
-                        params = {**_dead_params(flt, ids), "below": below, "limit": limit}
-                        found = [r["id"] for r in conn.execute(sql.SQL(_q("web_dead_ids")).format(queue=table), params)]
+                        params = {**_action_params(action, flt, ids), "below": below, "limit": limit}
+                        found = [
+                            r["id"] for r in conn.execute(sql.SQL(_q("web_action_ids")).format(queue=table), params)
+                        ]
                         if not found:
                             break
-                        done = conn.execute(
-                            sql.SQL(query("events_retry", "manager.sql")).format(queue=table),
-                            {"ids": found, "tenant": None, "queue": queue},
-                        ).fetchall()
-                        conn.execute(_q("web_audit_progress"), {"n": len(done), "audit": audit_id})
-                        if done:  # delivered at commit: the manager fires them without waiting for a rescan
-                            conn.execute(query("events_wake", "manager.sql"), {"queue": queue})
+                        n = _change(conn, table, queue, action, found, fire_at)
+                        conn.execute(_q("web_audit_progress"), {"n": n, "audit": audit_id})
                     below = min(found)
-                    remaining -= len(done)
-                    moved[shard.name] += len(done)
+                    remaining -= n
+                    changed[shard.name] += n
                     if len(found) < limit:
                         break
                 conn.execute(_q("web_audit_finish"), {"audit": audit_id})
         except psycopg.Error as exc:
             raise _on(shard, queue, exc) from None
         logger.info(
-            "dashboard retry of dead letters",
-            extra={"action": "web_retry_dead", "queue": queue, "shard": shard.name, "moved": moved[shard.name]},
+            "dashboard bulk action",
+            extra={"action": f"web_{action.name}", "queue": queue, "shard": shard.name, "changed": changed[shard.name]},
         )
-    return moved
+    return changed
 
 
 def alter_queue(topology: Topology, queue: str, settings: dict[str, Any], *, actor: str, action: str) -> None:

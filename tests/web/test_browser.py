@@ -44,7 +44,11 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.skipif(_missing() is not None, reason=str(_missing())), pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.skipif(_missing() is not None, reason=str(_missing())),
+    pytest.mark.timeout(120),
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +86,8 @@ class Live:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            async with running_manager(self.dsn) as manager:
+            # maintenance at a relaxed pace: these tests watch dispatch, not the sweeps
+            async with running_manager(self.dsn, purge_interval=5.0, reconcile_interval=5.0) as manager:
                 await wait_leader(manager)
                 async with running_receiver(url(manager)) as (_, recorder):
                     recorder_events = recorder.events
@@ -102,7 +107,8 @@ class Live:
     def stop(self) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
+        self._thread.join(40)
+        assert not self._thread.is_alive(), "the manager of the browser tests did not stop"
 
     def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
@@ -243,7 +249,7 @@ def test_bulk_retry_of_dead_letters_is_confirmed_and_delivered(
     _shot(page, "confirm")
     page.click("#confirm")
     page.wait_for_url("**/queues/orders?notice=**")
-    assert "retried 5 dead letters" in page.locator(".notice").inner_text()
+    assert "Retry: 5 dead letters" in page.locator(".notice").inner_text()
     live.wait_for(lambda got: sum("dead" in p for p in got) >= before + 5)
     with psycopg.connect(s0.dsn) as c:
         assert c.execute("SELECT count(*) FROM orders WHERE id = ANY(%s) AND state = 'failed'", (ids,)).fetchone() == (
@@ -278,13 +284,14 @@ def test_a_read_only_token_finds_every_action_refused(topology: Topology, server
     page.goto(f"{server}/queues/orders")
     assert page.locator("#pause, #resume").count() == 0 and "Read-only token" in page.content()
     page.goto(f"{server}/queues/orders/events?state=failed")
-    assert page.locator("#retry-all").count() == 0 and page.locator("input[name=sel]").count() == 0
+    assert page.locator("#retry-all, #fire-all, #reschedule-all").count() == 0
+    assert page.locator("input[name=sel]").count() == 0
     csrf = page.locator("input[name=csrf]").first.get_attribute("value")
     statuses = page.evaluate(
         """async ([base, csrf]) => {
             const out = {};
-            for (const path of ['pause', 'resume', 'limits', 'retry', 'retry/confirm']) {
-                const body = new URLSearchParams({csrf, scope: 'all', confirm: '1'});
+            for (const path of ['pause', 'resume', 'limits', 'bulk', 'bulk/confirm']) {
+                const body = new URLSearchParams({csrf, do: 'retry_dead/all', confirm: '1'});
                 const r = await fetch(`${base}/queues/orders/${path}`, {method: 'POST', body});
                 out[path] = [r.status, await r.text()];
             }

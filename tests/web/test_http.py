@@ -8,6 +8,7 @@ import html
 import json
 import re
 from collections.abc import Callable
+from urllib.parse import unquote_plus
 
 import psycopg
 import pytest
@@ -84,8 +85,9 @@ def test_read_only_token_sees_every_page_and_every_action_refused(client: TestCl
         ("/queues/orders/pause", {}),
         ("/queues/orders/resume", {}),
         ("/queues/orders/limits", {"max_qps": "5"}),
-        ("/queues/orders/retry", {"scope": "all"}),
-        ("/queues/orders/retry/confirm", {"scope": "all", "confirm": "1"}),
+        ("/queues/orders/bulk", {"do": "retry_dead/all"}),
+        ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "confirm": "1"}),
+        ("/queues/orders/bulk/confirm", {"do": "fire_now/all", "confirm": "1"}),
     ):
         r = client.post(path, data={"csrf": csrf, **form})
         assert r.status_code == 403 and "read-only" in r.text, path
@@ -181,14 +183,18 @@ def test_bad_input_gets_a_clear_message(client: TestClient, path: str, status: i
 def test_bad_bulk_requests_are_refused(client: TestClient) -> None:
     csrf = login(client, ADMIN)
     for form, says in (
-        ({"scope": "selection"}, "nothing selected"),
-        ({"scope": "selection", "sel": "s0:x"}, "not shard:id"),
-        ({"scope": "selection", "sel": "s9:1"}, "not shard:id"),
-        ({"scope": "all", "payload": "payload."}, "payload filter"),
+        ({"do": "retry_dead/selection"}, "nothing selected"),
+        ({"do": "retry_dead/selection", "sel": "s0:x"}, "not shard:id"),
+        ({"do": "retry_dead/selection", "sel": "s9:1"}, "not shard:id"),
+        ({"do": "retry_dead/all", "payload": "payload."}, "payload filter"),
+        ({"do": "drop_table/all"}, "unknown bulk action"),
+        ({"do": "retry_dead/everything"}, "unknown bulk action"),
+        ({"do": "reschedule/all"}, "give the new fire_at"),
+        ({"do": "reschedule/all", "new_fire_at": "soon"}, "not a time"),
     ):
-        r = client.post("/queues/orders/retry", data={"csrf": csrf, **form})
+        r = client.post("/queues/orders/bulk", data={"csrf": csrf, **form})
         assert r.status_code == 400 and says in r.text, (form, r.text)
-    r = client.post("/queues/orders/retry/confirm", data={"csrf": csrf, "scope": "all"})
+    r = client.post("/queues/orders/bulk/confirm", data={"csrf": csrf, "do": "retry_dead/all"})
     assert r.status_code == 400 and "confirm" in r.text
 
 
@@ -250,15 +256,15 @@ def test_bulk_retry_of_all_matching_is_confirmed_capped_and_audited(
     insert(topology, [(t0, {"k": "x"})] * 4 + [(t1, {"k": "x"})] * 3 + [(t1, {"k": "y"})] * 2)
     kill(topology)
     csrf = login(client, ADMIN)
-    form = {"csrf": csrf, "scope": "all", "state": "failed", "payload": "payload.k = x"}
-    preview = client.post("/queues/orders/retry", data=form, headers=HTML)
+    form = {"csrf": csrf, "do": "retry_dead/all", "state": "failed", "payload": "payload.k = x"}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
     assert preview.status_code == 200
-    assert "<strong>5</strong>" in preview.text and "only 5 are retried" in preview.text
+    assert "<strong>5</strong>" in preview.text and "only 5 are changed" in preview.text
     fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', preview.text)
     confirm = {k: html.unescape(v) for k, v in fields}
     assert confirm["confirm"] == "5" and confirm["payload"] == 'payload.k = "x"'
-    done = client.post("/queues/orders/retry/confirm", data={**confirm, "csrf": csrf_of(preview.text)})
-    assert done.status_code == 303 and "retried 5 dead letters" in done.headers["location"].replace("+", " ")
+    done = client.post("/queues/orders/bulk/confirm", data={**confirm, "csrf": csrf_of(preview.text)})
+    assert done.status_code == 303 and "Retry: 5 dead letters" in unquote_plus(done.headers["location"])
     counts = {s["shard"]: s["queues"][0]["counts"] for s in admin.status(topology)["shards"]}
     assert counts["s0"]["to_be_fired"] + counts["s1"]["to_be_fired"] == 5
     assert counts["s0"]["failed"] + counts["s1"]["failed"] == 4
@@ -275,14 +281,50 @@ def test_bulk_retry_of_a_selection_moves_only_dead_letters(client: TestClient, t
     kill(topology, "id IN (1, 2)")
     csrf = login(client, ADMIN)
     preview = client.post(
-        "/queues/orders/retry", data={"csrf": csrf, "scope": "selection", "sel": ["s0:1", "s0:3"]}, headers=HTML
+        "/queues/orders/bulk", data={"csrf": csrf, "do": "retry_dead/selection", "sel": ["s0:1", "s0:3"]}, headers=HTML
     )
     assert preview.status_code == 200 and "<strong>1</strong>" in preview.text
     r = client.post(
-        "/queues/orders/retry/confirm",
-        data={"csrf": csrf, "scope": "selection", "sel": ["s0:1", "s0:3"], "confirm": "1"},
+        "/queues/orders/bulk/confirm",
+        data={"csrf": csrf, "do": "retry_dead/selection", "sel": ["s0:1", "s0:3"], "confirm": "1"},
     )
     assert r.status_code == 303
     with psycopg.connect(topology.shards[0].dsn) as c:
         states = dict(c.execute("SELECT id, state::text FROM orders ORDER BY id").fetchall())
     assert states == {1: "to_be_fired", 2: "failed", 3: "to_be_fired"}
+
+
+def test_fire_now_and_reschedule_touch_only_events_not_yet_fired(client: TestClient, topology: Topology) -> None:
+    s0 = topology.shards[0]
+    t0 = tenants_of(s0, 1)[0]
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        for i in range(4):
+            c.execute(
+                "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, %s, now() + interval '1 hour')",
+                (t0, json.dumps({"n": i})),
+            )
+        c.execute("UPDATE orders SET state = 'fired', attempts = 1 WHERE id = 4")  # held by a manager
+    csrf = login(client, ADMIN)
+    form = {"csrf": csrf, "do": "fire_now/all", "tenant": t0}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    assert "<strong>3</strong>" in preview.text
+    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "2"})
+    assert r.status_code == 303 and "Fire now: 2 scheduled events" in unquote_plus(r.headers["location"])
+    with psycopg.connect(s0.dsn) as c:
+        due = c.execute("SELECT id, fire_at <= now(), state::text FROM orders ORDER BY id").fetchall()
+    assert due == [(1, False, "to_be_fired"), (2, True, "to_be_fired"), (3, True, "to_be_fired"), (4, False, "fired")]
+
+    when = "2031-01-02T03:04:05+00:00"
+    form = {"csrf": csrf, "do": "reschedule/selection", "sel": ["s0:1", "s0:4"], "new_fire_at": when}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    assert "<strong>1</strong>" in preview.text and when in preview.text
+    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "1"})
+    assert r.status_code == 303
+    with psycopg.connect(s0.dsn) as c:
+        rows = c.execute(
+            "SELECT id, to_char(fire_at AT TIME ZONE 'UTC', 'YYYY') FROM orders WHERE id IN (1, 4)"
+        ).fetchall()
+        audit = c.execute("SELECT action, requested, affected FROM qm.web_audit ORDER BY id").fetchall()
+    years = dict(rows)
+    assert years[1] == "2031" and years[4] != "2031"
+    assert audit == [("fire_now", 2, 2), ("reschedule", 2, 1)]

@@ -66,14 +66,18 @@ SELECT id, tenant, partition, fire_at, state::text AS state, attempts, dedup_key
   FROM {queue}
  WHERE id = %(id)s
 
--- web_dead_ids --
--- Dead letters (failed) matching the filter, below id %(below)s (NULL: from the newest), newest
--- first, at most %(limit)s: the selection of one slice of a bulk retry.
+-- web_action_ids --
+-- The events one slice of a bulk action may change: in state %(target)s (one no manager holds in
+-- hand: failed, or to_be_fired), matching the filter and, when %(ids)s is given, among those ids;
+-- with %(future)s, only those not yet due. Below id %(below)s (NULL: from the newest), newest
+-- first, at most %(limit)s.
 SELECT e.id
   FROM {queue} e
- WHERE e.state = 'failed'
+ WHERE e.state = %(target)s::qm.event_state
+   AND (NOT %(future)s OR e.fire_at > now())
    AND (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
    AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
+   AND (%(state)s::text IS NULL OR e.state::text = %(state)s::text)
    AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
    AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
    AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
@@ -89,6 +93,21 @@ SELECT e.id
            END)
  ORDER BY e.id DESC
  LIMIT %(limit)s
+
+-- web_fire_now --
+-- Scheduled events made due now. Only rows still to_be_fired and not yet due change: the manager
+-- fires an event only by an UPDATE that finds it to_be_fired and due, so it fires each once; the
+-- queue's qm_rescheduled trigger wakes it at commit.
+UPDATE {queue} SET fire_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
+RETURNING id
+
+-- web_reschedule --
+-- Scheduled events moved to %(fire_at)s (earlier or later). Only rows still to_be_fired change; a
+-- manager that cached one at its old time cannot fire it early: its fire needs fire_at <= now().
+UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
+ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired'
+RETURNING id
 
 -- web_leader --
 -- The shard's leadership lease: term, holder, and how fresh the lease is.

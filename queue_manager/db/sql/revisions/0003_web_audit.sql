@@ -1,4 +1,4 @@
--- Revision 0004_web_audit: the web dashboard's audit table (docs/dashboard.md, "Actions"). One row
+-- Revision 0003_web_audit: the web dashboard's audit table (docs/dashboard.md, "Actions"). One row
 -- per action and shard: the token name that acted, the action, the queue, the filter or the
 -- selection as shown on the confirmation page, how many events it asked for on this shard, how
 -- many it changed (bumped in each slice's own transaction, so an interrupted action still tells
