@@ -1,4 +1,5 @@
-"""The dashboard as an ASGI application (Starlette, Jinja2 templates, htmx; no JavaScript build).
+"""The dashboard as an ASGI application (Starlette, Jinja2 templates, server-sent events and one
+small static script for the live parts; no JavaScript build).
 
 ``create_app(config)`` returns the application; ``qm web`` serves it with uvicorn, and any ASGI
 server or a host application can mount it (``root_path`` puts every route under a sub-path).
@@ -11,13 +12,14 @@ scope. Database work runs in the thread pool, each statement under the statement
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -70,16 +72,22 @@ class WebConfig:
     root_path: str = ""
     #: cost guards
     limits: data.Limits = field(default_factory=data.Limits)
-    #: the overview's live part is refreshed this often in an open, visible tab, seconds (at least 1)
-    refresh_seconds: float = 2.0
+    #: the overview's live part is pushed at most this often to an open, visible tab, seconds (at least 1)
+    refresh_seconds: float = 1.0
+    #: a live stream ends after this long, seconds (the browser opens a new one at once)
+    stream_seconds: float = 300.0
     #: readings of the overview are shared by every open tab for this long, seconds
     cache_seconds: float = 1.0
+    #: the shared reading is taken again only after 1/db_share times as long as the last one took
+    db_share: float = 0.02
     #: the session cookie is sent over HTTPS only
     secure_cookie: bool = False
 
     def __post_init__(self) -> None:
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
             raise ConfigurationError(f"root path {self.root_path!r}: start it with / and end it without, e.g. /qm")
+        if not 0 < self.db_share <= 1:
+            raise ConfigurationError("db_share is a fraction of the time: give 0 < db_share <= 1")
         if self.refresh_seconds < 1:
             raise ConfigurationError("the live refresh is at most once a second: give refresh_seconds >= 1")
 
@@ -94,22 +102,30 @@ class Refused(Exception):
 
 
 class Shared:
-    """One reading shared by every request for ``ttl`` seconds, read by one request at a time
-    (so an overview open in many tabs costs the shards one reading per ``ttl``)."""
+    """One reading shared by every request, read by one request at a time, and read again only
+    after ``ttl`` seconds and after ``1 / share`` times as long as the last reading took: however
+    many tabs are open and however large the tables, the readings keep the database busy at most
+    ``share`` of the time (one reading runs on one core at a time)."""
 
-    def __init__(self, ttl: float, read: Callable[[], Any]) -> None:
+    def __init__(self, ttl: float, read: Callable[[], dict[str, Any]], share: float = 0.02) -> None:
         self.ttl = ttl
+        self.share = share
         self._read = read
         self._lock = threading.Lock()
-        self._value: Any = None
+        self._value: dict[str, Any] = {}
         self._at = float("-inf")
+        self._took = 0.0
 
-    def get(self) -> Any:
+    def get(self) -> dict[str, Any]:
+        """The reading, with ``reading``: when it was taken (epoch seconds) and how long it took."""
         with self._lock:
-            now = time.monotonic()
-            if now - self._at >= self.ttl:
-                self._value = self._read()
+            if time.monotonic() - self._at >= max(self.ttl, self._took / self.share):
+                started = time.monotonic()
+                value = self._read()
+                self._took = time.monotonic() - started
                 self._at = time.monotonic()
+                value["reading"] = {"at": time.time(), "took": self._took}
+                self._value = value
             return self._value
 
 
@@ -119,9 +135,12 @@ def create_app(config: WebConfig) -> Starlette:
     shard_names = tuple(s.name for s in topology.shards)
     sessions = Sessions(config.tokens, config.session_secret)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.globals.update(states=STATES, shard_names=shard_names, refresh=config.refresh_seconds)
+    templates.env.globals.update(
+        states=STATES, shard_names=shard_names, refresh=config.refresh_seconds, db_share=config.db_share
+    )
     templates.env.filters["age"] = _age
-    overview_cache = Shared(config.cache_seconds, lambda: data.overview(topology))
+    templates.env.filters["clock"] = _clock
+    overview_cache = Shared(config.cache_seconds, lambda: data.overview(topology), config.db_share)
     limits = config.limits
 
     def base(request: Request) -> str:
@@ -167,7 +186,7 @@ def create_app(config: WebConfig) -> Starlette:
         return user, form
 
     def page(request: Request, name: str, user: WebUser | None, status: int = 200, **context: Any) -> Response:
-        context.update(base=base(request), user=user, csrf=(user.csrf if user else None) or "")
+        context.update(base=base(request), user=user, csrf=(user.csrf if user else None) or "", now=time.time())
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def guard(
@@ -245,6 +264,30 @@ def create_app(config: WebConfig) -> Starlette:
         snapshot = await run_in_threadpool(overview_cache.get)
         return page(request, "overview_live.html", user, snap=snapshot)
 
+    async def overview_stream(request: Request) -> Response:
+        user, _ = await require(request)
+        fragment = templates.get_template("overview_live.html")
+        context = {"base": base(request), "user": user, "csrf": user.csrf or ""}
+
+        async def events() -> AsyncIterator[str]:
+            """The overview's live part whenever the shared reading changes, at most once per
+            refresh; the stream ends after ``stream_seconds`` (the browser reconnects)."""
+            yield f"retry: {int(config.refresh_seconds * 1000)}\n\n"
+            sent = None
+            deadline = time.monotonic() + config.stream_seconds
+            while True:
+                snapshot = await run_in_threadpool(overview_cache.get)
+                html = fragment.render(snap=snapshot, now=time.time(), **context)
+                if html != sent:
+                    sent = html
+                    yield "event: live\n" + "".join(f"data: {line}\n" for line in html.splitlines()) + "\n"
+                if time.monotonic() >= deadline:
+                    return
+                await asyncio.sleep(config.refresh_seconds)
+
+        headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
     async def database(request: Request) -> Response:
         user, _ = await require(request)
         snapshot = await run_in_threadpool(overview_cache.get)
@@ -253,7 +296,8 @@ def create_app(config: WebConfig) -> Starlette:
     async def queue_page(request: Request) -> Response:
         user, _ = await require(request)
         queue = check_queue_name(request.path_params["queue"])
-        detail = await run_in_threadpool(data.queue_detail, topology, queue, limits)
+        snapshot = await run_in_threadpool(overview_cache.get)
+        detail = await run_in_threadpool(data.queue_detail, topology, queue, limits, snapshot)
         return page(request, "queue.html", user, q=detail, notice=request.query_params.get("notice"))
 
     async def set_paused(request: Request, paused: bool) -> Response:
@@ -425,6 +469,7 @@ def create_app(config: WebConfig) -> Starlette:
         Route("/logout", guard(logout), methods=["POST"]),
         Route("/", guard(overview), methods=["GET"]),
         Route("/partials/overview", guard(overview_live), methods=["GET"]),
+        Route("/live/overview", guard(overview_stream), methods=["GET"]),
         Route("/database", guard(database), methods=["GET"]),
         Route("/audit", guard(audit_page), methods=["GET"]),
         Route("/queues/{queue}", guard(queue_page), methods=["GET"]),
@@ -453,6 +498,10 @@ def _safe_next(raw: str | None, base: str) -> str:
     if not raw or not raw.startswith(home) or raw.startswith("//") or "\\" in raw:
         return home
     return raw
+
+
+def _clock(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC")
 
 
 def _age(seconds: float | None) -> str:

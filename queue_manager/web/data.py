@@ -50,7 +50,7 @@ class Limits:
     #: newest rows one page of the event browser looks at per shard, at most
     scan_rows: int = 20_000
     #: live events the top-tenants table looks at per shard, at most
-    tenant_scan_rows: int = 100_000
+    tenant_scan_rows: int = 20_000
     #: most events one bulk action may change
     bulk_cap: int = 10_000
     #: events changed per transaction of a bulk action
@@ -112,8 +112,9 @@ def overview(topology: Topology) -> dict[str, Any]:
     return data
 
 
-def queue_detail(topology: Topology, queue: str, limits: Limits) -> dict[str, Any]:
-    """A queue's settings, status per shard, top tenants per shard and tenant overrides."""
+def queue_detail(topology: Topology, queue: str, limits: Limits, snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A queue's settings, status per shard (from ``snapshot``, the shared overview reading),
+    top tenants per shard and tenant overrides."""
     check_queue_name(queue)
     registry = admin.list_queues(topology)
     settings = {name: next((r for r in rows if r["name"] == queue), None) for name, rows in registry.items()}
@@ -122,8 +123,9 @@ def queue_detail(topology: Topology, queue: str, limits: Limits) -> dict[str, An
     shards: list[dict[str, Any]] = []
     for shard in topology.shards:
         entry: dict[str, Any] = {"shard": shard.name, "settings": settings.get(shard.name)}
+        read: dict[str, Any] = next((e for e in snapshot.get("shards", []) if e["shard"] == shard.name), {})
+        entry["status"] = next((q for q in read.get("queues", []) if q["queue"] == queue), None)
         try:
-            entry["status"] = next((s for s in admin.shard_status(shard) if s.queue == queue), None)
             with _connect(shard) as conn:
                 entry["tenants"] = conn.execute(
                     sql.SQL(_q("web_top_tenants")).format(queue=sql.Identifier(queue)),
@@ -139,6 +141,8 @@ def queue_detail(topology: Topology, queue: str, limits: Limits) -> dict[str, An
         "shards": shards,
         "overrides": admin.list_tenants(topology, queue),
         "audit": audit(topology, limit=10, queue=queue),
+        "snapshot": snapshot,
+        "tenant_scan": limits.tenant_scan_rows,
     }
 
 

@@ -136,7 +136,9 @@ def server(topology: Topology) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    app = create_app(WebConfig(topology=topology, tokens=web_tokens(), root_path="/qm", refresh_seconds=1))
+    # readings as often as every other moment (db_share): the tests wait for live changes
+    config = WebConfig(topology=topology, tokens=web_tokens(), root_path="/qm", db_share=0.5)
+    app = create_app(config)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -192,7 +194,9 @@ def _insert(dsn: str, rows: list[tuple[str, dict[str, Any]]]) -> list[int]:
         ]
 
 
-def test_every_page_loads_and_the_payload_filter_finds_events(topology: Topology, server: str, browser: Any) -> None:
+def test_every_page_loads_and_the_payload_filter_finds_events(
+    topology: Topology, server: str, browser: Any, live: Live
+) -> None:
     s1 = topology.shards[1]
     t1 = tenants_of(s1, 1, "browse")[0]
     # scheduled a day ahead: the manager of s0 leaves them be while the test looks at them
@@ -204,6 +208,29 @@ def test_every_page_loads_and_the_payload_filter_finds_events(topology: Topology
             )
     page = _page(browser, server, ADMIN)
     assert page.locator("#queues tr[data-queue=orders]").count() == 2
+    # live: a new event shows up in the overview without a reload, pushed by the server
+    live_row = page.locator("#queues tr[data-queue=orders][data-shard=s1] td:nth-child(3)")
+    before = int(live_row.inner_text())
+    with psycopg.connect(s1.dsn, autocommit=True) as c:
+        c.execute("INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, '{}', now() + interval '1 day')", (t1,))
+    page.wait_for_function(
+        "n => Number(document.querySelector('#queues tr[data-shard=s1] td:nth-child(3)').textContent) === n",
+        arg=before + 1,
+    )
+    # a hidden tab closes its stream, and opens it again when it shows
+    assert page.get_attribute("#live", "data-stream") == "open"
+    page.evaluate(
+        "hidden => { Object.defineProperty(document, 'hidden', {value: hidden, configurable: true});"
+        " document.dispatchEvent(new Event('visibilitychange')); }",
+        True,
+    )
+    assert page.get_attribute("#live", "data-stream") == "closed"
+    page.evaluate(
+        "hidden => { Object.defineProperty(document, 'hidden', {value: hidden, configurable: true});"
+        " document.dispatchEvent(new Event('visibilitychange')); }",
+        False,
+    )
+    assert page.get_attribute("#live", "data-stream") == "open"
     assert page.locator("#shards").inner_text().count("s1") == 1
     _shot(page, "overview")
     page.click("text=orders >> nth=0")

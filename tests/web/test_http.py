@@ -146,8 +146,25 @@ def test_mounted_under_a_sub_path(app_for: Callable[..., TestClient]) -> None:
     assert "Path=/qm" in r.headers["set-cookie"]
     page = client.get("/qm/queues/orders", headers=HTML)
     assert page.status_code == 200 and 'action="/qm/queues/orders/pause"' in page.text
-    assert 'src="/qm/static/htmx-2.0.11.min.js"' in page.text
-    assert client.get("/qm/static/htmx-2.0.11.min.js").status_code == 200
+    overview = client.get("/qm/", headers=HTML).text
+    assert 'src="/qm/static/live.js"' in overview and 'data-live="/qm/live/overview"' in overview
+    assert client.get("/qm/static/live.js").status_code == 200
+
+
+def test_the_overview_streams_its_live_part_as_server_sent_events(
+    app_for: Callable[..., TestClient], topology: Topology
+) -> None:
+    client = app_for(stream_seconds=0)  # one event, then the stream ends (a browser reconnects)
+    assert client.get("/live/overview").status_code == 401
+    insert(topology, [(tenants_of(topology.shards[1], 1)[0], {"n": 1})])
+    r = client.get("/live/overview", headers={"authorization": f"Bearer {READ}"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    head, event = r.text.split("\n\n", 1)
+    assert head == "retry: 1000"
+    lines = event.rstrip("\n").split("\n")
+    assert lines[0] == "event: live" and all(line.startswith("data: ") for line in lines[1:])
+    html = "\n".join(line[len("data: ") :] for line in lines[1:])
+    assert '<tr data-queue="orders" data-shard="s1">' in html and "Counts as of" in html
 
 
 # ------------------------------------------------------------------------------ bad input
