@@ -98,7 +98,8 @@ def _on(shard: Shard, queue: str, exc: psycopg.Error) -> QueueManagerError:
 
 
 def overview(topology: Topology) -> dict[str, Any]:
-    """``qm status`` (counts by state, depth, oldest due age, database health), each shard's lease."""
+    """``qm status`` (counts by state, depth, oldest due age, database health), each shard's lease,
+    its newest Spark enqueue runs and the transactions left prepared."""
     data = admin.status(topology)
     for entry in data["shards"]:
         if "error" in entry:
@@ -106,6 +107,8 @@ def overview(topology: Topology) -> dict[str, Any]:
         try:
             with _connect(topology.by_name(entry["shard"])) as conn:
                 entry["leader"] = conn.execute(_q("web_leader")).fetchone()
+                entry["spark_runs"] = conn.execute(_q("web_spark_runs"), {"limit": 10}).fetchall()
+                entry["prepared"] = conn.execute(_q("web_prepared"), {"limit": 10}).fetchall()
         except psycopg.Error as exc:
             entry["leader"] = None
             entry["leader_error"] = str(exc).strip()

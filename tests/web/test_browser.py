@@ -232,6 +232,8 @@ def test_every_page_loads_and_the_payload_filter_finds_events(
     )
     assert page.get_attribute("#live", "data-stream") == "open"
     assert page.locator("#shards").inner_text().count("s1") == 1
+    s0_row, s1_row = page.locator("#shards tbody tr").all_inner_texts()
+    assert "no live leader" not in s0_row and "no live leader" in s1_row  # a manager runs on s0 only
     _shot(page, "overview")
     page.click("text=orders >> nth=0")
     page.wait_for_url(f"{server}/queues/orders")

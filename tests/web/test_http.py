@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import uuid
 from collections.abc import Callable
 from urllib.parse import unquote_plus
 
@@ -345,3 +346,27 @@ def test_fire_now_and_reschedule_touch_only_events_not_yet_fired(client: TestCli
     years = dict(rows)
     assert years[1] == "2031" and years[4] != "2031"
     assert audit == [("fire_now", 2, 2), ("reschedule", 2, 1)]
+
+
+def test_the_health_page_shows_spark_runs_and_transactions_left_prepared(
+    client: TestClient, topology: Topology
+) -> None:
+    s1 = topology.shards[1]
+    gid = f"qm-web-test-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(s1.dsn, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO qm.spark_runs (run_id, queue, state, staged_rows) VALUES ('run-7', 'orders', 'staged', 12)"
+        )
+    prepared = psycopg.connect(s1.dsn)
+    try:
+        prepared.execute("SELECT 1")
+        prepared.execute(f"PREPARE TRANSACTION '{gid}'")
+        login(client, READ)  # after both: the page shows the shared reading of the login's overview
+        page = client.get("/database", headers=HTML)
+        assert page.status_code == 200
+        assert "run-7" in page.text and ">staged<" in page.text and gid in page.text
+        assert "qm spark recover" in page.text
+    finally:
+        prepared.close()
+        with psycopg.connect(s1.dsn, autocommit=True) as c:
+            c.execute(f"ROLLBACK PREPARED '{gid}'")

@@ -110,8 +110,10 @@ UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
 RETURNING id
 
 -- web_leader --
--- The shard's leadership lease: term, holder, and how fresh the lease is.
-SELECT term, holder, holder_pid, acquired_at, renewed_at, expires_at, expires_at > now() AS live,
+-- The shard's leadership lease: term, holder, and how fresh the lease is (expires_at is -infinity
+-- until a manager first leads: NULL here).
+SELECT term, holder, holder_pid, acquired_at, renewed_at, CASE WHEN isfinite(expires_at) THEN expires_at END AS expires_at,
+       expires_at > now() AS live,
        extract(epoch FROM now() - renewed_at)::double precision AS lease_age_seconds
   FROM qm.leader
 
@@ -143,4 +145,20 @@ UPDATE qm.web_audit SET finished_at = now() WHERE id = %(audit)s
 SELECT id, at, actor, action, queue, filter, requested, affected, finished_at
   FROM qm.web_audit
  ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- web_spark_runs --
+-- The newest Spark enqueue runs on this shard (qm.spark_runs; docs/spark.md).
+SELECT run_id, queue, state, staged_rows, published, rejected_rows, dedup_skipped, started_at, updated_at
+  FROM qm.spark_runs
+ ORDER BY updated_at DESC
+ LIMIT %(limit)s
+
+-- web_prepared --
+-- Transactions left prepared in this database (a two-phase Spark run that did not finish: `qm
+-- spark recover` ends them), oldest first; they hold back vacuum.
+SELECT gid, owner, prepared, extract(epoch FROM now() - prepared)::double precision AS age_seconds
+  FROM pg_prepared_xacts
+ WHERE database = current_database()
+ ORDER BY prepared
  LIMIT %(limit)s
