@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import psycopg
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
@@ -79,7 +80,8 @@ class WebConfig:
     #: readings of the overview are shared by every open tab for this long, seconds
     cache_seconds: float = 1.0
     #: the shared reading is taken again only after 1/db_share times as long as the last one took
-    db_share: float = 0.02
+    #: (a reading can use more CPU than its wall time: PostgreSQL scans large tables in parallel)
+    db_share: float = 0.015
     #: the session cookie is sent over HTTPS only
     secure_cookie: bool = False
 
@@ -234,6 +236,9 @@ def create_app(config: WebConfig) -> Starlette:
                 return error(request, 404, str(exc))
             except QueueManagerError as exc:
                 return error(request, 503, str(exc))
+            except psycopg.Error as exc:  # a shard down or a statement past its timeout, wherever it came from
+                logger.warning("dashboard request failed", extra={"action": "web_db_error", "error": str(exc)})
+                return error(request, 503, f"a shard did not answer: {str(exc).strip()}; try again")
 
         return wrapped
 

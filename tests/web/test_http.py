@@ -370,3 +370,23 @@ def test_the_health_page_shows_spark_runs_and_transactions_left_prepared(
         prepared.close()
         with psycopg.connect(s1.dsn, autocommit=True) as c:
             c.execute(f"ROLLBACK PREPARED '{gid}'")
+
+
+def test_a_shard_down_gets_a_clear_message_never_a_500(topology: Topology) -> None:
+    from queue_manager.domain.topology import Shard
+    from queue_manager.web.app import WebConfig, create_app
+    from tests.web.conftest import web_tokens
+
+    s0, s1 = topology.shards
+    down = Topology((s0, Shard("s1", "host=127.0.0.1 port=1 dbname=qm user=postgres", s1.key_range)))
+    with TestClient(create_app(WebConfig(topology=down, tokens=web_tokens())), follow_redirects=False) as client:
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["shards"]["s0"] == "ok"
+        assert "s1" in health.json()["shards"] and health.json()["shards"]["s1"] != "ok"
+        login(client, READ)
+        overview = client.get("/", headers=HTML)
+        assert overview.status_code == 200 and "unreachable" in overview.text
+        for path in ("/queues/orders", "/queues/orders/events", "/queues/orders/events/s1/1"):
+            r = client.get(path, headers=HTML)
+            assert r.status_code == 503, (path, r.status_code)
+            assert "s1" in r.text or "did not answer" in r.text, (path, r.text[-500:])
