@@ -27,7 +27,7 @@ COPY receivers ./receivers
 COPY spark_jobs ./spark_jobs
 # Editable (-e), on purpose: `qm migrate` finds alembic.ini and alembic/ beside the packages
 # (queue_manager/db/migrate.py, _ROOT), which a plain `pip install .` into site-packages loses.
-RUN pip install -e ".[spark]"
+RUN pip install -e ".[spark,web]"
 
 # an unprivileged user; /var/lib/qm is the Spark runner's work directory (a volume in compose)
 RUN useradd --system --uid 10001 --create-home --home-dir /home/qm qm \

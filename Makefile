@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit clean-local
+.PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -16,7 +16,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,web]"
 	touch $(STAMP)
 
 setup: system $(STAMP) ## install everything: the system packages the tests need when missing, then the virtualenv
@@ -67,6 +67,9 @@ bench-adopt: $(STAMP) ## qm queue adopt: 100k legacy rows into two shards, by sl
 
 bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
 	$(BIN)/python benchmarks/ratelimit.py
+
+bench-web: $(STAMP) ## the web dashboard on 10M events: each page's p50/p99, an open overview's PostgreSQL CPU (JSON on stdout)
+	$(BIN)/python benchmarks/web.py
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local

@@ -12,7 +12,8 @@
    much more than the rest;
 5. a live view (``rich``; plain lines without a terminal): events per state and shard,
    throughput, pickup delay (commit or ``fire_at`` to the fire), the top tenants, and each
-   shard's leader from its managers' ``/health``;
+   shard's leader from its managers' ``/health``; the web dashboard (``qm web``) shows the same
+   run in a browser, at the URL printed with its login token;
 6. at a third of the run the active manager of the first shard is killed (SIGKILL): its standby
    takes over once the lease runs out, and the killed one comes back as the new standby;
 7. at the end a summary checked against the database: every event committed by the producer is
@@ -77,6 +78,20 @@ def _free_port() -> int:
 
 
 # --------------------------------------------------------------------------- child processes
+
+
+def _answers(url: str, timeout: float) -> bool:
+    """True once ``url`` answers 200 (within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return False
 
 
 class _Child:
@@ -557,7 +572,11 @@ def run_demo(
 
             secret = secrets.token_urlsafe(24)
             tokens = directory / "demo-tokens.toml"
-            tokens.write_text(f'[[token]]\nname = "demo"\nsecret = "{secret}"\nqueues = ["{QUEUE}"]\n')
+            web_secret = secrets.token_urlsafe(24)
+            tokens.write_text(
+                f'[[token]]\nname = "demo"\nsecret = "{secret}"\nqueues = ["{QUEUE}"]\n\n'
+                f'[[web_token]]\nname = "demo-admin"\nsecret = "{web_secret}"\nscope = "admin"\n'
+            )
             tokens.chmod(0o600)
             topo = directory / "topology.toml"
             log_dir = directory / "demo-logs"
@@ -599,6 +618,14 @@ def run_demo(
                     HANDLER,
                 ]
                 children.append(_Child(f"receiver-{i + 1}", argv, log_dir, env))
+
+            web_port = _free_port()
+            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port)]
+            children.append(_Child("web", web_argv, log_dir, env))
+            if _answers(f"http://127.0.0.1:{web_port}/health", 20):
+                say(f"== dashboard: http://127.0.0.1:{web_port}/  (qm web; log in with the token {web_secret})")
+            else:
+                say(f"== the dashboard (qm web) did not start: see {log_dir / 'web.log'}")
 
             run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
             say(

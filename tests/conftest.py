@@ -51,15 +51,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``pytest -n N --dist loadscope`` (``make test``): every Spark test goes to one worker, where
-    they share its one Spark session (a JVM start costs seconds of CPU); every other test is a unit
-    of its own, given to whichever worker is free."""
+    they share its one Spark session (a JVM start costs seconds of CPU); the dashboard's browser
+    tests likewise go to one worker (one browser, server and manager for them all); every other
+    test is a unit of its own, given to whichever worker is free."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class SparkTogether(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return "spark" if nodeid.startswith("tests/spark/") else nodeid
+            if nodeid.startswith("tests/spark/"):
+                return "spark"
+            return "browser" if nodeid.startswith("tests/web/test_browser.py") else nodeid
 
     return SparkTogether(config, log)
 

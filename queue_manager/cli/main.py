@@ -12,6 +12,7 @@
     qm events retry QUEUE [--id ..]         put dead-lettered (failed) events back
     qm receive --queue Q module:function    run a receiver (docs/receivers.md) on every shard's managers
     qm demo --dir DIR                       the end-to-end demo on local shards
+    qm web --tokens F [--port 8080]         the web dashboard over every shard (docs/dashboard.md)
     qm spark enqueue --queue Q --input SRC --run-id R   bulk enqueue from Spark, once (docs/spark.md)
     qm spark recover|cleanup                finish two-phase enqueue runs; drop the staging of dead runs
     qm spark archive --output DIR --older-than 30d
@@ -452,6 +453,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    try:
+        from queue_manager.web.access import WebTokens
+        from queue_manager.web.app import WebConfig
+        from queue_manager.web.server import serve
+    except ImportError as exc:
+        raise ConfigurationError(f"qm web needs the web extra: pip install 'queue-manager[web]' ({exc})") from None
+
+    tokens_path = args.tokens or os.environ.get("QM_TOKENS")
+    if not tokens_path:
+        raise ConfigurationError("no tokens: pass --tokens FILE or set QM_TOKENS, with [[web_token]] tables")
+    config = WebConfig(
+        topology=_topology(args),
+        tokens=WebTokens.load(tokens_path),
+        session_secret=os.environ.get("QM_WEB_SESSION_SECRET") or None,
+        root_path=args.root_path.rstrip("/"),
+        secure_cookie=args.secure_cookie,
+    )
+    serve(config, args.host, args.port)
+    return 0
+
+
 def cmd_spark_enqueue(args: argparse.Namespace) -> int:
     # imported here only: `qm` must start without pyspark, and core modules never import it
     try:
@@ -775,6 +798,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", type=int, action="append", help="only this event id (repeat)")
     p.add_argument("--tenant", help="only this tenant's events")
     p.set_defaults(func=cmd_events_retry)
+
+    p = with_topology(sub.add_parser("web", help="serve the web dashboard over every shard (docs/dashboard.md)"))
+    p.add_argument("--tokens", help="token file with [[web_token]] tables (default: $QM_TOKENS)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    p.add_argument("--root-path", default="", help="serve under this sub-path, e.g. /qm (behind a reverse proxy)")
+    p.add_argument("--secure-cookie", action="store_true", help="send the session cookie over HTTPS only")
+    p.set_defaults(func=cmd_web)
 
     spark = sub.add_parser("spark", help="Spark jobs (need pyspark and Java)").add_subparsers(
         dest="spark_command", required=True

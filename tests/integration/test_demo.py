@@ -84,6 +84,7 @@ def test_demo_runs_live_fails_over_and_loses_nothing(demo_dir: Path) -> None:
     noisy = re.search(r"enqueued (\d+) \(of them (\d+) by tenant-noisy\)", summary)
     assert noisy and int(noisy.group(2)) * 5 > int(noisy.group(1))  # the noisy tenant sends far more than most
     # nothing left running: children stopped, shards stopped
-    assert "== stopped 7 child process(es)" in out and "STILL RUNNING" not in out
+    assert re.search(r"== dashboard: http://127\.0\.0\.1:\d+/  \(qm web; log in with the token \S{16,}\)", out), out
+    assert "== stopped 8 child process(es)" in out and "STILL RUNNING" not in out
     assert "== stopped the shards" in out
     assert _processes_mentioning(str(demo_dir)) == []

@@ -1,0 +1,164 @@
+-- The web dashboard's queries (queue_manager/web/, docs/dashboard.md). Each is bounded: by a
+-- primary key or index lookup, by a capped scan of the newest rows (%(scan)s), or by a LIMIT, and
+-- every dashboard connection runs under a statement timeout. Filters are bound parameters; a NULL
+-- parameter is no filter (unnamed statements are planned with their values, so a NULL test folds
+-- away).
+
+-- web_events_page --
+-- One page of a queue's events on this shard, newest first, below the keyset cursor %(before)s
+-- (NULL: from the newest), among at most %(scan)s of the newest rows there.
+SELECT e.id, e.tenant, e.partition, e.fire_at, e.state::text AS state, e.attempts, e.dedup_key, e.created_at,
+       e.fired_at, e.acked_at, left(e.last_error, 200) AS last_error, left(e.payload::text, 160) AS payload_head
+  FROM (SELECT * FROM {queue}
+         WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+         ORDER BY id DESC
+         LIMIT %(scan)s) e
+ WHERE (%(state)s::text IS NULL OR e.state::text = %(state)s::text)
+   AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+   AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
+   AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
+   AND (%(fire_from)s::timestamptz IS NULL OR e.fire_at >= %(fire_from)s::timestamptz)
+   AND (%(fire_to)s::timestamptz IS NULL OR e.fire_at < %(fire_to)s::timestamptz)
+   AND (%(created_from)s::timestamptz IS NULL OR e.created_at >= %(created_from)s::timestamptz)
+   AND (%(created_to)s::timestamptz IS NULL OR e.created_at < %(created_to)s::timestamptz)
+   AND (%(jop)s::text IS NULL
+        OR CASE %(jop)s::text
+             WHEN 'exists' THEN e.payload #> %(jpath)s::text[] IS NOT NULL
+             WHEN '=' THEN e.payload #> %(jpath)s::text[] = %(jvalue)s::jsonb
+             ELSE e.payload #> %(jpath)s::text[] <> %(jvalue)s::jsonb
+           END)
+ ORDER BY e.id DESC
+ LIMIT %(limit)s
+
+-- web_events_by_id --
+-- The event of one id, if it matches the other filters (an id filter needs no scan).
+SELECT e.id, e.tenant, e.partition, e.fire_at, e.state::text AS state, e.attempts, e.dedup_key, e.created_at,
+       e.fired_at, e.acked_at, left(e.last_error, 200) AS last_error, left(e.payload::text, 160) AS payload_head
+  FROM {queue} e
+ WHERE e.id = %(id)s::bigint
+   AND (%(state)s::text IS NULL OR e.state::text = %(state)s::text)
+   AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+   AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
+   AND (%(fire_from)s::timestamptz IS NULL OR e.fire_at >= %(fire_from)s::timestamptz)
+   AND (%(fire_to)s::timestamptz IS NULL OR e.fire_at < %(fire_to)s::timestamptz)
+   AND (%(created_from)s::timestamptz IS NULL OR e.created_at >= %(created_from)s::timestamptz)
+   AND (%(created_to)s::timestamptz IS NULL OR e.created_at < %(created_to)s::timestamptz)
+   AND (%(jop)s::text IS NULL
+        OR CASE %(jop)s::text
+             WHEN 'exists' THEN e.payload #> %(jpath)s::text[] IS NOT NULL
+             WHEN '=' THEN e.payload #> %(jpath)s::text[] = %(jvalue)s::jsonb
+             ELSE e.payload #> %(jpath)s::text[] <> %(jvalue)s::jsonb
+           END)
+
+-- web_events_scanned --
+-- How many rows the capped scan below %(before)s covered, and the lowest id it reached (an
+-- index-only walk of the primary key).
+SELECT count(*) AS scanned, min(id) AS floor
+  FROM (SELECT id FROM {queue}
+         WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+         ORDER BY id DESC
+         LIMIT %(scan)s) s
+
+-- web_event --
+-- One event, whole.
+SELECT id, tenant, partition, fire_at, state::text AS state, attempts, dedup_key, created_at, fired_at, acked_at,
+       ack_deadline, fired_term, last_error, jsonb_pretty(payload) AS payload
+  FROM {queue}
+ WHERE id = %(id)s
+
+-- web_action_ids --
+-- The events one slice of a bulk action may change: in state %(target)s (one no manager holds in
+-- hand: failed, or to_be_fired), matching the filter and, when %(ids)s is given, among those ids;
+-- with %(future)s, only those not yet due. Below id %(below)s (NULL: from the newest), newest
+-- first, at most %(limit)s.
+SELECT e.id
+  FROM {queue} e
+ WHERE e.state = %(target)s::qm.event_state
+   AND (NOT %(future)s OR e.fire_at > now())
+   AND (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
+   AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
+   AND (%(state)s::text IS NULL OR e.state::text = %(state)s::text)
+   AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+   AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
+   AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
+   AND (%(fire_from)s::timestamptz IS NULL OR e.fire_at >= %(fire_from)s::timestamptz)
+   AND (%(fire_to)s::timestamptz IS NULL OR e.fire_at < %(fire_to)s::timestamptz)
+   AND (%(created_from)s::timestamptz IS NULL OR e.created_at >= %(created_from)s::timestamptz)
+   AND (%(created_to)s::timestamptz IS NULL OR e.created_at < %(created_to)s::timestamptz)
+   AND (%(jop)s::text IS NULL
+        OR CASE %(jop)s::text
+             WHEN 'exists' THEN e.payload #> %(jpath)s::text[] IS NOT NULL
+             WHEN '=' THEN e.payload #> %(jpath)s::text[] = %(jvalue)s::jsonb
+             ELSE e.payload #> %(jpath)s::text[] <> %(jvalue)s::jsonb
+           END)
+ ORDER BY e.id DESC
+ LIMIT %(limit)s
+
+-- web_fire_now --
+-- Scheduled events made due now. Only rows still to_be_fired and not yet due change: the manager
+-- fires an event only by an UPDATE that finds it to_be_fired and due, so it fires each once; the
+-- queue's qm_rescheduled trigger wakes it at commit.
+UPDATE {queue} SET fire_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
+RETURNING id
+
+-- web_reschedule --
+-- Scheduled events moved to %(fire_at)s (earlier or later). Only rows still to_be_fired change; a
+-- manager that cached one at its old time cannot fire it early: its fire needs fire_at <= now().
+UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
+ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired'
+RETURNING id
+
+-- web_leader --
+-- The shard's leadership lease: term, holder, and how fresh the lease is (expires_at is -infinity
+-- until a manager first leads: NULL here).
+SELECT term, holder, holder_pid, acquired_at, renewed_at, CASE WHEN isfinite(expires_at) THEN expires_at END AS expires_at,
+       expires_at > now() AS live,
+       extract(epoch FROM now() - renewed_at)::double precision AS lease_age_seconds
+  FROM qm.leader
+
+-- web_top_tenants --
+-- The tenants with the most live events (to_be_fired + fired) among at most %(scan)s of them, and
+-- the age of each one's oldest due event.
+SELECT tenant, count(*) AS live,
+       extract(epoch FROM now() - min(fire_at) FILTER (WHERE state = 'to_be_fired' AND fire_at <= now()))::double precision
+           AS oldest_due_age_seconds
+  FROM (SELECT tenant, state, fire_at FROM {queue} WHERE state IN ('to_be_fired', 'fired') LIMIT %(scan)s) s
+ GROUP BY tenant
+ ORDER BY live DESC, tenant
+ LIMIT %(limit)s
+
+-- web_audit_start --
+-- A dashboard action begins on this shard: who, what, on which filter or selection.
+INSERT INTO qm.web_audit (actor, action, queue, filter, requested)
+VALUES (%(actor)s, %(action)s, %(queue)s, %(filter)s, %(requested)s)
+RETURNING id
+
+-- web_audit_progress --
+-- A slice of the action committed (in the slice's own transaction).
+UPDATE qm.web_audit SET affected = affected + %(n)s WHERE id = %(audit)s
+
+-- web_audit_finish --
+UPDATE qm.web_audit SET finished_at = now() WHERE id = %(audit)s
+
+-- web_audit_recent --
+SELECT id, at, actor, action, queue, filter, requested, affected, finished_at
+  FROM qm.web_audit
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- web_spark_runs --
+-- The newest Spark enqueue runs on this shard (qm.spark_runs; docs/spark.md).
+SELECT run_id, queue, state, staged_rows, published, rejected_rows, dedup_skipped, started_at, updated_at
+  FROM qm.spark_runs
+ ORDER BY updated_at DESC
+ LIMIT %(limit)s
+
+-- web_prepared --
+-- Transactions left prepared in this database (a two-phase Spark run that did not finish: `qm
+-- spark recover` ends them), oldest first; they hold back vacuum.
+SELECT gid, owner, prepared, extract(epoch FROM now() - prepared)::double precision AS age_seconds
+  FROM pg_prepared_xacts
+ WHERE database = current_database()
+ ORDER BY prepared
+ LIMIT %(limit)s

@@ -1,0 +1,175 @@
+"""Who may use the dashboard: tokens with a read-only or an admin scope, and signed session cookies.
+
+The tokens live in the managers' token file, in tables of their own (the managers read only the
+``[[token]]`` tables, so they ignore these)::
+
+    [[web_token]]
+    name = "ops-alice"                    # recorded in the audit table, never the secret
+    secret = "at-least-16-characters"     # or: secret_sha256 = "<hex digest of the secret>"
+    scope = "admin"                       # "read": every page, no action; "admin": actions too
+
+A person logs in with a secret once and gets a session cookie signed with the server's secret
+(itsdangerous), holding the token's name, a digest prefix (so a token removed from the file ends
+its sessions at the next restart) and the session's CSRF token. Scripts may send
+``Authorization: Bearer <secret>`` instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+
+from queue_manager.errors import ConfigurationError
+
+Scope = Literal["read", "admin"]
+SCOPES: tuple[Scope, ...] = ("read", "admin")
+MIN_SECRET_LENGTH = 16
+#: a session lasts this long after login, seconds
+SESSION_MAX_AGE = 12 * 3600
+
+
+@dataclass(frozen=True)
+class WebUser:
+    """Who a request comes from."""
+
+    name: str
+    scope: Scope
+    #: the session's CSRF token; None for a bearer request (no ambient credential to forge)
+    csrf: str | None = None
+
+    @property
+    def admin(self) -> bool:
+        return self.scope == "admin"
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+class WebTokens:
+    """The dashboard's tokens, looked up by secret (SHA-256 digests compared in constant time)."""
+
+    def __init__(self, tokens: Mapping[str, tuple[str, Scope]]) -> None:
+        #: digest -> (name, scope)
+        self._by_digest = dict(tokens)
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[Any]) -> WebTokens:
+        tokens: dict[str, tuple[str, Scope]] = {}
+        names: set[str] = set()
+        for i, entry in enumerate(entries):
+            where = f"web_token #{i + 1}"
+            if not isinstance(entry, Mapping):
+                raise ConfigurationError(f"{where}: must be a table ([[web_token]])")
+            name = entry.get("name")
+            if not isinstance(name, str) or not name:
+                raise ConfigurationError(f"{where}: 'name' must be a non-empty string")
+            where = f"web_token {name!r}"
+            if name in names:
+                raise ConfigurationError(f"{where}: the name is used twice")
+            names.add(name)
+            unknown = set(entry) - {"name", "secret", "secret_sha256", "scope"}
+            if unknown:
+                raise ConfigurationError(f"{where}: unknown keys {sorted(unknown)!r}")
+            secret, digest = entry.get("secret"), entry.get("secret_sha256")
+            if (secret is None) == (digest is None):
+                raise ConfigurationError(f"{where}: give exactly one of 'secret' or 'secret_sha256'")
+            if secret is not None:
+                if not isinstance(secret, str) or len(secret) < MIN_SECRET_LENGTH:
+                    raise ConfigurationError(
+                        f"{where}: 'secret' must be a string of at least {MIN_SECRET_LENGTH} characters"
+                    )
+                digest = _digest(secret)
+            elif not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ConfigurationError(f"{where}: 'secret_sha256' must be 64 lowercase hex digits")
+            scope = entry.get("scope")
+            if scope not in SCOPES:
+                raise ConfigurationError(f'{where}: \'scope\' must be "read" or "admin", got {scope!r}')
+            if digest in tokens:
+                raise ConfigurationError(f"{where}: the same secret is used by web_token {tokens[digest][0]!r}")
+            tokens[digest] = (name, scope)
+        if not tokens:
+            raise ConfigurationError(
+                'the token file defines no [[web_token]]; nobody could log in (docs/dashboard.md, "Access")'
+            )
+        return cls(tokens)
+
+    @classmethod
+    def load(cls, path: str | Path) -> WebTokens:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigurationError(f"token file {str(p)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigurationError(f"token file {str(p)!r} is not valid TOML: {exc}") from None
+        entries = data.get("web_token", [])
+        if not isinstance(entries, list):
+            raise ConfigurationError(f"token file {str(p)!r}: use [[web_token]] tables")
+        return cls.from_entries(entries)
+
+    def lookup(self, secret: str) -> WebUser | None:
+        digest = _digest(secret)
+        found = None
+        for known, (name, scope) in self._by_digest.items():
+            if hmac.compare_digest(known, digest):
+                found = WebUser(name, scope)
+        return found
+
+    def _by_name(self, name: str, digest_prefix: str) -> WebUser | None:
+        for known, (n, scope) in self._by_digest.items():
+            if n == name and hmac.compare_digest(known[:16], digest_prefix):
+                return WebUser(n, scope)
+        return None
+
+    def from_authorization(self, header: str | None) -> WebUser | None:
+        """The user of an ``Authorization: Bearer <secret>`` header value, or None."""
+        if not header:
+            return None
+        scheme, _, secret = header.strip().partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return None
+        return self.lookup(secret.strip())
+
+    def digest_prefix(self, secret: str) -> str:
+        return _digest(secret)[:16]
+
+
+class Sessions:
+    """Signed, timed session cookies (the signing secret is the server's; random per process when
+    not given, so a restart logs everyone out)."""
+
+    def __init__(self, tokens: WebTokens, secret: str | None = None, max_age: int = SESSION_MAX_AGE) -> None:
+        self.tokens = tokens
+        self.max_age = max_age
+        self._signer = URLSafeTimedSerializer(secret or secrets.token_urlsafe(32), salt="qm-web-session")
+
+    def issue(self, secret: str) -> tuple[str, WebUser] | None:
+        """The cookie value for a login with ``secret``, or None when no token has that secret."""
+        user = self.tokens.lookup(secret)
+        if user is None:
+            return None
+        csrf = secrets.token_urlsafe(24)
+        value = self._signer.dumps({"n": user.name, "d": self.tokens.digest_prefix(secret), "c": csrf})
+        return value, WebUser(user.name, user.scope, csrf)
+
+    def read(self, cookie: str | None) -> WebUser | None:
+        """The user of a session cookie, or None when it is absent, forged, expired or its token gone."""
+        if not cookie:
+            return None
+        try:
+            data = self._signer.loads(cookie, max_age=self.max_age)
+        except BadSignature:
+            return None
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("n", "d", "c")):
+            return None
+        user = self.tokens._by_name(data["n"], data["d"])
+        return None if user is None else WebUser(user.name, user.scope, data["c"])

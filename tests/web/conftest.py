@@ -1,0 +1,69 @@
+"""Fixtures of the dashboard's tests: two shards with a queue, tokens of both scopes, a client."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+
+pytest.importorskip("starlette", reason="the web extra is not installed: run `make setup`")
+
+from starlette.testclient import TestClient
+
+from queue_manager.domain.topology import Topology
+from queue_manager.web.access import WebTokens
+from queue_manager.web.app import WebConfig, create_app
+
+ADMIN = "admin-secret-0000001"
+READ = "read-secret-00000001"
+
+
+def web_tokens() -> WebTokens:
+    return WebTokens.from_entries(
+        [
+            {"name": "alice", "secret": ADMIN, "scope": "admin"},
+            {"name": "bob", "secret": READ, "scope": "read"},
+        ]
+    )
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF field on the page"
+    return found.group(1)
+
+
+@pytest.fixture
+def topology(shards: Topology, make_queue: Callable[..., str]) -> Topology:
+    make_queue("orders", partitions=4, shuffle=2, max_attempts=2)
+    return shards
+
+
+@pytest.fixture
+def app_for(topology: Topology) -> Iterator[Callable[..., TestClient]]:
+    clients: list[TestClient] = []
+
+    def make(**overrides: object) -> TestClient:
+        config = WebConfig(topology=topology, tokens=web_tokens(), session_secret="test-session-secret", **overrides)  # type: ignore[arg-type]
+        client = TestClient(create_app(config), follow_redirects=False)
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        c.close()
+
+
+@pytest.fixture
+def client(app_for: Callable[..., TestClient]) -> TestClient:
+    return app_for()
+
+
+def login(client: TestClient, secret: str, base: str = "") -> str:
+    """Log in; returns the session's CSRF token."""
+    r = client.post(f"{base}/login", data={"token": secret, "next": f"{base}/"})
+    assert r.status_code == 303, r.text
+    page = client.get(f"{base}/", headers={"accept": "text/html"})
+    assert page.status_code == 200, page.text
+    return csrf_of(page.text)

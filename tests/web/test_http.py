@@ -1,0 +1,392 @@
+"""The dashboard over HTTP (Starlette's TestClient) against two real shards: the auth and CSRF
+matrix, bad input (a clear 4xx, never a 500), the event browser's filters and keyset paging, and
+the bulk retry of dead letters with its audit rows."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import uuid
+from collections.abc import Callable
+from urllib.parse import unquote_plus
+
+import psycopg
+import pytest
+from starlette.testclient import TestClient
+
+from queue_manager import admin
+from queue_manager.domain.topology import Topology
+from queue_manager.web.data import Limits
+from tests.conftest import tenants_of
+from tests.web.conftest import ADMIN, READ, csrf_of, login
+
+HTML = {"accept": "text/html"}
+
+
+def insert(topology: Topology, rows: list[tuple[str, dict[str, object]]]) -> None:
+    for tenant, payload in rows:
+        with psycopg.connect(topology.shard_for(tenant).dsn, autocommit=True) as c:
+            c.execute("INSERT INTO orders (tenant, payload) VALUES (%s, %s)", (tenant, json.dumps(payload)))
+
+
+def kill(topology: Topology, where: str = "true") -> None:
+    """Dead-letter events directly (as the manager does after the last attempt)."""
+    for s in topology.shards:
+        with psycopg.connect(s.dsn, autocommit=True) as c:
+            c.execute(f"UPDATE orders SET state = 'failed', attempts = 2, last_error = 'boom' WHERE {where}")
+
+
+def paused(topology: Topology) -> list[bool]:
+    return [r["paused"] for rows in admin.list_queues(topology).values() for r in rows if r["name"] == "orders"]
+
+
+def ids_on(html: str) -> list[str]:
+    return re.findall(r'<tr data-id="([^"]+)"', html)
+
+
+# ------------------------------------------------------------------------------ access
+
+
+def test_health_needs_no_login_and_names_each_shard(client: TestClient) -> None:
+    r = client.get("/health")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "shards": {"s0": "ok", "s1": "ok"}}
+
+
+def test_pages_need_a_login(client: TestClient) -> None:
+    r = client.get("/queues/orders", headers=HTML)
+    assert r.status_code == 303 and r.headers["location"] == "/login?next=%2Fqueues%2Forders"
+    r = client.get("/queues/orders")
+    assert r.status_code == 401 and "log in first" in r.text
+    r = client.post("/queues/orders/pause")
+    assert r.status_code == 401
+    r = client.post("/login", data={"token": "not-a-known-token!!", "next": "/"})
+    assert r.status_code == 401 and "unknown token" in r.text
+    client.cookies.set("qm_session", "forged.value.here")
+    assert client.get("/").status_code == 401
+
+
+def test_login_never_redirects_to_another_site(client: TestClient) -> None:
+    r = client.post("/login", data={"token": READ, "next": "//evil.example/"})
+    assert r.status_code == 303 and r.headers["location"] == "/"
+    r = client.post("/login", data={"token": READ, "next": "https://evil.example/"})
+    assert r.headers["location"] == "/"
+
+
+def test_read_only_token_sees_every_page_and_every_action_refused(client: TestClient, topology: Topology) -> None:
+    insert(topology, [(tenants_of(topology.shards[0], 1)[0], {"n": 1})])
+    kill(topology)
+    csrf = login(client, READ)
+    for path in ("/", "/partials/overview", "/queues/orders", "/queues/orders/events", "/database", "/audit"):
+        page = client.get(path, headers=HTML)
+        assert page.status_code == 200, path
+        assert "Pause dispatch" not in page.text and "retry-all" not in page.text
+    for path, form in (
+        ("/queues/orders/pause", {}),
+        ("/queues/orders/resume", {}),
+        ("/queues/orders/limits", {"max_qps": "5"}),
+        ("/queues/orders/bulk", {"do": "retry_dead/all"}),
+        ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "confirm": "1"}),
+        ("/queues/orders/bulk/confirm", {"do": "fire_now/all", "confirm": "1"}),
+    ):
+        r = client.post(path, data={"csrf": csrf, **form})
+        assert r.status_code == 403 and "read-only" in r.text, path
+    assert paused(topology) == [False, False]
+    assert admin.status(topology)["shards"][0]["queues"][0]["counts"]["failed"] == 1
+
+
+def test_actions_need_the_sessions_csrf_token_and_the_same_origin(client: TestClient, topology: Topology) -> None:
+    csrf = login(client, ADMIN)
+    assert client.post("/queues/orders/pause").status_code == 403
+    r = client.post("/queues/orders/pause", data={"csrf": "stale"})
+    assert r.status_code == 403 and "CSRF" in r.text
+    r = client.post("/queues/orders/pause", data={"csrf": csrf}, headers={"sec-fetch-site": "cross-site"})
+    assert r.status_code == 403 and "cross-site" in r.text
+    r = client.post("/queues/orders/pause", data={"csrf": csrf}, headers={"origin": "https://evil.example"})
+    assert r.status_code == 403 and "cross-origin" in r.text
+    assert paused(topology) == [False, False]
+
+    r = client.post("/queues/orders/pause", data={"csrf": csrf}, headers={"origin": "http://testserver"})
+    assert r.status_code == 303 and paused(topology) == [True, True]
+    r = client.post("/queues/orders/resume", headers={"x-csrf-token": csrf, "sec-fetch-site": "same-origin"})
+    assert r.status_code == 303 and paused(topology) == [False, False]
+    audit = client.get("/audit", headers=HTML).text
+    assert "pause" in audit and "resume" in audit and "alice" in audit
+
+
+def test_bearer_tokens_act_without_a_session(client: TestClient, topology: Topology) -> None:
+    r = client.post("/queues/orders/pause", headers={"authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 303 and paused(topology) == [True, True]
+    r = client.post("/queues/orders/resume", headers={"authorization": f"Bearer {READ}"})
+    assert r.status_code == 403 and paused(topology) == [True, True]
+    r = client.post(
+        "/queues/orders/resume", headers={"authorization": f"Bearer {ADMIN}", "sec-fetch-site": "cross-site"}
+    )
+    assert r.status_code == 403
+
+
+def test_limits_reach_every_shard_and_bad_values_are_refused(client: TestClient, topology: Topology) -> None:
+    csrf = login(client, ADMIN)
+    r = client.post("/queues/orders/limits", data={"csrf": csrf, "max_qps": "12.5", "max_concurrency": ""})
+    assert r.status_code == 303
+    rows = [r for rows in admin.list_queues(topology).values() for r in rows]
+    assert [(r["max_qps"], r["max_concurrency"]) for r in rows] == [(12.5, None), (12.5, None)]
+    r = client.post("/queues/orders/limits", data={"csrf": csrf, "max_qps": "fast"})
+    assert r.status_code == 400 and "max_qps" in r.text
+    r = client.post("/queues/orders/limits", data={"csrf": csrf, "max_qps": "-3"})
+    assert r.status_code == 400 and "max_qps" in r.text
+
+
+def test_mounted_under_a_sub_path(app_for: Callable[..., TestClient]) -> None:
+    client = app_for(root_path="/qm")
+    assert client.get("/qm/health").status_code == 200
+    assert client.get("/qm/", headers=HTML).headers["location"] == "/qm/login?next=%2Fqm%2F"
+    r = client.post("/qm/login", data={"token": ADMIN, "next": "/qm/queues/orders"})
+    assert r.status_code == 303 and r.headers["location"] == "/qm/queues/orders"
+    assert "Path=/qm" in r.headers["set-cookie"]
+    page = client.get("/qm/queues/orders", headers=HTML)
+    assert page.status_code == 200 and 'action="/qm/queues/orders/pause"' in page.text
+    overview = client.get("/qm/", headers=HTML).text
+    assert 'src="/qm/static/live.js"' in overview and 'data-live="/qm/live/overview"' in overview
+    assert client.get("/qm/static/live.js").status_code == 200
+
+
+def test_the_overview_streams_its_live_part_as_server_sent_events(
+    app_for: Callable[..., TestClient], topology: Topology
+) -> None:
+    client = app_for(stream_seconds=0)  # one event, then the stream ends (a browser reconnects)
+    assert client.get("/live/overview").status_code == 401
+    insert(topology, [(tenants_of(topology.shards[1], 1)[0], {"n": 1})])
+    r = client.get("/live/overview", headers={"authorization": f"Bearer {READ}"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    head, event = r.text.split("\n\n", 1)
+    assert head == "retry: 1000"
+    lines = event.rstrip("\n").split("\n")
+    assert lines[0] == "event: live" and all(line.startswith("data: ") for line in lines[1:])
+    html = "\n".join(line[len("data: ") :] for line in lines[1:])
+    assert '<tr data-queue="orders" data-shard="s1">' in html and "Counts as of" in html
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/queues/orders/events?payload=payload.order.id+%3E+3", 400, "expected = or !="),
+        ("/queues/orders/events?payload=payload.a+%3D+%7Bbroken", 400, "neither JSON nor a plain word"),
+        ("/queues/orders/events?state=done", 400, "not a state"),
+        ("/queues/orders/events?id=1e9", 400, "not an event id"),
+        ("/queues/orders/events?fire_from=tomorrow", 400, "not a time"),
+        ("/queues/orders/events?cursor=s0:abc", 400, "cursor"),
+        ("/queues/orders/events?shard=s7", 400, "no shard named"),
+        ("/queues/Bad-Name/events", 400, "invalid queue name"),
+        ("/queues/nosuch/events", 404, "no queue named"),
+        ("/queues/nosuch", 404, "no queue named"),
+        ("/queues/orders/events/s0/abc", 400, "not an event id"),
+        ("/queues/orders/events/s9/1", 404, "no shard named"),
+        ("/queues/orders/events/s0/999", 404, "no event 999"),
+    ],
+)
+def test_bad_input_gets_a_clear_message(client: TestClient, path: str, status: int, says: str) -> None:
+    login(client, READ)
+    r = client.get(path, headers=HTML)
+    assert r.status_code == status, r.text[:500]
+    assert says in r.text
+    r = client.get(path)
+    assert r.status_code == status and says in r.text and "<html" not in r.text
+
+
+def test_bad_bulk_requests_are_refused(client: TestClient) -> None:
+    csrf = login(client, ADMIN)
+    for form, says in (
+        ({"do": "retry_dead/selection"}, "nothing selected"),
+        ({"do": "retry_dead/selection", "sel": "s0:x"}, "not shard:id"),
+        ({"do": "retry_dead/selection", "sel": "s9:1"}, "not shard:id"),
+        ({"do": "retry_dead/all", "payload": "payload."}, "payload filter"),
+        ({"do": "drop_table/all"}, "unknown bulk action"),
+        ({"do": "retry_dead/everything"}, "unknown bulk action"),
+        ({"do": "reschedule/all"}, "give the new fire_at"),
+        ({"do": "reschedule/all", "new_fire_at": "soon"}, "not a time"),
+    ):
+        r = client.post("/queues/orders/bulk", data={"csrf": csrf, **form})
+        assert r.status_code == 400 and says in r.text, (form, r.text)
+    r = client.post("/queues/orders/bulk/confirm", data={"csrf": csrf, "do": "retry_dead/all"})
+    assert r.status_code == 400 and "confirm" in r.text
+
+
+# ------------------------------------------------------------------------------ the event browser
+
+
+def test_payload_path_filter_finds_the_event(client: TestClient, topology: Topology) -> None:
+    t0, t1 = tenants_of(topology.shards[0], 1)[0], tenants_of(topology.shards[1], 1)[0]
+    insert(topology, [(t0, {"order": {"id": 41}}), (t1, {"order": {"id": 42}}), (t0, {"order": {"id": "42"}})])
+    login(client, READ)
+    r = client.get("/queues/orders/events", params={"payload": "payload.order.id = 42"}, headers=HTML)
+    assert r.status_code == 200 and ids_on(r.text) == ["s1:1"]
+    r = client.get("/queues/orders/events", params={"payload": 'payload.order.id = "42"'}, headers=HTML)
+    assert ids_on(r.text) == ["s0:2"]
+    r = client.get("/queues/orders/events", params={"payload": "payload.order.id != 42", "tenant": t0}, headers=HTML)
+    assert ids_on(r.text) == ["s0:2", "s0:1"]
+    r = client.get("/queues/orders/events", params={"id": "1", "shard": "s1"}, headers=HTML)
+    assert ids_on(r.text) == ["s1:1"]
+    page = client.get("/queues/orders/events/s1/1", headers=HTML)
+    assert page.status_code == 200 and "&#34;id&#34;: 42" in page.text and t1 in page.text
+
+
+@pytest.mark.parametrize("scan", [20_000, 3])
+def test_keyset_pages_list_every_event_once_newest_first(
+    app_for: Callable[..., TestClient], topology: Topology, scan: int
+) -> None:
+    client = app_for(limits=Limits(page_size=4, scan_rows=scan))
+    tenants = tenants_of(topology.shards[0], 2) + tenants_of(topology.shards[1], 2)
+    insert(topology, [(tenants[i % 4], {"i": i, "even": i % 2 == 0}) for i in range(13)])
+    login(client, READ)
+    seen: list[str] = []
+    url = "/queues/orders/events?payload=payload.even+%3D+true"
+    for _ in range(20):
+        page = client.get(url, headers=HTML)
+        assert page.status_code == 200
+        seen += ids_on(page.text)
+        older = re.search(r'id="older" href="([^"]+)"', page.text)
+        if older is None:
+            break
+        url = older.group(1).replace("&amp;", "&")
+    payloads = []
+    for item in seen:
+        shard, _, n = item.partition(":")
+        with psycopg.connect(topology.by_name(shard).dsn) as c:
+            row = c.execute("SELECT payload FROM orders WHERE id = %s", (int(n),)).fetchone()
+            assert row is not None
+            payloads.append(row[0]["i"])
+    assert payloads == [12, 10, 8, 6, 4, 2, 0]
+
+
+# ------------------------------------------------------------------------------ bulk retry
+
+
+def test_bulk_retry_of_all_matching_is_confirmed_capped_and_audited(
+    app_for: Callable[..., TestClient], topology: Topology
+) -> None:
+    client = app_for(limits=Limits(bulk_cap=5, bulk_slice=2))
+    t0, t1 = tenants_of(topology.shards[0], 1)[0], tenants_of(topology.shards[1], 1)[0]
+    insert(topology, [(t0, {"k": "x"})] * 4 + [(t1, {"k": "x"})] * 3 + [(t1, {"k": "y"})] * 2)
+    kill(topology)
+    csrf = login(client, ADMIN)
+    form = {"csrf": csrf, "do": "retry_dead/all", "state": "failed", "payload": "payload.k = x"}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    assert preview.status_code == 200
+    assert "<strong>5</strong>" in preview.text and "only 5 are changed" in preview.text
+    fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', preview.text)
+    confirm = {k: html.unescape(v) for k, v in fields}
+    assert confirm["confirm"] == "5" and confirm["payload"] == 'payload.k = "x"'
+    done = client.post("/queues/orders/bulk/confirm", data={**confirm, "csrf": csrf_of(preview.text)})
+    assert done.status_code == 303 and "Retry: 5 dead letters" in unquote_plus(done.headers["location"])
+    counts = {s["shard"]: s["queues"][0]["counts"] for s in admin.status(topology)["shards"]}
+    assert counts["s0"]["to_be_fired"] + counts["s1"]["to_be_fired"] == 5
+    assert counts["s0"]["failed"] + counts["s1"]["failed"] == 4
+    with psycopg.connect(topology.shards[0].dsn) as c:
+        audit = c.execute(
+            "SELECT actor, action, queue, filter, affected, finished_at IS NOT NULL FROM qm.web_audit"
+        ).fetchall()
+    assert audit == [("alice", "retry_dead", "orders", 'state failed, payload payload.k = "x"', 4, True)]
+
+
+def test_bulk_retry_of_a_selection_moves_only_dead_letters(client: TestClient, topology: Topology) -> None:
+    t0 = tenants_of(topology.shards[0], 1)[0]
+    insert(topology, [(t0, {"n": i}) for i in range(3)])
+    kill(topology, "id IN (1, 2)")
+    csrf = login(client, ADMIN)
+    preview = client.post(
+        "/queues/orders/bulk", data={"csrf": csrf, "do": "retry_dead/selection", "sel": ["s0:1", "s0:3"]}, headers=HTML
+    )
+    assert preview.status_code == 200 and "<strong>1</strong>" in preview.text
+    r = client.post(
+        "/queues/orders/bulk/confirm",
+        data={"csrf": csrf, "do": "retry_dead/selection", "sel": ["s0:1", "s0:3"], "confirm": "1"},
+    )
+    assert r.status_code == 303
+    with psycopg.connect(topology.shards[0].dsn) as c:
+        states = dict(c.execute("SELECT id, state::text FROM orders ORDER BY id").fetchall())
+    assert states == {1: "to_be_fired", 2: "failed", 3: "to_be_fired"}
+
+
+def test_fire_now_and_reschedule_touch_only_events_not_yet_fired(client: TestClient, topology: Topology) -> None:
+    s0 = topology.shards[0]
+    t0 = tenants_of(s0, 1)[0]
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        for i in range(4):
+            c.execute(
+                "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, %s, now() + interval '1 hour')",
+                (t0, json.dumps({"n": i})),
+            )
+        c.execute("UPDATE orders SET state = 'fired', attempts = 1 WHERE id = 4")  # held by a manager
+    csrf = login(client, ADMIN)
+    form = {"csrf": csrf, "do": "fire_now/all", "tenant": t0}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    assert "<strong>3</strong>" in preview.text
+    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "2"})
+    assert r.status_code == 303 and "Fire now: 2 scheduled events" in unquote_plus(r.headers["location"])
+    with psycopg.connect(s0.dsn) as c:
+        due = c.execute("SELECT id, fire_at <= now(), state::text FROM orders ORDER BY id").fetchall()
+    assert due == [(1, False, "to_be_fired"), (2, True, "to_be_fired"), (3, True, "to_be_fired"), (4, False, "fired")]
+
+    when = "2031-01-02T03:04:05+00:00"
+    form = {"csrf": csrf, "do": "reschedule/selection", "sel": ["s0:1", "s0:4"], "new_fire_at": when}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    assert "<strong>1</strong>" in preview.text and when in preview.text
+    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "1"})
+    assert r.status_code == 303
+    with psycopg.connect(s0.dsn) as c:
+        rows = c.execute(
+            "SELECT id, to_char(fire_at AT TIME ZONE 'UTC', 'YYYY') FROM orders WHERE id IN (1, 4)"
+        ).fetchall()
+        audit = c.execute("SELECT action, requested, affected FROM qm.web_audit ORDER BY id").fetchall()
+    years = dict(rows)
+    assert years[1] == "2031" and years[4] != "2031"
+    assert audit == [("fire_now", 2, 2), ("reschedule", 2, 1)]
+
+
+def test_the_health_page_shows_spark_runs_and_transactions_left_prepared(
+    client: TestClient, topology: Topology
+) -> None:
+    s1 = topology.shards[1]
+    gid = f"qm-web-test-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(s1.dsn, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO qm.spark_runs (run_id, queue, state, staged_rows) VALUES ('run-7', 'orders', 'staged', 12)"
+        )
+    prepared = psycopg.connect(s1.dsn)
+    try:
+        prepared.execute("SELECT 1")
+        prepared.execute(f"PREPARE TRANSACTION '{gid}'")
+        login(client, READ)  # after both: the page shows the shared reading of the login's overview
+        page = client.get("/database", headers=HTML)
+        assert page.status_code == 200
+        assert "run-7" in page.text and ">staged<" in page.text and gid in page.text
+        assert "qm spark recover" in page.text
+    finally:
+        prepared.close()
+        with psycopg.connect(s1.dsn, autocommit=True) as c:
+            c.execute(f"ROLLBACK PREPARED '{gid}'")
+
+
+def test_a_shard_down_gets_a_clear_message_never_a_500(topology: Topology) -> None:
+    from queue_manager.domain.topology import Shard
+    from queue_manager.web.app import WebConfig, create_app
+    from tests.web.conftest import web_tokens
+
+    s0, s1 = topology.shards
+    down = Topology((s0, Shard("s1", "host=127.0.0.1 port=1 dbname=qm user=postgres", s1.key_range)))
+    with TestClient(create_app(WebConfig(topology=down, tokens=web_tokens())), follow_redirects=False) as client:
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["shards"]["s0"] == "ok"
+        assert "s1" in health.json()["shards"] and health.json()["shards"]["s1"] != "ok"
+        login(client, READ)
+        overview = client.get("/", headers=HTML)
+        assert overview.status_code == 200 and "unreachable" in overview.text
+        for path in ("/queues/orders", "/queues/orders/events", "/queues/orders/events/s1/1"):
+            r = client.get(path, headers=HTML)
+            assert r.status_code == 503, (path, r.status_code)
+            assert "s1" in r.text or "did not answer" in r.text, (path, r.text[-500:])
