@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web clean-local
+.PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,6 +40,9 @@ lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
 
 bench-enqueue: $(STAMP) ## enqueue throughput vs a plain table (JSON on stdout)
 	$(BIN)/python benchmarks/enqueue.py
+
+bench-trigger-cost: $(STAMP) ## the enqueue triggers' server time per row vs a plain table, and vs OTHER=<checkout> when given (JSON on stdout)
+	$(BIN)/python benchmarks/trigger_cost.py $(if $(OTHER),--other $(OTHER))
 
 bench-e2e: $(STAMP) ## one shard end to end: drain, latency, fire accuracy, vs PgQueuer/Procrastinate (JSON on stdout)
 	$(BIN)/python benchmarks/e2e.py
