@@ -21,12 +21,14 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from queue_manager.domain.names import check_queue_name
 from queue_manager.errors import ConfigurationError, InvalidNameError
 
 MIN_SECRET_LENGTH = 16
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,63 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
+def read_token_tables(path: str | Path, table: str) -> list[Any]:
+    """The ``[[table]]`` entries of a token file (``token`` for the receivers, ``web_token`` for the
+    dashboard: one file serves both, each reader ignores the other's tables)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigurationError(f"token file {str(p)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(f"token file {str(p)!r} is not valid TOML: {exc}") from None
+    entries = data.get(table, [])
+    if not isinstance(entries, list):
+        raise ConfigurationError(f"token file {str(p)!r}: use [[{table}]] tables")
+    return entries
+
+
+def token_identity(entry: Any, i: int, table: str, names: set[str], keys: set[str]) -> tuple[str, str, str]:
+    """Check what every token table has: a unique ``name``, no key outside ``keys``, and exactly one
+    of ``secret`` (at least MIN_SECRET_LENGTH characters) and ``secret_sha256``. Returns (name,
+    where, digest): ``where`` names the entry in the messages of the caller's own checks; ``names``
+    gains the name. ``i``: the entry's position, for the message when it has no name."""
+    where = f"{table} #{i + 1}"
+    if not isinstance(entry, Mapping):
+        raise ConfigurationError(f"{where}: must be a table ([[{table}]]), got {type(entry).__name__}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"{where}: 'name' must be a non-empty string")
+    where = f"{table} {name!r}"
+    if name in names:
+        raise ConfigurationError(f"{where}: the name is used twice")
+    names.add(name)
+    secret = entry.get("secret")
+    digest = entry.get("secret_sha256")
+    if (secret is None) == (digest is None):
+        raise ConfigurationError(f"{where}: give exactly one of 'secret' or 'secret_sha256'")
+    if secret is not None:
+        if not isinstance(secret, str) or len(secret) < MIN_SECRET_LENGTH:
+            raise ConfigurationError(f"{where}: 'secret' must be a string of at least {MIN_SECRET_LENGTH} characters")
+        digest = _digest(secret)
+    elif not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ConfigurationError(f"{where}: 'secret_sha256' must be 64 lowercase hex digits")
+    unknown = set(entry) - keys - {"name", "secret", "secret_sha256"}
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown keys {sorted(unknown)!r}")
+    return name, where, digest
+
+
+def find_by_secret(by_digest: Mapping[str, T], secret: str) -> T | None:
+    """The value whose key is the secret's SHA-256 digest, compared in constant time with each."""
+    digest = _digest(secret)
+    found = None
+    for known, value in by_digest.items():
+        if hmac.compare_digest(known, digest):
+            found = value
+    return found
+
+
 class TokenStore:
     """Look up grants by secret; compares SHA-256 digests in constant time."""
 
@@ -71,28 +130,7 @@ class TokenStore:
         grants: dict[str, Grant] = {}
         names: set[str] = set()
         for i, entry in enumerate(entries):
-            where = f"token #{i + 1}"
-            if not isinstance(entry, Mapping):
-                raise ConfigurationError(f"{where}: must be a table ([[token]]), got {type(entry).__name__}")
-            name = entry.get("name")
-            if not isinstance(name, str) or not name:
-                raise ConfigurationError(f"{where}: 'name' must be a non-empty string")
-            where = f"token {name!r}"
-            if name in names:
-                raise ConfigurationError(f"{where}: the name is used twice")
-            names.add(name)
-            secret = entry.get("secret")
-            digest = entry.get("secret_sha256")
-            if (secret is None) == (digest is None):
-                raise ConfigurationError(f"{where}: give exactly one of 'secret' or 'secret_sha256'")
-            if secret is not None:
-                if not isinstance(secret, str) or len(secret) < MIN_SECRET_LENGTH:
-                    raise ConfigurationError(
-                        f"{where}: 'secret' must be a string of at least {MIN_SECRET_LENGTH} characters"
-                    )
-                digest = _digest(secret)
-            elif not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ConfigurationError(f"{where}: 'secret_sha256' must be 64 lowercase hex digits")
+            name, where, digest = token_identity(entry, i, "token", names, {"queues", "tenants"})
             queues = entry.get("queues")
             if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
                 raise ConfigurationError(f"{where}: 'queues' must be a non-empty list of queue names (or [\"*\"])")
@@ -110,9 +148,6 @@ class TokenStore:
                 not isinstance(tenants, list) or not tenants or not all(isinstance(t, str) and t for t in tenants)
             ):
                 raise ConfigurationError(f"{where}: 'tenants' must be a non-empty list of tenant names, or be left out")
-            unknown = set(entry) - {"name", "secret", "secret_sha256", "queues", "tenants"}
-            if unknown:
-                raise ConfigurationError(f"{where}: unknown keys {sorted(unknown)!r}")
             if digest in grants:
                 raise ConfigurationError(f"{where}: the same secret is used by token {grants[digest].name!r}")
             grants[digest] = Grant(name, queue_set, None if tenants is None else frozenset(tenants))
@@ -122,24 +157,10 @@ class TokenStore:
 
     @classmethod
     def load(cls, path: str | Path) -> TokenStore:
-        p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigurationError(f"token file {str(p)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigurationError(f"token file {str(p)!r} is not valid TOML: {exc}") from None
-        entries = data.get("token", [])
-        if not isinstance(entries, list):
-            raise ConfigurationError(f"token file {str(p)!r}: use [[token]] tables")
-        return cls.from_entries(entries)
+        return cls.from_entries(read_token_tables(path, "token"))
 
     def lookup(self, secret: str) -> Grant | None:
-        digest = _digest(secret)
-        for known, grant in self._by_digest.items():
-            if hmac.compare_digest(known, digest):
-                return grant
-        return None
+        return find_by_secret(self._by_digest, secret)
 
     def from_authorization(self, header: str | None) -> Grant | None:
         """The grant of an ``Authorization: Bearer <secret>`` header value, or None."""

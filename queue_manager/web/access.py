@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +27,10 @@ from typing import Any, Literal
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from queue_manager.errors import ConfigurationError
+from queue_manager.manager.auth import find_by_secret, read_token_tables, token_identity
 
 Scope = Literal["read", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "admin")
-MIN_SECRET_LENGTH = 16
 #: a session lasts this long after login, seconds
 SESSION_MAX_AGE = 12 * 3600
 
@@ -66,30 +65,7 @@ class WebTokens:
         tokens: dict[str, tuple[str, Scope]] = {}
         names: set[str] = set()
         for i, entry in enumerate(entries):
-            where = f"web_token #{i + 1}"
-            if not isinstance(entry, Mapping):
-                raise ConfigurationError(f"{where}: must be a table ([[web_token]])")
-            name = entry.get("name")
-            if not isinstance(name, str) or not name:
-                raise ConfigurationError(f"{where}: 'name' must be a non-empty string")
-            where = f"web_token {name!r}"
-            if name in names:
-                raise ConfigurationError(f"{where}: the name is used twice")
-            names.add(name)
-            unknown = set(entry) - {"name", "secret", "secret_sha256", "scope"}
-            if unknown:
-                raise ConfigurationError(f"{where}: unknown keys {sorted(unknown)!r}")
-            secret, digest = entry.get("secret"), entry.get("secret_sha256")
-            if (secret is None) == (digest is None):
-                raise ConfigurationError(f"{where}: give exactly one of 'secret' or 'secret_sha256'")
-            if secret is not None:
-                if not isinstance(secret, str) or len(secret) < MIN_SECRET_LENGTH:
-                    raise ConfigurationError(
-                        f"{where}: 'secret' must be a string of at least {MIN_SECRET_LENGTH} characters"
-                    )
-                digest = _digest(secret)
-            elif not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ConfigurationError(f"{where}: 'secret_sha256' must be 64 lowercase hex digits")
+            name, where, digest = token_identity(entry, i, "web_token", names, {"scope"})
             scope = entry.get("scope")
             if scope not in SCOPES:
                 raise ConfigurationError(f'{where}: \'scope\' must be "read" or "admin", got {scope!r}')
@@ -104,25 +80,11 @@ class WebTokens:
 
     @classmethod
     def load(cls, path: str | Path) -> WebTokens:
-        p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigurationError(f"token file {str(p)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigurationError(f"token file {str(p)!r} is not valid TOML: {exc}") from None
-        entries = data.get("web_token", [])
-        if not isinstance(entries, list):
-            raise ConfigurationError(f"token file {str(p)!r}: use [[web_token]] tables")
-        return cls.from_entries(entries)
+        return cls.from_entries(read_token_tables(path, "web_token"))
 
     def lookup(self, secret: str) -> WebUser | None:
-        digest = _digest(secret)
-        found = None
-        for known, (name, scope) in self._by_digest.items():
-            if hmac.compare_digest(known, digest):
-                found = WebUser(name, scope)
-        return found
+        found = find_by_secret(self._by_digest, secret)
+        return None if found is None else WebUser(*found)
 
     def _by_name(self, name: str, digest_prefix: str) -> WebUser | None:
         for known, (n, scope) in self._by_digest.items():
