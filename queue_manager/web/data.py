@@ -74,7 +74,13 @@ class DashboardError(QueueManagerError):
 
 
 def _q(name: str) -> Any:
-    return query(name, WEB_SQL)
+    """A named query of web.sql, the event filters (block ``web_event_filters``) put in where it
+    says ``{filters}``: one text for the browser's page, its id lookup and the bulk actions."""
+    text = query(name, WEB_SQL)
+    if "{filters}" in text:
+        filters = query("web_event_filters", WEB_SQL)
+        text = text.replace("{filters}", "\n".join(x for x in filters.splitlines() if not x.lstrip().startswith("--")))
+    return text
 
 
 @contextmanager

@@ -4,16 +4,11 @@
 -- parameter is no filter (unnamed statements are planned with their values, so a NULL test folds
 -- away).
 
--- web_events_page --
--- One page of a queue's events on this shard, newest first, below the keyset cursor %(before)s
--- (NULL: from the newest), among at most %(scan)s of the newest rows there.
-SELECT e.id, e.tenant, e.partition, e.fire_at, e.state::text AS state, e.attempts, e.dedup_key, e.created_at,
-       e.fired_at, e.acked_at, left(e.last_error, 200) AS last_error, left(e.payload::text, 160) AS payload_head
-  FROM (SELECT * FROM {queue}
-         WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
-         ORDER BY id DESC
-         LIMIT %(scan)s) e
- WHERE (%(state)s::text IS NULL OR e.state::text = %(state)s::text)
+-- web_event_filters --
+-- Not a statement: the event browser's filters on an event row e, which the queries below name by
+-- a "filters" placeholder that queue_manager.web.data fills with this text. A NULL parameter is no
+-- filter.
+(%(state)s::text IS NULL OR e.state::text = %(state)s::text)
    AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
    AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
    AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
@@ -27,6 +22,17 @@ SELECT e.id, e.tenant, e.partition, e.fire_at, e.state::text AS state, e.attempt
              WHEN '=' THEN e.payload #> %(jpath)s::text[] = %(jvalue)s::jsonb
              ELSE e.payload #> %(jpath)s::text[] <> %(jvalue)s::jsonb
            END)
+
+-- web_events_page --
+-- One page of a queue's events on this shard, newest first, below the keyset cursor %(before)s
+-- (NULL: from the newest), among at most %(scan)s of the newest rows there.
+SELECT e.id, e.tenant, e.partition, e.fire_at, e.state::text AS state, e.attempts, e.dedup_key, e.created_at,
+       e.fired_at, e.acked_at, left(e.last_error, 200) AS last_error, left(e.payload::text, 160) AS payload_head
+  FROM (SELECT * FROM {queue}
+         WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+         ORDER BY id DESC
+         LIMIT %(scan)s) e
+ WHERE {filters}
  ORDER BY e.id DESC
  LIMIT %(limit)s
 
@@ -36,19 +42,7 @@ SELECT e.id, e.tenant, e.partition, e.fire_at, e.state::text AS state, e.attempt
        e.fired_at, e.acked_at, left(e.last_error, 200) AS last_error, left(e.payload::text, 160) AS payload_head
   FROM {queue} e
  WHERE e.id = %(id)s::bigint
-   AND (%(state)s::text IS NULL OR e.state::text = %(state)s::text)
-   AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
-   AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
-   AND (%(fire_from)s::timestamptz IS NULL OR e.fire_at >= %(fire_from)s::timestamptz)
-   AND (%(fire_to)s::timestamptz IS NULL OR e.fire_at < %(fire_to)s::timestamptz)
-   AND (%(created_from)s::timestamptz IS NULL OR e.created_at >= %(created_from)s::timestamptz)
-   AND (%(created_to)s::timestamptz IS NULL OR e.created_at < %(created_to)s::timestamptz)
-   AND (%(jop)s::text IS NULL
-        OR CASE %(jop)s::text
-             WHEN 'exists' THEN e.payload #> %(jpath)s::text[] IS NOT NULL
-             WHEN '=' THEN e.payload #> %(jpath)s::text[] = %(jvalue)s::jsonb
-             ELSE e.payload #> %(jpath)s::text[] <> %(jvalue)s::jsonb
-           END)
+   AND {filters}
 
 -- web_events_scanned --
 -- How many rows the capped scan below %(before)s covered, and the lowest id it reached (an
@@ -77,20 +71,7 @@ SELECT e.id
    AND (NOT %(future)s OR e.fire_at > now())
    AND (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
    AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
-   AND (%(state)s::text IS NULL OR e.state::text = %(state)s::text)
-   AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
-   AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
-   AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
-   AND (%(fire_from)s::timestamptz IS NULL OR e.fire_at >= %(fire_from)s::timestamptz)
-   AND (%(fire_to)s::timestamptz IS NULL OR e.fire_at < %(fire_to)s::timestamptz)
-   AND (%(created_from)s::timestamptz IS NULL OR e.created_at >= %(created_from)s::timestamptz)
-   AND (%(created_to)s::timestamptz IS NULL OR e.created_at < %(created_to)s::timestamptz)
-   AND (%(jop)s::text IS NULL
-        OR CASE %(jop)s::text
-             WHEN 'exists' THEN e.payload #> %(jpath)s::text[] IS NOT NULL
-             WHEN '=' THEN e.payload #> %(jpath)s::text[] = %(jvalue)s::jsonb
-             ELSE e.payload #> %(jpath)s::text[] <> %(jvalue)s::jsonb
-           END)
+   AND {filters}
  ORDER BY e.id DESC
  LIMIT %(limit)s
 
