@@ -449,9 +449,9 @@ async def slice_purge(conn: AsyncConn, q: QueueSettings, partition: int, limit: 
     return int(row[0]), int(row[1]), int(row[2]) >= limit
 
 
-async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> tuple[int, int]:
-    """A reconciliation slice of one partition: (load before, live events); the load is now the
-    live events, up to what was in flight (docs/design.md, "Shuffle sharding").
+async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> tuple[int, int, float]:
+    """A reconciliation slice of one partition: (load before, live events, seconds in the server);
+    the load is now the live events, up to what was in flight (docs/design.md, "Shuffle sharding").
 
     The count takes no lock and holds up no producer or ack, but it may run at most
     RECONCILE_SLICE_TIMEOUT_MS and gives up (statement timeout: counted aborted) beyond: under a
@@ -474,7 +474,7 @@ async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> 
     await conn.execute(reset)
     assert row is not None and row[0] is not None
     before, live = row[0]
-    return int(before), int(live)
+    return int(before), int(live), float(row[1])
 
 
 async def count_maintenance(conn: AsyncConn, job: str, what: str, n: int = 1) -> None:

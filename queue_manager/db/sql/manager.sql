@@ -347,8 +347,10 @@ SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FILTER (WHERE state = '
 
 -- mgr_slice_reconcile --
 -- A reconciliation slice: one partition's load re-anchored on its live events, without a lock (see
--- qm.reconcile_partition). Returns {load before, live events}.
-SELECT qm.reconcile_partition(%(queue)s, %(partition)s)
+-- qm.reconcile_partition). Returns {load before, live events}, and the seconds the server spent on
+-- it (the target list runs left to right: the count, then the clock).
+SELECT qm.reconcile_partition(%(queue)s, %(partition)s),
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8
 
 -- mgr_count_maintenance --
 -- Count a maintenance slice shard-wide: recruited, finished, aborted, or the events it handled.
