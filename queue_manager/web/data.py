@@ -274,6 +274,14 @@ ACTIONS = {
             "events not yet fired",
             "due at the new time (never fired before it)",
         ),
+        BulkAction(
+            "cancel",
+            "to_be_fired",
+            True,
+            "Cancel",
+            "scheduled events",
+            "deleted before they fire: never delivered, counted done in their partitions' load",
+        ),
     )
 }
 
@@ -342,6 +350,10 @@ def _change(
         return len(
             conn.execute(sql.SQL(_q("web_reschedule")).format(queue=table), {"ids": ids, "fire_at": fire_at}).fetchall()
         )
+    if action.name == "cancel":
+        row = conn.execute(sql.SQL(_q("web_cancel")).format(queue=table), {"ids": ids, "queue": queue}).fetchone()
+        assert row is not None
+        return len(row["ids"])
     raise AssertionError(f"unknown action {action.name!r}")  # pragma: no cover
 
 
@@ -361,9 +373,9 @@ def run_action(
 ) -> dict[str, int]:
     """Do ``action`` in slices to the events of ``selection`` (shard -> ids) or all matching
     ``flt``, at most ``cap`` in all. Each slice selects its ids and changes them with a
-    state-guarded UPDATE in one transaction, with its count added to the shard's audit row; an
-    event a manager or another action changed in between is simply not changed. Returns the
-    events changed per shard."""
+    state-guarded UPDATE (a DELETE for cancel) in one transaction, with its count added to the
+    shard's audit row; an event a manager or another action changed in between is simply not
+    changed. Returns the events changed per shard."""
     check_queue_name(queue)
     if action.name == "reschedule" and fire_at is None:
         raise DashboardError("reschedule: give the new fire_at")

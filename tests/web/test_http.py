@@ -81,7 +81,7 @@ def test_read_only_token_sees_every_page_and_every_action_refused(client: TestCl
     for path in ("/", "/partials/overview", "/queues/orders", "/queues/orders/events", "/database", "/audit"):
         page = client.get(path, headers=HTML)
         assert page.status_code == 200, path
-        assert "Pause dispatch" not in page.text and "retry-all" not in page.text
+        assert "Pause dispatch" not in page.text and "retry-all" not in page.text and "cancel-all" not in page.text
     for path, form in (
         ("/queues/orders/pause", {}),
         ("/queues/orders/resume", {}),
@@ -89,6 +89,8 @@ def test_read_only_token_sees_every_page_and_every_action_refused(client: TestCl
         ("/queues/orders/bulk", {"do": "retry_dead/all"}),
         ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "confirm": "1"}),
         ("/queues/orders/bulk/confirm", {"do": "fire_now/all", "confirm": "1"}),
+        ("/queues/orders/bulk", {"do": "cancel/all"}),
+        ("/queues/orders/bulk/confirm", {"do": "cancel/all", "confirm": "1"}),
     ):
         r = client.post(path, data={"csrf": csrf, **form})
         assert r.status_code == 403 and "read-only" in r.text, path
@@ -346,6 +348,100 @@ def test_fire_now_and_reschedule_touch_only_events_not_yet_fired(client: TestCli
     years = dict(rows)
     assert years[1] == "2031" and years[4] != "2031"
     assert audit == [("fire_now", 2, 2), ("reschedule", 2, 1)]
+
+
+def loads(topology: Topology) -> dict[str, list[int]]:
+    """Each shard's load counters of the queue (enqueued minus done, per partition)."""
+    out = {}
+    for s in topology.shards:
+        with psycopg.connect(s.dsn) as c:
+            row = c.execute("SELECT qm.partition_loads('orders')").fetchone()
+            assert row is not None
+            out[s.name] = list(row[0])
+    return out
+
+
+def test_cancel_deletes_only_scheduled_events_and_counts_them_done(client: TestClient, topology: Topology) -> None:
+    s0 = topology.shards[0]
+    t0 = tenants_of(s0, 1)[0]
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        for i in range(6):
+            c.execute(
+                "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, %s, now() + interval '1 hour')",
+                (t0, json.dumps({"n": i})),
+            )
+        c.execute("UPDATE orders SET fire_at = now() - interval '1 second' WHERE id = 2")  # due
+        c.execute("UPDATE orders SET state = 'fired', attempts = 1 WHERE id = 3")  # held by a manager
+        c.execute("UPDATE orders SET state = 'acked', attempts = 1, acked_at = now() WHERE id = 4")
+        c.execute("UPDATE orders SET state = 'failed', attempts = 2 WHERE id = 5")
+        partition = dict(c.execute("SELECT id, partition FROM orders").fetchall())
+    before = loads(topology)
+    picked = [f"s0:{i}" for i in range(1, 7)]
+
+    r = client.post(
+        "/queues/orders/bulk/confirm",
+        data={"do": "cancel/selection", "sel": picked, "confirm": "6"},
+        headers={"authorization": f"Bearer {READ}"},
+    )
+    assert r.status_code == 403 and "read-only" in r.text
+
+    csrf = login(client, ADMIN)
+    form = {"csrf": csrf, "do": "cancel/selection", "sel": picked}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    assert preview.status_code == 200 and "<strong>2</strong>" in preview.text and "<li>s0: 2</li>" in preview.text
+    assert "Cancel 2 scheduled events" in preview.text
+    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "2"})
+    assert r.status_code == 303 and "Cancel: 2 scheduled events" in unquote_plus(r.headers["location"])
+    with psycopg.connect(s0.dsn) as c:
+        left = dict(c.execute("SELECT id, state::text FROM orders ORDER BY id").fetchall())
+        audit = c.execute("SELECT action, requested, affected, finished_at IS NOT NULL FROM qm.web_audit").fetchall()
+    assert left == {2: "to_be_fired", 3: "fired", 4: "acked", 5: "failed"}
+    assert audit == [("cancel", 6, 2, True)]
+    expected = list(before["s0"])
+    for gone in (1, 6):
+        expected[partition[gone]] -= 1
+    assert loads(topology) == {**before, "s0": expected}
+
+
+def test_cancel_of_all_matching_is_confirmed_capped_and_audited(
+    app_for: Callable[..., TestClient], topology: Topology
+) -> None:
+    client = app_for(limits=Limits(bulk_cap=3, bulk_slice=2))
+    t0, t1 = tenants_of(topology.shards[0], 1)[0], tenants_of(topology.shards[1], 1)[0]
+    for tenant, n in ((t0, 3), (t1, 2)):
+        with psycopg.connect(topology.shard_for(tenant).dsn, autocommit=True) as c:
+            for i in range(n):
+                c.execute(
+                    "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, %s, now() + interval '1 hour')",
+                    (tenant, json.dumps({"n": i})),
+                )
+    insert(topology, [(t1, {"due": True})])  # due now: not a scheduled event, never cancelled
+    before = loads(topology)
+    csrf = login(client, ADMIN)
+    form = {"csrf": csrf, "do": "cancel/all", "state": "to_be_fired"}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    assert preview.status_code == 200
+    assert "<strong>3</strong>" in preview.text and "only 3 are changed" in preview.text
+    assert "<li>s0: 3</li>" in preview.text and "<li>s1: 2</li>" in preview.text
+    fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', preview.text)
+    confirm = {k: html.unescape(v) for k, v in fields}
+    assert confirm["confirm"] == "3"
+    done = client.post("/queues/orders/bulk/confirm", data={**confirm, "csrf": csrf_of(preview.text)})
+    assert done.status_code == 303 and "Cancel: 3 scheduled events" in unquote_plus(done.headers["location"])
+    counts = {s["shard"]: s["queues"][0]["counts"]["to_be_fired"] for s in admin.status(topology)["shards"]}
+    assert counts == {"s0": 0, "s1": 3}
+    audit = {}
+    for s in topology.shards:
+        with psycopg.connect(s.dsn) as c:
+            audit[s.name] = c.execute(
+                "SELECT actor, action, filter, affected, finished_at IS NOT NULL FROM qm.web_audit"
+            ).fetchall()
+    assert audit == {
+        "s0": [("alice", "cancel", "state to_be_fired", 3, True)],
+        "s1": [("alice", "cancel", "state to_be_fired", 0, True)],
+    }
+    after = loads(topology)
+    assert after["s1"] == before["s1"] and sum(after["s0"]) == sum(before["s0"]) - 3
 
 
 def test_the_health_page_shows_spark_runs_and_transactions_left_prepared(

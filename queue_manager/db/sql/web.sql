@@ -90,6 +90,22 @@ UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
  WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired'
 RETURNING id
 
+-- web_cancel --
+-- Scheduled events deleted before they fire. Only rows still to_be_fired and not yet due go: the
+-- manager fires an event only by an UPDATE that finds it to_be_fired and due, so an event it
+-- fired or holds in the meantime is never deleted (and the qm_settled_delete trigger, for fired
+-- rows, never runs here). A deleted event never reaches an ack, so it is counted done here, one
+-- entry per event in its partition (qm.add_done), in the same statement: the partitions' load
+-- counters stay exact. One row: the ids deleted.
+WITH gone AS (
+        DELETE FROM {queue}
+         WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
+        RETURNING id, partition)
+SELECT coalesce(array_agg(id), ARRAY[]::bigint[]) AS ids,
+       qm.add_done((SELECT q.id FROM qm.queues q WHERE q.name = %(queue)s),
+                   coalesce(array_agg(partition), ARRAY[]::smallint[]))::text AS counted
+  FROM gone
+
 -- web_leader --
 -- The shard's leadership lease: term, holder, and how fresh the lease is (expires_at is -infinity
 -- until a manager first leads: NULL here).
