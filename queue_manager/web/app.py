@@ -36,6 +36,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from queue_manager.domain.names import check_queue_name
+from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS, Setting
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import ConfigurationError, InvalidNameError, QueueManagerError, UnknownQueueError
 from queue_manager.web import data
@@ -164,7 +165,12 @@ def create_app(config: WebConfig) -> Starlette:
     sessions = Sessions(config.tokens, config.session_secret)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(
-        states=STATES, shard_names=shard_names, refresh=config.refresh_seconds, db_share=config.db_share
+        states=STATES,
+        shard_names=shard_names,
+        refresh=config.refresh_seconds,
+        db_share=config.db_share,
+        queue_settings=SETTINGS,
+        tenant_settings=TENANT_SETTINGS,
     )
     templates.env.filters["age"] = _age
     templates.env.filters["clock"] = _clock
@@ -367,6 +373,66 @@ def create_app(config: WebConfig) -> Starlette:
         notice = f"{queue}: max_qps {settings['max_qps']}, max_concurrency {settings['max_concurrency']}"
         return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'notice': notice})}", status_code=303)
 
+    def back(request: Request, queue: str, notice: str) -> Response:
+        return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'notice': notice})}", status_code=303)
+
+    def tenant_of(form: FormData) -> str:
+        tenant = str(form.get("tenant") or "")
+        if not tenant.strip():
+            raise Refused(400, "tenant: give the tenant whose overrides to change")
+        return tenant
+
+    async def set_tenant(request: Request) -> Response:
+        user, form = await require(request, action=True)
+        assert form is not None
+        queue = check_queue_name(request.path_params["queue"])
+        tenant = tenant_of(form)
+        settings: dict[str, Any] = {}
+        for key, spec in TENANT_SETTINGS.items():
+            value = _form_value(key, spec, str(form.get(key) or ""))
+            if value is not _UNSET:
+                settings[key] = value
+        if form.get("default_max_in_flight"):
+            settings["max_in_flight"] = None
+        if not settings:
+            raise Refused(400, "nothing to change: give a weight and/or a max in flight (or tick the queue default)")
+        row = await run_in_threadpool(lambda: data.set_tenant(topology, queue, tenant, settings, actor=user.name))
+        cap = "the queue default" if row["max_in_flight"] is None else row["max_in_flight"]
+        return back(request, queue, f"{queue}: tenant {tenant} weight {row['weight']:g}, max in flight {cap}")
+
+    async def unset_tenant(request: Request) -> Response:
+        user, form = await require(request, action=True)
+        assert form is not None
+        queue = check_queue_name(request.path_params["queue"])
+        tenant = tenant_of(form)
+        removed = await run_in_threadpool(lambda: data.unset_tenant(topology, queue, tenant, actor=user.name))
+        what = "removed" if removed else "none to remove"
+        return back(request, queue, f"{queue}: tenant {tenant} overrides {what} (weight 1, the queue's default cap)")
+
+    async def set_settings(request: Request) -> Response:
+        user, form = await require(request, action=True)
+        assert form is not None
+        queue = check_queue_name(request.path_params["queue"])
+        current = await run_in_threadpool(data.queue_settings, topology, queue)
+        settings: dict[str, Any] = {}
+        for key, spec in SETTINGS.items():
+            if spec.flag is None or key not in form:
+                continue
+            value = _form_value(key, spec, str(form.get(key) or ""))
+            if value is _UNSET:
+                if not spec.nullable:
+                    raise Refused(400, f"{key}: give a value ({spec.range_text()})")
+                value = None
+            if value != current.get(key):
+                settings[key] = value
+        if not settings:
+            raise Refused(400, "nothing to change: every value is the queue's current one")
+        await run_in_threadpool(
+            lambda: data.alter_queue(topology, queue, settings, actor=user.name, action="settings")
+        )
+        changed = ", ".join(f"{k} {v}" for k, v in settings.items())
+        return back(request, queue, f"{queue}: {changed} on every shard")
+
     async def events(request: Request) -> Response:
         user, _ = await require(request)
         queue = check_queue_name(request.path_params["queue"])
@@ -507,6 +573,9 @@ def create_app(config: WebConfig) -> Starlette:
         Route("/queues/{queue}/pause", guard(pause), methods=["POST"]),
         Route("/queues/{queue}/resume", guard(resume), methods=["POST"]),
         Route("/queues/{queue}/limits", guard(set_limits), methods=["POST"]),
+        Route("/queues/{queue}/settings", guard(set_settings), methods=["POST"]),
+        Route("/queues/{queue}/tenants", guard(set_tenant), methods=["POST"]),
+        Route("/queues/{queue}/tenants/unset", guard(unset_tenant), methods=["POST"]),
         Route("/queues/{queue}/events", guard(events), methods=["GET"]),
         Route("/queues/{queue}/events/{shard}/{id}", guard(event_page), methods=["GET"]),
         Route("/queues/{queue}/bulk", guard(bulk_preview), methods=["POST"]),
@@ -521,6 +590,24 @@ def create_app(config: WebConfig) -> Starlette:
         return RedirectResponse(f"{config.root_path}/", status_code=307)
 
     return Starlette(routes=[Route("/", to_root), Mount(config.root_path, app=inner)])
+
+
+_UNSET: Any = object()
+
+
+def _form_value(key: str, spec: Setting, raw: str) -> Any:
+    """A form field as ``spec``'s type (the admin functions check the range): ``_UNSET`` when
+    empty, None for "default"/"unlimited" in a field that may be null."""
+    raw = raw.strip()
+    if not raw:
+        return _UNSET
+    if spec.nullable and raw.lower() in ("default", "unlimited", "none", "null"):
+        return None
+    try:
+        return spec.kind(raw)
+    except ValueError:
+        expected = "an integer" if spec.kind is int else "a number"
+        raise Refused(400, f"{key}: {raw[:40]!r} is not {expected}") from None
 
 
 def _safe_next(raw: str | None, base: str) -> str:

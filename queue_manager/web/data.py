@@ -427,11 +427,9 @@ def run_action(
     return changed
 
 
-def alter_queue(topology: Topology, queue: str, settings: dict[str, Any], *, actor: str, action: str) -> None:
-    """Change a queue's settings on every shard (``admin.alter_queue``: the managers hear it at
-    once), and record it in each shard's audit table."""
-    admin.alter_queue(topology, queue, settings)
-    for shard in topology.shards:
+def _record(shards: Sequence[Shard], *, actor: str, action: str, queue: str, detail: dict[str, Any]) -> None:
+    """One finished audit row for a settings change on each of ``shards``."""
+    for shard in shards:
         try:
             with _connect(shard) as conn:
                 row = conn.execute(
@@ -440,7 +438,7 @@ def alter_queue(topology: Topology, queue: str, settings: dict[str, Any], *, act
                         "actor": actor,
                         "action": action,
                         "queue": queue,
-                        "filter": json.dumps(settings, sort_keys=True),
+                        "filter": json.dumps(detail, sort_keys=True),
                         "requested": 1,
                     },
                 ).fetchone()
@@ -451,6 +449,41 @@ def alter_queue(topology: Topology, queue: str, settings: dict[str, Any], *, act
             logger.warning(
                 "could not record a dashboard action", extra={"action": "web_audit_failed", "error": str(exc)}
             )
+
+
+def alter_queue(topology: Topology, queue: str, settings: dict[str, Any], *, actor: str, action: str) -> None:
+    """Change a queue's settings on every shard (``admin.alter_queue``: the managers hear it at
+    once), and record it in each shard's audit table."""
+    admin.alter_queue(topology, queue, settings)
+    _record(topology.shards, actor=actor, action=action, queue=queue, detail=settings)
+
+
+def set_tenant(topology: Topology, queue: str, tenant: str, settings: dict[str, Any], *, actor: str) -> dict[str, Any]:
+    """Set a tenant's overrides (``admin.set_tenant``, as ``qm queue tenant set``) on the tenant's
+    shard, the one that holds them, and record it in that shard's audit table."""
+    row = admin.set_tenant(topology, queue, tenant, settings)
+    shard = topology.by_name(row["shard"])
+    _record([shard], actor=actor, action="tenant_set", queue=queue, detail={"tenant": tenant, **settings})
+    return row
+
+
+def unset_tenant(topology: Topology, queue: str, tenant: str, *, actor: str) -> bool:
+    """Drop a tenant's overrides (``admin.unset_tenant``, as ``qm queue tenant unset``) and record
+    it in the tenant's shard's audit table; True when it had some."""
+    removed = admin.unset_tenant(topology, queue, tenant)
+    detail = {"tenant": tenant, "removed": removed}
+    _record([topology.shard_for(tenant)], actor=actor, action="tenant_unset", queue=queue, detail=detail)
+    return removed
+
+
+def queue_settings(topology: Topology, queue: str) -> dict[str, Any]:
+    """A queue's registry row (as the first shard that has it stores it)."""
+    check_queue_name(queue)
+    for rows in admin.list_queues(topology).values():
+        for row in rows:
+            if row["name"] == queue:
+                return dict(row)
+    raise UnknownQueueError(f"no queue named {queue!r} on any shard")
 
 
 def ping(topology: Topology) -> dict[str, str | None]:

@@ -41,6 +41,10 @@ def paused(topology: Topology) -> list[bool]:
     return [r["paused"] for rows in admin.list_queues(topology).values() for r in rows if r["name"] == "orders"]
 
 
+def registry(topology: Topology, key: str) -> list[object]:
+    return [r[key] for rows in admin.list_queues(topology).values() for r in rows if r["name"] == "orders"]
+
+
 def ids_on(html: str) -> list[str]:
     return re.findall(r'<tr data-id="([^"]+)"', html)
 
@@ -77,15 +81,20 @@ def test_login_never_redirects_to_another_site(client: TestClient) -> None:
 def test_read_only_token_sees_every_page_and_every_action_refused(client: TestClient, topology: Topology) -> None:
     insert(topology, [(tenants_of(topology.shards[0], 1)[0], {"n": 1})])
     kill(topology)
+    before = registry(topology, "max_attempts")
     csrf = login(client, READ)
     for path in ("/", "/partials/overview", "/queues/orders", "/queues/orders/events", "/database", "/audit"):
         page = client.get(path, headers=HTML)
         assert page.status_code == 200, path
+        assert "Set override" not in page.text and "Save settings" not in page.text
         assert "Pause dispatch" not in page.text and "retry-all" not in page.text and "cancel-all" not in page.text
     for path, form in (
         ("/queues/orders/pause", {}),
         ("/queues/orders/resume", {}),
         ("/queues/orders/limits", {"max_qps": "5"}),
+        ("/queues/orders/settings", {"max_attempts": "3"}),
+        ("/queues/orders/tenants", {"tenant": "acme", "weight": "2"}),
+        ("/queues/orders/tenants/unset", {"tenant": "acme"}),
         ("/queues/orders/bulk", {"do": "retry_dead/all"}),
         ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "confirm": "1"}),
         ("/queues/orders/bulk/confirm", {"do": "fire_now/all", "confirm": "1"}),
@@ -95,6 +104,8 @@ def test_read_only_token_sees_every_page_and_every_action_refused(client: TestCl
         r = client.post(path, data={"csrf": csrf, **form})
         assert r.status_code == 403 and "read-only" in r.text, path
     assert paused(topology) == [False, False]
+    assert admin.list_tenants(topology, "orders") == []
+    assert registry(topology, "max_attempts") == before
     assert admin.status(topology)["shards"][0]["queues"][0]["counts"]["failed"] == 1
 
 
@@ -138,6 +149,139 @@ def test_limits_reach_every_shard_and_bad_values_are_refused(client: TestClient,
     assert r.status_code == 400 and "max_qps" in r.text
     r = client.post("/queues/orders/limits", data={"csrf": csrf, "max_qps": "-3"})
     assert r.status_code == 400 and "max_qps" in r.text
+
+
+def overrides_by_shard(topology: Topology) -> dict[str, list[tuple[str, float, int | None]]]:
+    out = {}
+    for shard in topology.shards:
+        with psycopg.connect(shard.dsn) as c:
+            out[shard.name] = c.execute(
+                "SELECT t.tenant, t.weight, t.max_in_flight FROM qm.tenant_settings t"
+                " JOIN qm.queues q ON q.id = t.queue_id WHERE q.name = 'orders' ORDER BY t.tenant"
+            ).fetchall()
+    return out
+
+
+def web_audit(shard_dsn: str) -> list[tuple[str, str, str, dict[str, object]]]:
+    with psycopg.connect(shard_dsn) as c:
+        rows = c.execute("SELECT actor, action, queue, filter FROM qm.web_audit ORDER BY id").fetchall()
+    return [(a, b, q, json.loads(f)) for a, b, q, f in rows]
+
+
+def test_tenant_overrides_are_set_and_removed_on_the_tenants_shard_and_audited(
+    client: TestClient, topology: Topology
+) -> None:
+    t0, t1 = tenants_of(topology.shards[0], 1)[0], tenants_of(topology.shards[1], 1)[0]
+    csrf = login(client, ADMIN)
+    assert 'id="tenant-set"' in client.get("/queues/orders", headers=HTML).text
+    r = client.post("/queues/orders/tenants", data={"csrf": csrf, "tenant": t0, "weight": "2.5", "max_in_flight": "7"})
+    assert r.status_code == 303 and f"tenant {t0} weight 2.5, max in flight 7" in unquote_plus(r.headers["location"])
+    r = client.post("/queues/orders/tenants", data={"csrf": csrf, "tenant": t1, "max_in_flight": "3"})
+    assert r.status_code == 303
+    assert overrides_by_shard(topology) == {"s0": [(t0, 2.5, 7)], "s1": [(t1, 1.0, 3)]}
+    # one field at a time: the other stays; the checkbox drops the tenant's own cap
+    r = client.post("/queues/orders/tenants", data={"csrf": csrf, "tenant": t0, "default_max_in_flight": "1"})
+    assert r.status_code == 303
+    assert overrides_by_shard(topology)["s0"] == [(t0, 2.5, None)]
+    page = client.get("/queues/orders", headers=HTML).text
+    assert t0 in page and t1 in page and "tenants/unset" in page
+
+    r = client.post("/queues/orders/tenants/unset", data={"csrf": csrf, "tenant": t0})
+    assert r.status_code == 303 and "overrides removed" in unquote_plus(r.headers["location"])
+    assert overrides_by_shard(topology) == {"s0": [], "s1": [(t1, 1.0, 3)]}
+    r = client.post("/queues/orders/tenants/unset", data={"csrf": csrf, "tenant": t0})
+    assert r.status_code == 303 and "none to remove" in unquote_plus(r.headers["location"])
+
+    assert web_audit(topology.shards[0].dsn) == [
+        ("alice", "tenant_set", "orders", {"tenant": t0, "weight": 2.5, "max_in_flight": 7}),
+        ("alice", "tenant_set", "orders", {"tenant": t0, "max_in_flight": None}),
+        ("alice", "tenant_unset", "orders", {"tenant": t0, "removed": True}),
+        ("alice", "tenant_unset", "orders", {"tenant": t0, "removed": False}),
+    ]
+    assert web_audit(topology.shards[1].dsn) == [("alice", "tenant_set", "orders", {"tenant": t1, "max_in_flight": 3})]
+
+
+@pytest.mark.parametrize(
+    ("form", "says"),
+    [
+        ({"weight": "-1"}, "'weight' must be > 0"),
+        ({"weight": "0"}, "'weight' must be > 0"),
+        ({"weight": "5000"}, "<= 1000"),
+        ({"weight": "heavy"}, "weight: 'heavy' is not a number"),
+        ({"weight": "nan"}, "must be finite"),
+        ({"max_in_flight": "0"}, "'max_in_flight' must be >= 1"),
+        ({"max_in_flight": "2.5"}, "max_in_flight: '2.5' is not an integer"),
+        ({"max_in_flight": "lots"}, "is not an integer"),
+        ({}, "nothing to change"),
+        ({"tenant": "", "weight": "2"}, "give the tenant"),
+    ],
+)
+def test_bad_tenant_overrides_are_refused(
+    client: TestClient, topology: Topology, form: dict[str, str], says: str
+) -> None:
+    csrf = login(client, ADMIN)
+    r = client.post("/queues/orders/tenants", data={"csrf": csrf, "tenant": "acme", **form}, headers=HTML)
+    assert r.status_code == 400 and says in html.unescape(r.text), r.text
+    assert overrides_by_shard(topology) == {"s0": [], "s1": []}
+
+
+def test_tenant_overrides_of_an_unknown_queue_are_a_404(client: TestClient) -> None:
+    csrf = login(client, ADMIN)
+    r = client.post("/queues/nosuch/tenants", data={"csrf": csrf, "tenant": "acme", "weight": "2"})
+    assert r.status_code == 404
+    r = client.post("/queues/nosuch/tenants/unset", data={"csrf": csrf, "tenant": "acme"})
+    assert r.status_code == 404
+
+
+def test_tenant_overrides_need_the_csrf_token(client: TestClient, topology: Topology) -> None:
+    login(client, ADMIN)
+    r = client.post("/queues/orders/tenants", data={"csrf": "stale", "tenant": "acme", "weight": "2"})
+    assert r.status_code == 403 and "CSRF" in r.text
+    assert overrides_by_shard(topology) == {"s0": [], "s1": []}
+
+
+def test_settings_form_applies_only_changed_values_on_every_shard_and_is_audited(
+    client: TestClient, topology: Topology
+) -> None:
+    csrf = login(client, ADMIN)
+    page = client.get("/queues/orders", headers=HTML).text
+    form = {k: html.unescape(v) for k, v in re.findall(r'<input name="([a-z_]+)" size="12" value="([^"]*)"', page)}
+    assert "partitions" in form and "max_attempts" in form and "paused" not in form
+    r = client.post("/queues/orders/settings", data={"csrf": csrf, **form})
+    assert r.status_code == 400 and "nothing to change" in r.text
+    form.update(max_attempts="7", window_seconds="12.5", tenant_max_in_flight="4")
+    r = client.post("/queues/orders/settings", data={"csrf": csrf, **form})
+    assert r.status_code == 303, r.text
+    assert registry(topology, "max_attempts") == [7, 7]
+    assert registry(topology, "window_seconds") == [12.5, 12.5]
+    assert registry(topology, "tenant_max_in_flight") == [4, 4]
+    form.update(tenant_max_in_flight="")
+    assert client.post("/queues/orders/settings", data={"csrf": csrf, **form}).status_code == 303
+    assert registry(topology, "tenant_max_in_flight") == [None, None]
+    for shard in topology.shards:
+        assert web_audit(shard.dsn) == [
+            ("alice", "settings", "orders", {"max_attempts": 7, "window_seconds": 12.5, "tenant_max_in_flight": 4}),
+            ("alice", "settings", "orders", {"tenant_max_in_flight": None}),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("form", "says"),
+    [
+        ({"max_attempts": "0"}, "'max_attempts' must be >= 1 and <= 1000"),
+        ({"max_attempts": "many"}, "max_attempts: 'many' is not an integer"),
+        ({"window_seconds": "-1"}, "'window_seconds' must be > 0"),
+        ({"partitions": ""}, "partitions: give a value"),
+        ({"shuffle": "32"}, "'shuffle' must be >= 1 and <= 16"),
+        ({"backoff_min_seconds": "500", "backoff_max_seconds": "10"}, "may not be below"),
+    ],
+)
+def test_bad_settings_are_refused(client: TestClient, topology: Topology, form: dict[str, str], says: str) -> None:
+    before = admin.list_queues(topology)
+    csrf = login(client, ADMIN)
+    r = client.post("/queues/orders/settings", data={"csrf": csrf, **form}, headers=HTML)
+    assert r.status_code == 400 and says in html.unescape(r.text), r.text
+    assert admin.list_queues(topology) == before
 
 
 def test_mounted_under_a_sub_path(app_for: Callable[..., TestClient]) -> None:
