@@ -110,8 +110,11 @@ async def test_one_shard_fires_a_backlog_at_the_queues_max_qps(shard: Shard, mak
     await backlog(shard, 60, fire_in=1.0)
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
-        async with running_receiver(url(m), credit=500) as (_, rec):
+        async with running_receiver(url(m), credit=500) as (receiver, rec):
             await wait_for(lambda: len(rec.events) >= 180, timeout=30, what="the backlog at 40/s")
+            # leaving sooner closes the receiver before its last acks are out: those events go back
+            # to the queue with a back-off fire_at after their fired_at, which reads as an early fire
+            await wait_for(lambda: receiver.stats.acked >= 180, what="acks")
     times = await fire_times([shard.dsn])
     assert len(times) == 180
     span = times[-1] - times[0]
@@ -334,7 +337,7 @@ async def test_after_a_pause_scheduled_events_fire_no_earlier_and_no_faster(
     make_queue("orders", partitions=4, shuffle=2, max_qps=limit)
     async with running_manager(shard.dsn, rescan_interval=30.0) as m:
         await wait_leader(m)
-        async with running_receiver(url(m), credit=500) as (_, rec):
+        async with running_receiver(url(m), credit=500) as (receiver, rec):
             await backlog(shard, 15)  # the queue's bucket runs before the pause
             await wait_for(lambda: len(rec.events) >= 15, timeout=10, what="the first events")
             await asyncio.to_thread(admin.alter_queue, shards, "orders", {"paused": True})
@@ -344,6 +347,7 @@ async def test_after_a_pause_scheduled_events_fire_no_earlier_and_no_faster(
             resumed = await db_time(shard.dsn)
             await asyncio.to_thread(admin.alter_queue, shards, "orders", {"paused": False})
             await wait_for(lambda: len(rec.events) >= 75, timeout=15, what="the events after resume")
+            await wait_for(lambda: receiver.stats.acked >= 75, what="acks")  # none left to go back
     times = await fire_times([shard.dsn])
     after = [t for t in times if t >= resumed]
     assert len(after) == 60  # none fired while paused
