@@ -108,6 +108,16 @@ def token_identity(entry: Any, i: int, table: str, names: set[str], keys: set[st
     return name, where, digest
 
 
+def bearer_secret(header: str | None) -> str | None:
+    """The secret of an ``Authorization: Bearer <secret>`` header value, or None."""
+    if not header:
+        return None
+    scheme, _, secret = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        return None
+    return secret.strip()
+
+
 def find_by_secret(by_digest: Mapping[str, T], secret: str) -> T | None:
     """The value whose key is the secret's SHA-256 digest, compared in constant time with each."""
     digest = _digest(secret)
@@ -164,9 +174,5 @@ class TokenStore:
 
     def from_authorization(self, header: str | None) -> Grant | None:
         """The grant of an ``Authorization: Bearer <secret>`` header value, or None."""
-        if not header:
-            return None
-        scheme, _, secret = header.strip().partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            return None
-        return self.lookup(secret.strip())
+        secret = bearer_secret(header)
+        return None if secret is None else self.lookup(secret)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from queue_manager.errors import ConfigurationError
-from queue_manager.manager.auth import find_by_secret, read_token_tables, token_identity
+from queue_manager.manager.auth import bearer_secret, find_by_secret, read_token_tables, token_identity
 
 Scope = Literal["read", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "admin")
@@ -94,12 +94,8 @@ class WebTokens:
 
     def from_authorization(self, header: str | None) -> WebUser | None:
         """The user of an ``Authorization: Bearer <secret>`` header value, or None."""
-        if not header:
-            return None
-        scheme, _, secret = header.strip().partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            return None
-        return self.lookup(secret.strip())
+        secret = bearer_secret(header)
+        return None if secret is None else self.lookup(secret)
 
     def digest_prefix(self, secret: str) -> str:
         return _digest(secret)[:16]

@@ -291,15 +291,20 @@ def create_app(config: WebConfig) -> Starlette:
         response.delete_cookie(COOKIE, path=base(request) or "/")
         return response
 
-    async def overview(request: Request) -> Response:
-        user, _ = await require(request)
-        snapshot = await run_in_threadpool(overview_cache.get)
-        return page(request, "overview.html", user, snap=snapshot)
+    def snapshot_page(template: str) -> Callable[[Request], Awaitable[Response]]:
+        """A page that renders the shared reading of every shard (the overview, its live part, the
+        database health)."""
 
-    async def overview_live(request: Request) -> Response:
-        user, _ = await require(request)
-        snapshot = await run_in_threadpool(overview_cache.get)
-        return page(request, "overview_live.html", user, snap=snapshot)
+        async def handler(request: Request) -> Response:
+            user, _ = await require(request)
+            snapshot = await run_in_threadpool(overview_cache.get)
+            return page(request, template, user, snap=snapshot)
+
+        return handler
+
+    overview = snapshot_page("overview.html")
+    overview_live = snapshot_page("overview_live.html")
+    database = snapshot_page("database.html")
 
     async def overview_stream(request: Request) -> Response:
         user, _ = await require(request)
@@ -324,11 +329,6 @@ def create_app(config: WebConfig) -> Starlette:
 
         headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
-
-    async def database(request: Request) -> Response:
-        user, _ = await require(request)
-        snapshot = await run_in_threadpool(overview_cache.get)
-        return page(request, "database.html", user, snap=snapshot)
 
     async def queue_page(request: Request) -> Response:
         user, _ = await require(request)
@@ -427,9 +427,7 @@ def create_app(config: WebConfig) -> Starlette:
                 settings[key] = value
         if not settings:
             raise Refused(400, "nothing to change: every value is the queue's current one")
-        await run_in_threadpool(
-            lambda: data.alter_queue(topology, queue, settings, actor=user.name, action="settings")
-        )
+        await run_in_threadpool(lambda: data.alter_queue(topology, queue, settings, actor=user.name, action="settings"))
         changed = ", ".join(f"{k} {v}" for k, v in settings.items())
         return back(request, queue, f"{queue}: {changed} on every shard")
 
