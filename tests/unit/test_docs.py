@@ -34,7 +34,8 @@ def test_every_benchmark_has_its_latest_figure_in_the_table() -> None:
     assert benchmarks - listed == set(), "benchmarks without a row in docs/benchmarks.md's latest figures"
     assert listed - benchmarks == set(), "rows naming a make target that does not exist"
     for row in re.findall(r"^\| [^|]+ \| `make bench-.*$", table, flags=re.M):
-        assert re.search(r"\| 20\d\d-\d\d-\d\d, `[0-9a-f]{7,}` \|$", row), f"a figure without its date and commit: {row}"
+        dated = re.search(r"\| 20\d\d-\d\d-\d\d, `[0-9a-f]{7,}` \|$", row)
+        assert dated, f"a figure without its date and commit: {row}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
