@@ -27,7 +27,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from benchmarks.lib.server import QUEUE
@@ -236,7 +236,7 @@ async def _manager(
 # --------------------------------------------------------------------------- receivers
 
 
-def spawned(main: Callable[..., Awaitable[None]], out_q: Any, tag: dict[str, Any], *args: Any) -> None:
+def spawned(main: Callable[..., Coroutine[Any, Any, None]], out_q: Any, tag: dict[str, Any], *args: Any) -> None:
     """Entry point of a receiver or producer process: ``main(*args)`` in its own event loop.
 
     A failure is put on ``out_q`` as ``{**tag, "error": ...}`` (the parent reads results there) and
