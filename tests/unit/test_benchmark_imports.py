@@ -141,3 +141,26 @@ def test_what_a_benchmark_may_do() -> None:
         "fleet.start_receivers\n"
     )
     assert problems("benchmarks.churn", source, {"benchmarks.e2e", "benchmarks.churn"}) == []
+
+
+#: the one percentile of samples, and a different thing allowed beside it
+PERCENTILE_HOME = "queue_manager/domain/stats.py:percentile"
+#: the metrics' quantile of a log-scale histogram (the bucket's bound, not a percentile of samples)
+OTHER_QUANTILES = {"queue_manager/manager/metrics.py:_quantile"}
+
+
+def test_one_percentile_of_samples() -> None:
+    """Benchmarks, the library and the tests compute a percentile of samples with
+    queue_manager.domain.stats.percentile, not with one of their own."""
+    defined = []
+    for top in ("benchmarks", "queue_manager", "receivers", "spark_jobs", "tests"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and not node.name.startswith("test_")
+                    and any(word in node.name.lower() for word in ("percentile", "quantile"))
+                ):
+                    defined.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert PERCENTILE_HOME in defined
+    assert sorted(set(defined) - {PERCENTILE_HOME} - OTHER_QUANTILES) == []
