@@ -19,7 +19,7 @@ durability (or ``--dsn``):
   the steady cost is also given from the server CPU of one reading and the wait between readings
   (``steady_percent_of_one_core``). Target: under 2 %.
 
-    .venv/bin/python benchmarks/web.py [--events 10000000] [--requests 20] [--overview-seconds 60] [--dsn URI]
+    .venv/bin/python -m benchmarks.web [--events 10000000] [--requests 20] [--overview-seconds 60] [--dsn URI]
 """
 
 from __future__ import annotations
@@ -36,13 +36,10 @@ from typing import Any
 
 import psycopg
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from _bench_common import bench_server, machine_info, one_shard_queue, server_info  # noqa: E402
-
-from queue_manager.domain.topology import KeyRange, Shard, Topology  # noqa: E402
+from benchmarks.lib.machine import machine_info
+from benchmarks.lib.report import pct_ms
+from benchmarks.lib.server import bench_server, one_shard_queue, server_info
+from queue_manager.domain.topology import KeyRange, Shard, Topology
 
 logger = logging.getLogger("bench.web")
 
@@ -51,13 +48,12 @@ SECRET = "bench-web-admin-secret"
 CHUNK = 1_000_000
 
 
-def _ms(values: list[float]) -> dict[str, float]:
-    s = sorted(values)
+def _ms(values: list[float]) -> dict[str, float | None]:
     return {
-        "n": len(s),
-        "p50_ms": round(statistics.median(s) * 1000, 2),
-        "p99_ms": round(s[int(0.99 * (len(s) - 1))] * 1000, 2),
-        "max_ms": round(s[-1] * 1000, 2),
+        "n": len(values),
+        "p50_ms": pct_ms(values, 50, 2),
+        "p99_ms": pct_ms(values, 99, 2),
+        "max_ms": pct_ms(values, 100, 2),
     }
 
 

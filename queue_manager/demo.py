@@ -49,6 +49,7 @@ import psycopg
 
 import queue_manager
 from queue_manager import admin
+from queue_manager.domain.stats import percentile
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import QueueManagerError
 from queue_manager.producer import Router, enqueue
@@ -361,12 +362,6 @@ class _Database:
                 (str(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in conn.execute(_TENANTS_SQL, (self.floor[name],))
             )
         return sorted(rows, key=lambda r: -r[1])[:6]
-
-
-def _quantile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def _ms(value: float | None) -> str:
@@ -743,8 +738,8 @@ def _watch(
                 enqueued=enq,
                 enqueued_rate=(enq - prev_enq) / dt,
                 acked_rate=(acked - prev_acked) / dt,
-                p50=_quantile(delays, 0.5),
-                p99=_quantile(delays, 0.99),
+                p50=percentile(delays, 50),
+                p99=percentile(delays, 99),
                 tenants=db.tenants(),
                 leaders=leaders,
             )
