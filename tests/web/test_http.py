@@ -311,7 +311,7 @@ def test_the_overview_streams_its_live_part_as_server_sent_events(
     lines = event.rstrip("\n").split("\n")
     assert lines[0] == "event: live" and all(line.startswith("data: ") for line in lines[1:])
     html = "\n".join(line[len("data: ") :] for line in lines[1:])
-    assert '<tr data-queue="orders" data-shard="s1">' in html and "Counts as of" in html
+    assert '<tr data-queue="orders" data-shard="s1">' in html and "Read at" in html
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -215,3 +215,13 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM {queue} WHERE state = 'fired' LIMIT 
 SELECT state::text AS state, count(*) AS n
   FROM {queue}
  GROUP BY state
+
+-- web_listen --
+-- The live reading's listener: every notification on qm_wake (queue_manager/manager/notices.py
+-- lists who sends them) brings the next reading forward.
+LISTEN qm_wake
+
+-- web_alive --
+-- The listener's periodic check that its connection still works (a listener on a half-open
+-- connection would hear nothing, silently).
+SELECT 1
