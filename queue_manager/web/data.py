@@ -150,7 +150,9 @@ class Shards:
 
     @contextmanager
     def connect(self, shard: Shard) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-        """A connection to ``shard``: a pooled one, or one of its own when the pool has none to give."""
+        """A connection to ``shard`` (by name: always with the guarded DSN): a pooled one, or one of
+        its own when the pool has none to give."""
+        shard = self.topology.by_name(shard.name)
         pool = self._pool(shard)
         if pool is not None:
             # a pool with no connection at all is still connecting, or its shard is down: don't wait for it
@@ -671,6 +673,7 @@ def listen(shard: Shard, stop: threading.Event, heard: Callable[[], None], retry
             with psycopg.connect(
                 shard.dsn,
                 autocommit=True,
+                application_name="qm-web-listen",
                 connect_timeout=5,
                 keepalives_idle=10,
                 keepalives_interval=5,

@@ -55,6 +55,8 @@ def read_one(url: str, timeout: float) -> dict[str, Any]:
         if not isinstance(body, dict) or "role" not in body:
             return {"url": url, "error": "its /health did not answer a manager's health"}
         return {"url": url, **body}
+    except json.JSONDecodeError:
+        return {"url": url, "error": "its /health did not answer a manager's health (not JSON)"}
     except urllib.error.HTTPError as exc:
         return {"url": url, "error": f"HTTP {exc.code} from its /health"}
     except (OSError, ValueError) as exc:  # refused, timed out, unknown host, not JSON

@@ -149,7 +149,7 @@ class History:
         kept = list(self._samples.get((shard, queue), ()))
         previous: Sample | None = None
         for sample in kept:
-            i = int((sample.at - (now - self.keep)) // width)
+            i = math.ceil((sample.at - (now - self.keep)) / width) - 1  # buckets of (now - keep, now]
             if 0 <= i < buckets:
                 out["live"][i] = float(sample.live)
                 out["failed"][i] = float(sample.failed)
