@@ -263,6 +263,7 @@ def database(db: Shards) -> dict[str, Any]:
                 }
                 entry["spark_runs"] = conn.execute(_q("web_spark_runs"), {"limit": 10}).fetchall()
                 entry["prepared"] = conn.execute(_q("web_prepared"), {"limit": 10}).fetchall()
+                entry["archive_runs"] = conn.execute(_q("web_archive_runs"), {"limit": 10}).fetchall()
         except psycopg.Error as exc:
             entry["error"] = f"unreachable: {str(exc).strip() or type(exc).__name__}"
             shards.append(entry)

@@ -25,7 +25,7 @@ from queue_manager.local.embedded import pg_bin_dir
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0003_web_audit"
+HEAD = "0004_archive_ledger"
 #: tables the revisions after the baseline add
 ADDED_TABLES = ("qm.web_audit",)
 ADDED_SEQUENCES = ("web_audit_id_seq",)

@@ -225,3 +225,10 @@ LISTEN qm_wake
 -- The listener's periodic check that its connection still works (a listener on a half-open
 -- connection would hear nothing, silently).
 SELECT 1
+
+-- web_archive_runs --
+-- The newest Spark archive runs on this shard (qm.archive_runs, revision 0004; docs/spark-archive.md).
+SELECT run_id, stage, planned, archived, deleted, detail, started_at, updated_at
+  FROM qm.archive_runs
+ ORDER BY updated_at DESC
+ LIMIT %(limit)s
