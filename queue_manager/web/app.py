@@ -340,8 +340,17 @@ def create_app(config: WebConfig) -> Starlette:
 
     async def overview_stream(request: Request) -> Response:
         user, _ = await require(request)
-        fragment = templates.get_template("overview_live.html")
-        context = {"base": base(request), "user": user, "csrf": user.csrf or ""}
+        return stream(request, user, "overview_live.html")
+
+    async def queue_stream(request: Request) -> Response:
+        user, _ = await require(request)
+        queue = check_queue_name(request.path_params["queue"])
+        return stream(request, user, "queue_live.html", queue=queue)
+
+    def stream(request: Request, user: WebUser, template: str, **extra: Any) -> Response:
+        """A page's live part (``template`` over the monitor's reading) as server-sent events."""
+        fragment = templates.get_template(template)
+        context = {"base": base(request), "user": user, "csrf": user.csrf or "", **extra}
 
         async def events() -> AsyncIterator[str]:
             """The overview's live part at each new reading that changes it (a notification on
@@ -352,19 +361,18 @@ def create_app(config: WebConfig) -> Starlette:
             version = -1
             deadline = time.monotonic() + config.stream_seconds
             while True:
+                pushed = False
                 if monitor.version != version:
                     snapshot = await run_in_threadpool(monitor.get)
                     version = monitor.version
                     html = fragment.render(snap=snapshot, now=time.time(), **context)
                     if html != sent:
-                        sent = html
+                        sent, pushed = html, True
                         yield "event: live\n" + "".join(f"data: {line}\n" for line in html.splitlines()) + "\n"
-                        await asyncio.sleep(config.refresh_seconds)
-                        continue
                 if time.monotonic() >= deadline:
                     return
                 monitor.watch()
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(config.refresh_seconds if pushed else 0.2)
 
         headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
@@ -607,6 +615,7 @@ def create_app(config: WebConfig) -> Starlette:
         Route("/", guard(overview), methods=["GET"]),
         Route("/partials/overview", guard(overview_live), methods=["GET"]),
         Route("/live/overview", guard(overview_stream), methods=["GET"]),
+        Route("/live/queues/{queue}", guard(queue_stream), methods=["GET"]),
         Route("/database", guard(database), methods=["GET"]),
         Route("/audit", guard(audit_page), methods=["GET"]),
         Route("/queues/{queue}", guard(queue_page), methods=["GET"]),

@@ -246,3 +246,16 @@ def test_the_queue_page_counts_exactly_on_demand_and_draws_its_charts(
     assert (
         "…" not in client.get("/partials/overview", headers=HTML).text.split('data-shard="s0"', 1)[1].split("</tr>")[0]
     )
+
+
+def test_the_queue_page_streams_its_live_part_too(app_for: Callable[..., TestClient], topology: Topology) -> None:
+    client = app_for(stream_seconds=0)  # one event, then the stream ends
+    insert(topology, [(tenants_of(topology.shards[0], 1)[0], {"n": 1})])
+    r = client.get("/live/queues/orders", headers={"authorization": f"Bearer {READ}"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    html = "\n".join(line[len("data: ") :] for line in r.text.split("\n") if line.startswith("data: "))
+    assert '<tr data-shard="s0">' in html and '<tr data-shard="s1">' in html
+    assert html.split('<tr data-shard="s0">', 1)[1].split('<td class="n live">', 1)[1].startswith("1<")
+    page = client.get("/queues/orders", headers=HTML).text
+    assert 'data-live="/live/queues/orders"' in page and "live.js" in page
+    assert client.get("/live/queues/Bad-Name", headers={"authorization": f"Bearer {READ}"}).status_code == 400
