@@ -128,10 +128,12 @@ class History:
             del self._samples[key]  # a dropped queue
             self._latest.pop(key, None)
 
-    def rates(self, shard: str, queue: str, span: float = 10.0) -> tuple[float, float] | None:
+    def rates(self, shard: str, queue: str, span: float | None = None) -> tuple[float, float] | None:
         """(enqueued/s, done/s) between the latest sample and the newest kept one at least ``span``
-        seconds older (the counters' differences); None until the history spans that long. "Done"
-        counts every event that left the queue: acked, dead-lettered or deleted."""
+        seconds older (default: two sample intervals), from the counters' differences; None until
+        the history spans that long. "Done" counts every event that left the queue: acked,
+        dead-lettered or deleted."""
+        span = 2 * self.every if span is None else span
         latest = self._latest.get((shard, queue))
         kept = self._samples.get((shard, queue))
         if latest is None or not kept:

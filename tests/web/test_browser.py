@@ -251,7 +251,7 @@ def test_every_page_loads_and_the_payload_filter_finds_events(
     receiver = page.locator("#receivers tr[data-receiver]")
     assert receiver.count() == 1 and "orders" in receiver.inner_text()
     assert int(receiver.locator("td.credit").inner_text()) > 0
-    # rates once the history spans 10 s, and each row's chart of the last hour
+    # rates once the history spans two samples (4 s here), and each row's chart of the last hour
     page.wait_for_function(
         "() => /^[0-9.]+$/.test(document.querySelector('#queues tr[data-shard=s0] td.rate-enq').textContent)",
         timeout=30_000,

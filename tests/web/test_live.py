@@ -111,7 +111,10 @@ def test_a_notice_on_qm_wake_brings_a_reading_within_a_second_and_at_most_one_a_
     settle(monitor, quiet=2.0)
     s1 = topology.shards[1]
     before = (monitor.version, monitor.notices)
-    insert(topology, [(tenants_of(s1, 1)[0], {"n": 1})])  # no manager waits: no notification
+    with psycopg.connect(s1.dsn, autocommit=True) as c:  # due later, and no manager waits: no notification
+        c.execute(
+            "INSERT INTO orders (tenant, fire_at) VALUES (%s, now() + interval '1 hour')", (tenants_of(s1, 1)[0],)
+        )
     time.sleep(1.2)
     assert live_cell(client, "s1") == "0", (before, monitor.version, monitor.notices)
     version = monitor.version
@@ -149,8 +152,10 @@ def test_the_listener_comes_back_after_its_connection_is_killed(
     insert(topology, [(tenants_of(s1, 1)[0], {"n": 1})])
     wait_until(lambda: live_cell(client, "s1") == "1", 15, "a reading after the listener came back")
     settle(monitor)
-    insert(topology, [(tenants_of(s1, 2)[1], {"n": 2})])
-    with psycopg.connect(s1.dsn, autocommit=True) as c:
+    with psycopg.connect(s1.dsn, autocommit=True) as c:  # due later: only the NOTIFY announces it
+        c.execute(
+            "INSERT INTO orders (tenant, fire_at) VALUES (%s, now() + interval '1 hour')", (tenants_of(s1, 2)[1],)
+        )
         c.execute("NOTIFY qm_wake, 'orders'")
     wait_until(lambda: live_cell(client, "s1") == "2", 5, "a notice heard on the new connection")
 
@@ -240,7 +245,7 @@ def test_the_queue_page_counts_exactly_on_demand_and_draws_its_charts(
     exact = client.get("/queues/orders?exact=1", headers=HTML).text
     table = exact.split('id="exact"', 1)[1].split("</table>", 1)[0]
     assert '<td>s0</td><td class="n">4</td>' in table and '<td>s1</td><td class="n">0</td>' in table
-    # rates appear once the history spans 10 s of samples
+    # rates appear once the history spans two samples (2 s here)
     monitor = monitor_of(client)
     wait_until(lambda: monitor.history.rates("s0", "orders") is not None, 20, "rates")
     assert (

@@ -72,7 +72,7 @@ def test_rates_come_from_the_counters_differences() -> None:
     assert h.rates("s0", "orders") is None
     h.add(1000.0, reading("s0", [row([100], [40])]))
     h.add(1005.0, reading("s0", [row([150], [60])]))
-    assert h.rates("s0", "orders") is None  # not yet 10 s apart
+    assert h.rates("s0", "orders") is None  # not yet two sample intervals (10 s) apart
     h.add(1010.0, reading("s0", [row([300], [140])]))
     assert h.rates("s0", "orders") == (20.0, 10.0)  # (300-100)/10, (140-40)/10
     # a reconciliation that sets a done counter back gives no negative rate
