@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from queue_manager.errors import QueueManagerError
 from queue_manager.web.readings import History
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,9 @@ class Monitor:
             if self._value is None:
                 self._cond.wait_for(lambda: self._value is not None or self._stop.is_set(), timeout)
             if self._value is None:
-                raise TimeoutError("the dashboard's first reading of the shards is not there yet: reload in a moment")
+                raise QueueManagerError(
+                    "the dashboard's first reading of the shards is not there yet: reload in a moment"
+                )
             return self._value
 
     def _run(self) -> None:
