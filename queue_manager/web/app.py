@@ -334,7 +334,12 @@ def create_app(config: WebConfig) -> Starlette:
 
         return handler
 
-    overview = snapshot_page("overview.html", monitor.get)
+    async def overview(request: Request) -> Response:
+        user, _ = await require(request)
+        snapshot = await run_in_threadpool(monitor.get)
+        health = await run_in_threadpool(database_cache.get)
+        return page(request, "overview.html", user, snap=snapshot, health=health)
+
     overview_live = snapshot_page("overview_live.html", monitor.get)
     database = snapshot_page("database.html", database_cache.get)
 

@@ -100,6 +100,8 @@ def test_in_hand_dead_letters_and_due_are_counted_up_to_their_caps(
     assert q["due_now"] == 3 and q["oldest_due_age_seconds"] is not None
     page = client.get("/", headers=HTML).text
     assert "2+</a>" in page  # a capped count says so
+    warnings = page.split('id="warnings"', 1)[1].split("</table>", 1)[0]
+    assert "<td>s0</td>" in warnings and "<td>s1</td>" in warnings  # the health page's warnings, per shard
 
 
 def test_a_notice_on_qm_wake_brings_a_reading_within_a_second_and_at_most_one_a_second(
