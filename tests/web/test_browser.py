@@ -147,6 +147,7 @@ def server(topology: Topology, live: Live) -> Iterator[str]:
         db_share=0.5,
         idle_seconds=2.0,
         managers={"s0": (live.url,)},
+        manager_timeout=5.0,  # a loaded machine
     )
     app = create_app(config)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none")
@@ -246,8 +247,10 @@ def test_every_page_loads_and_the_payload_filter_finds_events(
     s0_row, s1_row = page.locator("#shards tbody tr").all_inner_texts()
     assert "no live leader" not in s0_row and "no live leader" in s1_row  # a manager runs on s0 only
     # the manager of s0, read from its /health: leader, with the test's receiver and its credit
+    page.wait_for_selector("#managers tr[data-manager] td.role-leader")  # live: a reading may still come
     manager = page.locator("#managers tr[data-manager]")
     assert manager.count() == 1 and "leader" in manager.inner_text()
+    page.wait_for_selector("#receivers tr[data-receiver]")
     receiver = page.locator("#receivers tr[data-receiver]")
     assert receiver.count() == 1 and "orders" in receiver.inner_text()
     assert int(receiver.locator("td.credit").inner_text()) > 0
