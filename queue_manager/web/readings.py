@@ -143,15 +143,25 @@ class History:
             return None
         return _rate(older, latest, "enqueued"), _rate(older, latest, "done")
 
+    def span(self, now: float) -> float:
+        """The time the charts cover: the last ``keep_seconds``, or less while the history is younger
+        (since its oldest sample, at least ``every_seconds`` times 12)."""
+        since = self.since()
+        young = self.every * 12 if since is None else max(self.every * 12, now - since)
+        return min(self.keep, young)
+
     def series(self, shard: str, queue: str, now: float, buckets: int = 60) -> dict[str, list[float | None]]:
-        """Per bucket of the last ``keep_seconds`` (``buckets`` of them, oldest first): enqueued/s,
+        """Per bucket of the last :meth:`span` seconds (``buckets`` of them, fewer while the history
+        is young so that no bucket is narrower than a sample interval; oldest first): enqueued/s,
         done/s, live events, dead letters and pickup p99; None where no sample fell."""
-        width = self.keep / buckets
+        span = self.span(now)
+        buckets = max(2, min(buckets, int(span / self.every)))
+        width = span / buckets
         out: dict[str, list[float | None]] = {k: [None] * buckets for k in ("enq", "done", "live", "failed", "p99")}
         kept = list(self._samples.get((shard, queue), ()))
         previous: Sample | None = None
         for sample in kept:
-            i = math.ceil((sample.at - (now - self.keep)) / width) - 1  # buckets of (now - keep, now]
+            i = math.ceil((sample.at - (now - span)) / width) - 1  # buckets of (now - span, now]
             if 0 <= i < buckets:
                 out["live"][i] = float(sample.live)
                 out["failed"][i] = float(sample.failed)
