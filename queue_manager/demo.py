@@ -609,7 +609,7 @@ def run_demo(
                 children.append(_Child(f"receiver-{i + 1}", argv, log_dir, env))
 
             web_port = _free_port()
-            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port)]
+            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port), *urls]
             children.append(_Child("web", web_argv, log_dir, env))
             if _answers(f"http://127.0.0.1:{web_port}/health", 20):
                 say(f"== dashboard: http://127.0.0.1:{web_port}/  (qm web; log in with the token {web_secret})")
