@@ -29,7 +29,6 @@ import argparse
 import json
 import logging
 import re
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -17,13 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
-def quantile(ordered: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile (nearest rank) of values sorted ascending; None when there are none."""
-    if not ordered:
-        return None
-    rank = max(1, math.ceil(q * len(ordered)))
-    return float(ordered[rank - 1])
+from queue_manager.domain.stats import percentile
 
 
 def live_counts(
@@ -73,8 +67,8 @@ def live_counts(
         "due_capped": due_capped,
         "oldest_due_age_seconds": oldest_due_age_seconds,
         "pickup_sample": len(pickup_delays),
-        "pickup_p50": quantile(pickup_delays, 0.5),
-        "pickup_p99": quantile(pickup_delays, 0.99),
+        "pickup_p50": percentile(pickup_delays, 50),
+        "pickup_p99": percentile(pickup_delays, 99),
     }
 
 
