@@ -39,6 +39,7 @@ from typing import Any
 import psycopg
 
 from queue_manager import admin, adopt, logs
+from queue_manager.cli import reshard
 from queue_manager.domain.adopt import AdoptMapping, parse_assignments
 from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS
 from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
@@ -905,6 +906,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="leave the shards running at the end")
     p.add_argument("--plain", action="store_true", help="plain progress lines, even on a terminal")
     p.set_defaults(func=cmd_demo)
+    reshard.register(sub)
     return parser
 
 

@@ -1,7 +1,7 @@
 -- Apply a batch of a reshard's copy to this (receiving) shard: the current rows of events of the
 -- queue queue_name read from the shard origin (upserts: to_jsonb of each row, plus home_id when the
--- origin's own map says the event came from here with that id), and the events gone from it
--- (gone: {id, home_id}). Idempotent, in any order: each upsert writes the whole row. An event
+-- origin's own map says the event came from shard home with id home_id), and the events gone
+-- from it (gone: {id, home, home_id}); home_id counts only when home is this shard. Idempotent, in any order: each upsert writes the whole row. An event
 -- keeps its id when that id is free here and is renumbered from the table's sequence otherwise
 -- (a merge: two sources number their events alike); qm.reshard_rows remembers which. A row here
 -- with the same (tenant, dedup_key) but another id is an event the origin no longer has (the key
@@ -16,6 +16,7 @@ DECLARE
     origin_id bigint;
     lid bigint;
     taken boolean;
+    me text := (SELECT s.name FROM qm.shard s);
     n integer := 0;
 BEGIN
     IF NOT EXISTS (SELECT FROM qm.queues WHERE name = queue_name) THEN
@@ -25,7 +26,7 @@ BEGIN
     seq := pg_get_serial_sequence(t, 'id');
     PERFORM set_config('session_replication_role', 'replica', true);
     FOR r IN SELECT value FROM jsonb_array_elements(coalesce(gone, '[]')) LOOP
-        lid := (r->>'home_id')::bigint;
+        lid := CASE WHEN r->>'home' = me THEN (r->>'home_id')::bigint END;
         IF lid IS NULL THEN
             SELECT m.local_id INTO lid FROM qm.reshard_rows m
              WHERE m.queue = queue_name AND m.origin = reshard_apply.origin AND m.origin_id = (r->>'id')::bigint;
@@ -37,7 +38,7 @@ BEGIN
     END LOOP;
     FOR r IN SELECT value FROM jsonb_array_elements(coalesce(upserts, '[]')) LOOP
         origin_id := (r->>'id')::bigint;
-        lid := (r->>'home_id')::bigint;
+        lid := CASE WHEN r->>'home' = me THEN (r->>'home_id')::bigint END;
         IF lid IS NULL THEN
             SELECT m.local_id INTO lid FROM qm.reshard_rows m
              WHERE m.queue = queue_name AND m.origin = reshard_apply.origin AND m.origin_id = reshard_apply.origin_id;
@@ -61,7 +62,7 @@ BEGIN
                        'payload = excluded.payload, dedup_key = excluded.dedup_key, created_at = excluded.created_at, '
                        'fired_at = excluded.fired_at, acked_at = excluded.acked_at, ack_deadline = excluded.ack_deadline, '
                        'fired_term = excluded.fired_term, last_error = excluded.last_error', t)
-          USING (r - 'home_id') || jsonb_build_object('id', lid);
+          USING (r - 'home' - 'home_id') || jsonb_build_object('id', lid);
         n := n + 1;
     END LOOP;
     RETURN n;
