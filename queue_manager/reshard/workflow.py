@@ -531,8 +531,15 @@ class Reshard:
             int(self._retrying(s, lambda c: c.execute(_q("reshard_term")).fetchone(), "reading the term")[0])
             for s in plan.side(frm)
         )
+        min_ids: dict[str, int] = {}
+        for s in plan.side(frm):
+            for name, last in self.fetchall(s, _q("reshard_last_ids")):
+                if last is not None:
+                    min_ids[name] = max(min_ids.get(name, 0), int(last))
         for s in plan.side(other(frm)):
-            self._retrying(s, lambda c: c.execute(_q("reshard_finish_copy"), {"min_term": term}), "finishing the copy")
+            self.fetchall(
+                s, _q("reshard_finish_copy"), {"min_term": term, "min_ids": Jsonb(min_ids)}, "finishing the copy"
+            )
         return True
 
     def _roll_back(self, state: ReshardState, why: str) -> ReshardState:

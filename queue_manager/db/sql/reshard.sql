@@ -84,7 +84,12 @@ SELECT qm.reshard_sync_tenants(%(queue)s, %(range_start)s, %(range_end)s, %(rows
 SELECT term FROM qm.leader
 
 -- reshard_finish_copy --
-SELECT qm.reshard_finish_copy(%(min_term)s)
+SELECT qm.reshard_finish_copy(%(min_term)s, %(min_ids)s::jsonb)
+
+-- reshard_last_ids --
+-- The last id each queue's sequence gave out on this shard (NULL: none yet).
+SELECT q.name, pg_sequence_last_value(pg_get_serial_sequence(format('public.%I', q.name), 'id')::regclass)
+  FROM qm.queues q
 
 -- reshard_clear_capture --
 DELETE FROM qm.reshard_capture

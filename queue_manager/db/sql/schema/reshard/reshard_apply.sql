@@ -13,7 +13,7 @@ DECLARE
     t text;
     seq text;
     r jsonb;
-    origin_id bigint;
+    src_id bigint;
     lid bigint;
     taken boolean;
     me text := (SELECT s.name FROM qm.shard s);
@@ -37,20 +37,20 @@ BEGIN
         END IF;
     END LOOP;
     FOR r IN SELECT value FROM jsonb_array_elements(coalesce(upserts, '[]')) LOOP
-        origin_id := (r->>'id')::bigint;
+        src_id := (r->>'id')::bigint;
         lid := CASE WHEN r->>'home' = me THEN (r->>'home_id')::bigint END;
         IF lid IS NULL THEN
             SELECT m.local_id INTO lid FROM qm.reshard_rows m
-             WHERE m.queue = queue_name AND m.origin = reshard_apply.origin AND m.origin_id = reshard_apply.origin_id;
+             WHERE m.queue = queue_name AND m.origin = reshard_apply.origin AND m.origin_id = src_id;
         END IF;
         IF lid IS NULL THEN
-            lid := origin_id;
+            lid := src_id;
             LOOP
                 EXECUTE format('SELECT EXISTS (SELECT FROM %s WHERE id = $1)', t) INTO taken USING lid;
                 EXIT WHEN NOT taken AND NOT EXISTS (SELECT FROM qm.reshard_rows m WHERE m.queue = queue_name AND m.local_id = lid);
                 lid := nextval(seq);
             END LOOP;
-            INSERT INTO qm.reshard_rows (queue, origin, origin_id, local_id) VALUES (queue_name, reshard_apply.origin, origin_id, lid);
+            INSERT INTO qm.reshard_rows (queue, origin, origin_id, local_id) VALUES (queue_name, reshard_apply.origin, src_id, lid);
         END IF;
         IF r->>'dedup_key' IS NOT NULL THEN
             EXECUTE format('DELETE FROM %s WHERE tenant = $1 AND dedup_key = $2 AND id <> $3', t)

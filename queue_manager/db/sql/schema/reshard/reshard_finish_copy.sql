@@ -1,9 +1,10 @@
 -- The last step of a reshard's copy on a receiving shard, once its origins are frozen and every
 -- change is applied, before it serves: every queue's id sequence above every id in use (the copy
--- wrote ids past it), the leader term above min_term (the origins' terms, which the copied fired
+-- wrote ids past it) and above the origins' sequences (min_ids: {queue: last id issued}, so that
+-- no id an origin gave out is given out again here), the leader term above min_term (the origins' terms, which the copied fired
 -- rows carry), and the load counters equal to the live events per partition (the copy wrote rows
 -- without counting them).
-CREATE OR REPLACE FUNCTION qm.reshard_finish_copy(min_term bigint) RETURNS void
+CREATE OR REPLACE FUNCTION qm.reshard_finish_copy(min_term bigint, min_ids jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     q qm.queues;
@@ -12,8 +13,8 @@ DECLARE
 BEGIN
     FOR q IN SELECT * FROM qm.queues ORDER BY id LOOP
         t := format('public.%I', q.name);
-        EXECUTE format('SELECT greatest((SELECT max(id) FROM %s), (SELECT max(local_id) FROM qm.reshard_rows WHERE queue = $1))', t)
-          INTO top USING q.name;
+        EXECUTE format('SELECT greatest((SELECT max(id) FROM %s), (SELECT max(local_id) FROM qm.reshard_rows WHERE queue = $1), $2)', t)
+          INTO top USING q.name, (min_ids->>q.name)::bigint;
         IF top IS NOT NULL THEN
             PERFORM setval(pg_get_serial_sequence(t, 'id'),
                            greatest(top, (SELECT last_value FROM pg_sequences

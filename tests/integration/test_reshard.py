@@ -1,0 +1,298 @@
+"""Online resharding on real servers: a split and a merge copy every event in every state, its
+dedup key and the tenant overrides, keep them in sync while the sources serve, switch, reverse,
+clean up; the sources refuse writes of the moved range with the retryable "moved" error, and a
+Router with the old topology file lands its events on the right shard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from queue_manager import admin
+from queue_manager.db.migrate import set_identity
+from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.errors import ConfigurationError, TenantMovedError
+from queue_manager.producer import Router, enqueue
+from queue_manager.reshard.workflow import Reshard, load_state
+from tests.conftest import DatabaseFactory, tenants_of
+
+Conn = psycopg.Connection[Any]
+
+#: the columns an event keeps across a move (all but the id, which a merge may renumber)
+COLUMNS = (
+    "tenant, partition, fire_at, state::text, attempts, payload, dedup_key, created_at, fired_at, acked_at, "
+    "ack_deadline, fired_term, last_error"
+)
+
+
+def write_topology(path: Path, topology: Topology) -> Path:
+    path.write_text(topology.to_toml())
+    return path
+
+
+def events(dsn: str, queue: str = "orders") -> dict[str, tuple[Any, ...]]:
+    """Every event of the queue by its payload's "n", with every column but the id."""
+    with psycopg.connect(dsn) as c:
+        rows = c.execute(f"SELECT payload->>'n', {COLUMNS} FROM {queue}").fetchall()
+    return {str(r[0]): tuple(r[1:]) for r in rows}
+
+
+def ids(dsn: str, queue: str = "orders") -> dict[str, int]:
+    with psycopg.connect(dsn) as c:
+        return {str(n): int(i) for n, i in c.execute(f"SELECT payload->>'n', id FROM {queue}").fetchall()}
+
+
+def seed(dsn: str, tenants: list[str], start: int, count: int) -> None:
+    """``count`` events of the given tenants in every state: due, scheduled, fired (in flight, with a
+    deadline), acked, failed, some with dedup keys."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for i in range(start, start + count):
+            t = tenants[i % len(tenants)]
+            c.execute(
+                "INSERT INTO orders (tenant, payload, fire_at, dedup_key) VALUES (%s, %s, now() + %s * interval '1 hour', %s)",
+                (t, json.dumps({"n": str(i)}), i % 2, f"k{i}" if i % 3 == 0 else None),
+            )
+        c.execute("SET qm.role = 'manager'")
+        c.execute(
+            "UPDATE orders SET state = 'fired', attempts = 1, fired_at = now(), ack_deadline = now() + interval '30 s', "
+            "fired_term = 7 WHERE (payload->>'n')::int %% 5 = 1 AND (payload->>'n')::int >= %s",
+            (start,),
+        )
+        c.execute(
+            "UPDATE orders SET state = 'acked', attempts = 1, fired_at = now(), acked_at = now() "
+            "WHERE (payload->>'n')::int %% 5 = 2 AND (payload->>'n')::int >= %s",
+            (start,),
+        )
+        c.execute(
+            "UPDATE orders SET state = 'failed', attempts = 3, fired_at = now(), last_error = 'boom' "
+            "WHERE (payload->>'n')::int %% 5 = 3 AND (payload->>'n')::int >= %s",
+            (start,),
+        )
+
+
+def shard_state(dsn: str) -> tuple[str, str, bool]:
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT name, serving, capturing FROM qm.shard").fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1]), bool(row[2])
+
+
+def split_targets(new_database: DatabaseFactory) -> list[Shard]:
+    return [
+        Shard("s2", new_database(), KeyRange.parse("-40")),
+        Shard("s3", new_database(), KeyRange.parse("40-80")),
+    ]
+
+
+def expected_on(target: Shard, rows: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+    return {n: r for n, r in rows.items() if target.key_range.contains(r[0])}
+
+
+def test_a_split_copies_every_state_keeps_in_sync_switches_and_reverses(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    make_queue("orders", partitions=4, shuffle=2)
+    s0 = shards.by_name("s0")
+    tenants = tenants_of(s0, 12)
+    seed(s0.dsn, tenants, 0, 300)
+    admin.set_tenant(shards, "orders", tenants[0], {"weight": 5})
+    admin.set_tenant(shards, "orders", tenants[1], {"max_in_flight": 3})
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    targets = split_targets(new_database)
+    s2, s3 = targets
+
+    with Reshard(topo) as r:
+        plan = r.plan(targets)
+        assert plan.kind == "split" and [s.name for s in plan.sources] == ["s0"]
+        r.start(targets, batch=64)
+        # the targets are migrated, pending (no leadership, no writes) and hold the copy
+        assert shard_state(s2.dsn) == ("s2", "pending", False)
+        assert shard_state(s0.dsn) == ("s0", "serving", True)
+        before = events(s0.dsn)
+        assert events(s2.dsn) == expected_on(s2, before)
+        assert events(s3.dsn) == expected_on(s3, before)
+        assert ids(s2.dsn).items() <= ids(s0.dsn).items()  # a split keeps the ids
+        with psycopg.connect(s2.dsn) as c, pytest.raises(psycopg.Error, match="QMM01|does not serve"):
+            c.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (tenants_of(s2, 1)[0],))
+
+        # the sources keep serving: inserts, acks, deletes and override changes are captured
+        seed(s0.dsn, tenants, 300, 60)
+        with psycopg.connect(s0.dsn, autocommit=True) as c:
+            c.execute("UPDATE orders SET state = 'acked', acked_at = now() WHERE (payload->>'n')::int % 5 = 1")
+            c.execute("DELETE FROM orders WHERE (payload->>'n')::int % 7 = 0")
+        admin.set_tenant(shards, "orders", tenants[0], {"weight": 9})
+        admin.unset_tenant(shards, "orders", tenants[1])
+        assert sum(r.lag(plan.sources).values()) > 0
+        assert r.status()["lag"]["s0"] > 0
+
+        r.switch()
+
+    # every event, in its state, with its dedup key, is on the target that owns its tenant
+    final = events(s0.dsn)
+    final_ids = ids(s0.dsn)
+    assert len(final) > 300
+    assert events(s2.dsn) == expected_on(s2, final)
+    assert events(s3.dsn) == expected_on(s3, final)
+    with psycopg.connect(s2.dsn) as c:
+        overrides = c.execute("SELECT tenant, weight, max_in_flight FROM qm.tenant_settings").fetchall()
+    owned = {t for t in tenants[:2] if s2.key_range.contains(t)}
+    assert {o[0] for o in overrides} == ({tenants[0]} & owned)
+    # the topology file and every shard's map name the targets; the source is moved, the targets serve
+    assert [s.name for s in Topology.load(topo).shards] == ["s1", "s2", "s3"]
+    assert shard_state(s0.dsn) == ("s0", "moved", False)
+    assert shard_state(s2.dsn) == ("s2", "serving", True)
+    state = load_state(topo)
+    assert state is not None and state.phase == "switched"
+    assert [h["step"] for h in state.history[-5:]] == ["freeze", "catch_up", "capture_back", "serve", "topology"]
+
+    # a producer writing to the source gets the retryable "moved" error naming the target
+    t2 = tenants_of(s2, 1)[0]
+    with psycopg.connect(s0.dsn) as c, pytest.raises(TenantMovedError) as moved:
+        enqueue(c, "orders", t2, {"n": "late"})
+    assert moved.value.right_shard == "s2"
+    # an ack by SQL on the source of an event now served by the target is refused, not lost
+    with psycopg.connect(s0.dsn) as c, pytest.raises(psycopg.Error, match="does not serve"):
+        c.execute("UPDATE orders SET state = 'acked' WHERE state = 'to_be_fired'")
+    # dedup keys keep deduplicating on the target
+    key_row = next(r for r in final.values() if r[6] is not None and s2.key_range.contains(r[0]))
+    with psycopg.connect(s2.dsn) as c:
+        assert enqueue(c, "orders", key_row[0], {"n": "dup"}, dedup_key=key_row[6]) is None
+        new_id = enqueue(c, "orders", t2, {"n": "after-switch"})
+        c.commit()
+    assert new_id is not None and new_id > max(ids(s0.dsn).values())
+
+    # reverse: the sources serve again, with what the targets took in the meantime
+    with psycopg.connect(s2.dsn, autocommit=True) as c:
+        c.execute("UPDATE orders SET state = 'acked', acked_at = now() WHERE payload->>'n' = 'after-switch'")
+    with Reshard(topo) as r:
+        r.reverse()
+    assert [s.name for s in Topology.load(topo).shards] == ["s0", "s1"]
+    assert shard_state(s0.dsn) == ("s0", "serving", True)
+    back = events(s0.dsn)
+    assert back["after-switch"][3] == "acked"
+    assert {n: v for n, v in back.items() if n != "after-switch"} == final
+    # the events came home under their original ids
+    assert {n: i for n, i in ids(s0.dsn).items() if n != "after-switch"} == final_ids
+
+    # switch again, then clean up: the source's events go, the reshard is done
+    with Reshard(topo) as r:
+        r.switch()
+        r.cleanup()
+        with pytest.raises(Exception, match="done"):
+            r.switch()
+    assert events(s0.dsn) == {}
+    assert events(s2.dsn) == expected_on(s2, back)
+    assert shard_state(s2.dsn) == ("s2", "serving", False)
+
+
+def test_a_merge_renumbers_colliding_ids_and_dedups_across_the_move(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    make_queue("orders", partitions=4, shuffle=2)
+    s0, s1 = shards.shards
+    seed(s0.dsn, tenants_of(s0, 5), 0, 40)
+    seed(s1.dsn, tenants_of(s1, 5), 1000, 40)
+    assert set(ids(s0.dsn).values()) & set(ids(s1.dsn).values())  # the two id spaces collide
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    merged = Shard("m0", new_database(), KeyRange.parse("-"))
+    with Reshard(topo) as r:
+        assert r.plan([merged]).kind == "merge"
+        r.start([merged])
+        seed(s1.dsn, tenants_of(s1, 5), 2000, 10)
+        r.switch()
+    everything = {**events(s0.dsn), **events(s1.dsn)}
+    assert events(merged.dsn) == everything
+    assert len(set(ids(merged.dsn).values())) == len(everything)
+    # a dedup key of either source still dedups on the merged shard
+    with psycopg.connect(merged.dsn) as c:
+        for n in ("0", "1002"):
+            row = everything[n]
+            assert row[6] is not None
+            assert enqueue(c, "orders", row[0], {"n": "again"}, dedup_key=row[6]) is None
+        fresh = enqueue(c, "orders", row[0], {"n": "fresh"})
+        c.commit()
+    assert fresh is not None and fresh > max(ids(merged.dsn).values()) - 1
+    # reverse splits them back, each event to its own source under its own id again
+    before_ids = {**ids(s0.dsn), **ids(s1.dsn)}
+    with Reshard(topo) as r:
+        r.reverse()
+    assert {**events(s0.dsn), **events(s1.dsn)}.keys() == everything.keys() | {"fresh"}
+    after_ids = {**ids(s0.dsn), **ids(s1.dsn)}
+    assert {n: after_ids[n] for n in before_ids} == before_ids
+
+
+def test_bad_plans_are_refused_clearly(shards: Topology, new_database: DatabaseFactory, tmp_path: Path) -> None:
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    with Reshard(topo) as r:
+        with pytest.raises(Exception, match="exactly the ranges"):
+            r.plan([Shard("s2", new_database(), KeyRange.parse("-40"))])
+        with pytest.raises(Exception, match="must be new"):
+            r.plan([Shard("s1", new_database(), KeyRange.parse("-80"))])
+        with pytest.raises(Exception, match="no reshard"):
+            r.switch()
+    assert load_state(topo) is None
+
+
+def test_a_target_that_is_already_a_shard_is_refused(
+    shards: Topology, make_queue: Any, tmp_path: Path, new_database: DatabaseFactory
+) -> None:
+    make_queue("orders")
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    busy = Shard("s9", new_database(), KeyRange.parse("-40"))
+    other = Topology((Shard("x", busy.dsn, KeyRange.parse("-")),))
+    set_identity(busy.dsn, other.shards[0], other)
+    with Reshard(topo) as r, pytest.raises(Exception, match="already shard"):
+        r.start([busy, Shard("s3", new_database(), KeyRange.parse("40-80"))])
+
+
+def test_router_with_the_old_topology_follows_the_switch(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    make_queue("orders")
+    s0 = shards.by_name("s0")
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    targets = split_targets(new_database)
+    router = Router.from_file(topo, moved_wait=5.0)
+    tenant = tenants_of(targets[1], 1)[0]
+    try:
+        assert router.enqueue("orders", tenant, {"n": "before"}) is not None
+        with Reshard(topo) as r:
+            r.start(targets)
+            r.switch()
+        # the router still holds the old topology: s0 refuses as moved, it reloads and retries on s3
+        assert router.shard_for(tenant).name == "s0"
+        assert router.enqueue("orders", tenant, {"n": "after"}) is not None
+        assert router.shard_for(tenant).name == "s3"
+    finally:
+        router.close()
+    assert set(events(targets[1].dsn)) == {"before", "after"}
+    assert "after" not in events(s0.dsn)
+    # a router without the file cannot follow: it raises the moved error
+    with Router(shards) as stale, pytest.raises(TenantMovedError):
+        stale.enqueue("orders", tenant, {"n": "lost?"})
+
+
+def test_cancel_before_the_switch_drops_the_copy(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    make_queue("orders")
+    s0 = shards.by_name("s0")
+    seed(s0.dsn, tenants_of(s0, 4), 0, 20)
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    targets = split_targets(new_database)
+    with Reshard(topo) as r:
+        r.start(targets)
+        with pytest.raises(Exception, match="only once the targets serve"):
+            r.cleanup()
+        r.cancel()
+        with pytest.raises(ConfigurationError, match="cancelled"):
+            r.switch()
+    assert events(targets[0].dsn) == {} and events(targets[1].dsn) == {}
+    assert shard_state(s0.dsn) == ("s0", "serving", False)
+    assert len(events(s0.dsn)) == 20
+    with psycopg.connect(s0.dsn) as c:
+        enqueue(c, "orders", tenants_of(s0, 1)[0], {"n": "still served"})
