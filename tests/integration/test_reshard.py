@@ -53,13 +53,14 @@ def seed(dsn: str, tenants: list[str], start: int, count: int) -> None:
         for i in range(start, start + count):
             t = tenants[i % len(tenants)]
             c.execute(
-                "INSERT INTO orders (tenant, payload, fire_at, dedup_key) VALUES (%s, %s, now() + %s * interval '1 hour', %s)",
+                "INSERT INTO orders (tenant, payload, fire_at, dedup_key) "
+                "VALUES (%s, %s, now() + %s * interval '1 hour', %s)",
                 (t, json.dumps({"n": str(i)}), i % 2, f"k{i}" if i % 3 == 0 else None),
             )
         c.execute("SET qm.role = 'manager'")
         c.execute(
-            "UPDATE orders SET state = 'fired', attempts = 1, fired_at = now(), ack_deadline = now() + interval '30 s', "
-            "fired_term = 7 WHERE (payload->>'n')::int %% 5 = 1 AND (payload->>'n')::int >= %s",
+            "UPDATE orders SET state = 'fired', attempts = 1, fired_at = now(), "
+            "ack_deadline = now() + interval '30 s', fired_term = 7 WHERE (payload->>'n')::int %% 5 = 1 AND (payload->>'n')::int >= %s",
             (start,),
         )
         c.execute(
@@ -116,7 +117,7 @@ def test_a_split_copies_every_state_keeps_in_sync_switches_and_reverses(
         assert events(s2.dsn) == expected_on(s2, before)
         assert events(s3.dsn) == expected_on(s3, before)
         assert ids(s2.dsn).items() <= ids(s0.dsn).items()  # a split keeps the ids
-        with psycopg.connect(s2.dsn) as c, pytest.raises(psycopg.Error, match="QMM01|does not serve"):
+        with psycopg.connect(s2.dsn) as c, pytest.raises(psycopg.Error, match=r"QMM01|does not serve"):
             c.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (tenants_of(s2, 1)[0],))
 
         # the sources keep serving: inserts, acks, deletes and override changes are captured
