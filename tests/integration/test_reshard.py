@@ -60,7 +60,8 @@ def seed(dsn: str, tenants: list[str], start: int, count: int) -> None:
         c.execute("SET qm.role = 'manager'")
         c.execute(
             "UPDATE orders SET state = 'fired', attempts = 1, fired_at = now(), "
-            "ack_deadline = now() + interval '30 s', fired_term = 7 WHERE (payload->>'n')::int %% 5 = 1 AND (payload->>'n')::int >= %s",
+            "ack_deadline = now() + interval '30 s', fired_term = 7 "
+            "WHERE (payload->>'n')::int %% 5 = 1 AND (payload->>'n')::int >= %s",
             (start,),
         )
         c.execute(
