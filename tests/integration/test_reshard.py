@@ -5,12 +5,16 @@ Router with the old topology file lands its events on the right shard."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from queue_manager import admin
 from queue_manager.db.migrate import set_identity
@@ -18,7 +22,21 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.errors import ConfigurationError, TenantMovedError
 from queue_manager.producer import Router, enqueue
 from queue_manager.reshard.workflow import Reshard, load_state
+from receivers.client import Receiver
 from tests.conftest import DatabaseFactory, tenants_of
+from tests.managerkit import (
+    ACK_BY_SQL,
+    SECRET_ALL,
+    Recorder,
+    insert,
+    raw_client,
+    recv_type,
+    running_manager,
+    states,
+    url,
+    wait_for,
+    wait_leader,
+)
 
 Conn = psycopg.Connection[Any]
 
@@ -298,3 +316,135 @@ def test_cancel_before_the_switch_drops_the_copy(
     assert len(events(s0.dsn)) == 20
     with psycopg.connect(s0.dsn) as c:
         enqueue(c, "orders", tenants_of(s0, 1)[0], {"n": "still served"})
+
+
+async def _stopped(receiver: Receiver, task: asyncio.Task[None]) -> None:
+    receiver.stop()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(task, 10)
+
+
+async def _produce(
+    router: Router, tenants: list[str], stop: asyncio.Event, sent: dict[str, str], errors: list[str]
+) -> None:
+    """Enqueue through the router (on a thread: the router is synchronous) until stopped; records
+    each committed event's number -> tenant, and any error a producer saw."""
+    i = 0
+    while not stop.is_set():
+        tenant = tenants[i % len(tenants)]
+        n = f"live-{i}"
+        try:
+            await asyncio.to_thread(router.enqueue, "orders", tenant, {"n": n}, None, f"d{i}" if i % 4 == 0 else None)
+            sent[n] = tenant
+        except Exception as exc:  # a producer error is a failure of the test, recorded to be asserted on
+            errors.append(f"{n}: {exc!r}")
+        i += 1
+        await asyncio.sleep(0.01)
+
+
+async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires_nothing_early(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    """Managers of every shard and a receiver on all of them; a router producing all along. The
+    split's events all end acked on the target that owns them, none fired before its fire_at; an
+    event in flight on the source at the switch is re-fired by the target after its deadline, and
+    its old attempt's ack to the source is refused."""
+    make_queue("orders", partitions=4, shuffle=2, ack_timeout_seconds=4, backoff_min_seconds=0.1)
+    s0 = shards.by_name("s0")
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    targets = split_targets(new_database)
+    tenants = tenants_of(s0, 8) + tenants_of(shards.by_name("s1"), 2)
+    await insert(s0.dsn, [(t, {"n": f"sched-{t}"}) for t in tenants[:8]], fire_in=3.0)
+    with psycopg.connect(s0.dsn) as c:
+        scheduled_at = {
+            str(t): float(f)
+            for t, f in c.execute(
+                "SELECT tenant, extract(epoch FROM fire_at) FROM orders WHERE payload->>'n' LIKE 'sched-%'"
+            )
+        }
+    async with contextlib.AsyncExitStack() as stack:
+        m0 = await stack.enter_async_context(running_manager(s0.dsn))
+        m1 = await stack.enter_async_context(running_manager(shards.by_name("s1").dsn))
+        await wait_leader(m0)
+        await wait_leader(m1)
+        with Reshard(topo) as r:
+            await asyncio.to_thread(r.start, targets)
+        m2 = await stack.enter_async_context(running_manager(targets[0].dsn))
+        m3 = await stack.enter_async_context(running_manager(targets[1].dsn))
+        # one event held in flight on s0 by a client that never acks it (its deadline: 4 s)
+        holder = await stack.enter_async_context(raw_client(m0))
+        await holder.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+        await recv_type(holder, "subscribed")
+        [held] = await insert(s0.dsn, [(tenants_of(targets[1], 1)[0], {"n": "held"})])
+        delivered = (await recv_type(holder, "deliver"))["events"][0]
+        assert (delivered["id"], delivered["attempt"]) == (held, 1)
+        assert m2.role != "leader" and m3.role != "leader"  # pending: standbys until the switch
+        # one receiver per shard (all recording into one recorder); the targets' keep retrying (HTTP
+        # 503 from a standby) until their managers take over at the switch
+        recorder = Recorder()
+        for m in (m0, m1, m2, m3):
+            receiver = Receiver(url(m), SECRET_ALL, "orders", recorder, reconnect_delay=0.05)
+            task = asyncio.create_task(receiver.run())
+            stack.push_async_callback(_stopped, receiver, task)
+        router = Router.from_file(topo)
+        stack.callback(router.close)
+        stop, sent, errors = asyncio.Event(), {}, []
+        producer = asyncio.create_task(_produce(router, tenants, stop, sent, errors))
+        await asyncio.sleep(1.0)
+        with Reshard(topo) as r:
+            await asyncio.to_thread(r.switch)
+        assert (await states(s0.dsn))[held] == ("fired", 1)  # in flight at the switch
+        await asyncio.sleep(1.0)
+        stop.set()
+        await producer
+        await wait_leader(m2)
+        await wait_leader(m3)
+        assert m0.role != "leader"
+        # the old attempt's ack, sent to the source's manager, is refused: the deposed manager closed
+        # the socket that delivered it (4001), and one opened to it now gets "stale"
+        with contextlib.suppress(ConnectionClosed):
+            await holder.send(json.dumps({"type": "ack", "ref": 1, "events": [[held, 1]]}))
+            await recv_type(holder, "ack_result")
+        assert holder.close_code == 4001
+        with pytest.raises(InvalidStatus, match="503"):  # a standby takes no connection
+            async with raw_client(m0):
+                pass
+        # and by SQL the source refuses it as moved: the event stays fired there, never acked twice
+        assert (await states(s0.dsn))[held] == ("fired", 1)
+        with psycopg.connect(s0.dsn) as c, pytest.raises(psycopg.Error, match="does not serve"):
+            c.execute(ACK_BY_SQL, (held, 1))
+
+        def settled() -> bool:
+            states_ = {**events(targets[0].dsn), **events(targets[1].dsn), **events(shards.by_name("s1").dsn)}
+            return all(states_.get(n, (None,) * 4)[3] == "acked" for n in [*sent, "held"])
+
+        try:
+            await wait_for(settled, 30, "every event acked on the shard that owns it")
+        except AssertionError:
+            states_ = {**events(targets[0].dsn), **events(targets[1].dsn), **events(shards.by_name("s1").dsn)}
+            missing = {
+                n: states_.get(n, (None,) * 6)[:6] for n in [*sent, "held"] if states_.get(n, (None,) * 4)[3] != "acked"
+            }
+            raise AssertionError(f"not acked: {missing}; errors {errors}") from None
+    assert errors == []
+    assert len(sent) > 50
+    everything = {**events(targets[0].dsn), **events(targets[1].dsn), **events(shards.by_name("s1").dsn)}
+    # nothing lost: every committed event is on the shard that owns it now
+    after = Topology.load(topo)
+    for n, tenant in sent.items():
+        assert n in events(after.shard_for(tenant).dsn), n
+    # nothing early: the scheduled events were first delivered at or after their fire_at
+    firsts: dict[str, float] = {}
+    for ev, at in zip(recorder.events, recorder.received_at, strict=True):
+        firsts.setdefault(str(ev.payload["n"]), at)
+    for t, fire_at in scheduled_at.items():
+        assert firsts[f"sched-{t}"] >= fire_at - 0.01, (t, firsts[f"sched-{t}"], fire_at)
+    # acked stays acked: each event's last delivery is the attempt it was acked at, delivered once
+    attempts: dict[str, list[int]] = defaultdict(list)
+    for ev in recorder.events:
+        attempts[str(ev.payload["n"])].append(ev.attempt)
+    for n, delivered in attempts.items():
+        final = everything[n][4]
+        assert max(delivered) == final and delivered.count(final) == 1, (n, delivered, everything[n])
+    # the held event was re-fired by the target (attempt 2 there) and acked
+    assert everything["held"][3:5] == ("acked", 2)
