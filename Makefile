@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,6 +32,9 @@ test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark; ends
 
 test-fast: setup ## the suite without the Spark tests
 	$(PYTEST) -m "not spark"
+
+test-reshard-faults: setup ## the reshard process SIGKILLed after each recorded step, then rerun (about 40 s)
+	QM_RESHARD_FAULTS=1 $(BIN)/python -m pytest -q -n 0 tests/integration/test_reshard_faults.py
 
 lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
 	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks
