@@ -448,3 +448,27 @@ async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires
         assert max(delivered) == final and delivered.count(final) == 1, (n, delivered, everything[n])
     # the held event was re-fired by the target (attempt 2 there) and acked
     assert everything["held"][3:5] == ("acked", 2)
+
+
+async def test_a_manager_writes_its_limit_slices_to_the_shards_of_the_rewritten_topology(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    """The limits across shards follow the topology file: after a switch rewrites it, an unchanged
+    shard's manager writes its slices into the new shards' databases, without a restart."""
+    make_queue("orders", max_qps=100)
+    s0, s1 = shards.shards
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    s9 = Shard("s9", new_database(), KeyRange.parse("80-"))
+    replaced = Topology((s0, s9))
+    set_identity(s9.dsn, s9, replaced)
+
+    def slices_in(dsn: str) -> set[str]:
+        with psycopg.connect(dsn) as c:
+            return {str(r[0]) for r in c.execute("SELECT shard FROM qm.rate_leases WHERE NOT resigned")}
+
+    async with running_manager(s0.dsn, topology=shards, topology_file=topo, shard="s0") as m0:
+        await wait_leader(m0)
+        await wait_for(lambda: "s0" in slices_in(s1.dsn), 10, "s0's slices in s1's database")
+        assert "s0" not in slices_in(s9.dsn)
+        write_topology(topo, replaced)
+        await wait_for(lambda: "s0" in slices_in(s9.dsn), 10, "s0's slices in s9's database")
