@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -70,6 +70,9 @@ bench-archive: setup ## archive 200k settled events of two shards to Parquet and
 
 bench-adopt: $(STAMP) ## qm queue adopt: 100k legacy rows into two shards, by slice size (JSON on stdout)
 	$(BIN)/python benchmarks/adopt.py
+
+bench-reshard: $(STAMP) ## 2 shards split to 4 and merged back to 2 under 500 ev/s, 100k backlog, ~5 min (JSON on stdout)
+	$(BIN)/python benchmarks/reshard.py
 
 bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
 	$(BIN)/python benchmarks/ratelimit.py
