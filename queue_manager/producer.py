@@ -21,6 +21,7 @@ its end), and retries once there.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -289,6 +290,8 @@ class Router:
         #: blocks the moved range's writes for about a second, then rewrites the file)
         self.moved_wait = moved_wait
         self._poll_interval = poll_interval
+        # pools are opened and the topology reloaded by whichever thread needs it first
+        self._lock = threading.RLock()
 
     @classmethod
     def from_file(cls, path: str | Path, **options: Any) -> Router:
@@ -304,12 +307,14 @@ class Router:
             fresh = Topology.load(self.topology_file)
         except TopologyError:
             return False
-        if fresh == self.topology:
-            return False
-        kept = {s.name: s.dsn for s in fresh.shards}
-        for name in [n for n in self._pools if kept.get(n) != self._dsn_of(n)]:
-            self._pools.pop(name).close()
-        self.topology = fresh
+        with self._lock:
+            if fresh == self.topology:
+                return False
+            kept = {s.name: s.dsn for s in fresh.shards}
+            gone = [self._pools.pop(n) for n in list(self._pools) if kept.get(n) != self._dsn_of(n)]
+            self.topology = fresh
+        for pool in gone:
+            pool.close()
         return True
 
     def _dsn_of(self, name: str) -> str | None:
@@ -349,9 +354,11 @@ class Router:
 
     def close(self) -> None:
         """Close every pool."""
-        for pool in self._pools.values():
+        with self._lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
             pool.close()
-        self._pools.clear()
 
     def shard_for(self, tenant: str) -> Shard:
         """The shard that owns the tenant."""
@@ -361,10 +368,13 @@ class Router:
         """The (lazily opened) connection pool of a shard."""
         pool = self._pools.get(shard.name)
         if pool is None:
-            pool = ConnectionPool(
-                shard.dsn, min_size=self._min_size, max_size=self._max_size, open=True, name=f"qm-{shard.name}"
-            )
-            self._pools[shard.name] = pool
+            with self._lock:
+                pool = self._pools.get(shard.name)
+                if pool is None:
+                    pool = ConnectionPool(
+                        shard.dsn, min_size=self._min_size, max_size=self._max_size, open=True, name=f"qm-{shard.name}"
+                    )
+                    self._pools[shard.name] = pool
         return pool
 
     @contextmanager
