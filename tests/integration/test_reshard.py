@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -325,7 +326,12 @@ async def _stopped(receiver: Receiver, task: asyncio.Task[None]) -> None:
 
 
 async def _produce(
-    router: Router, tenants: list[str], stop: asyncio.Event, sent: dict[str, str], errors: list[str]
+    router: Router,
+    tenants: list[str],
+    stop: asyncio.Event,
+    sent: dict[str, str],
+    errors: list[str],
+    committed_at: dict[str, float] | None = None,
 ) -> None:
     """Enqueue through the router (on a thread: the router is synchronous) until stopped; records
     each committed event's number -> tenant, and any error a producer saw."""
@@ -336,6 +342,8 @@ async def _produce(
         try:
             await asyncio.to_thread(router.enqueue, "orders", tenant, {"n": n}, None, f"d{i}" if i % 4 == 0 else None)
             sent[n] = tenant
+            if committed_at is not None:
+                committed_at[n] = time.time()
         except Exception as exc:  # a producer error is a failure of the test, recorded to be asserted on
             errors.append(f"{n}: {exc!r}")
         i += 1
@@ -372,10 +380,11 @@ async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires
         m2 = await stack.enter_async_context(running_manager(targets[0].dsn))
         m3 = await stack.enter_async_context(running_manager(targets[1].dsn))
         # one event held in flight on s0 by a client that never acks it (its deadline: 4 s)
+        held_tenant = tenants_of(targets[1], 1, prefix="held")[0]
         holder = await stack.enter_async_context(raw_client(m0))
-        await holder.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+        await holder.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1, "tenants": [held_tenant]}))
         await recv_type(holder, "subscribed")
-        [held] = await insert(s0.dsn, [(tenants_of(targets[1], 1)[0], {"n": "held"})])
+        [held] = await insert(s0.dsn, [(held_tenant, {"n": "held"})])
         delivered = (await recv_type(holder, "deliver"))["events"][0]
         assert (delivered["id"], delivered["attempt"]) == (held, 1)
         assert m2.role != "leader" and m3.role != "leader"  # pending: standbys until the switch
@@ -388,11 +397,13 @@ async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires
             stack.push_async_callback(_stopped, receiver, task)
         router = Router.from_file(topo)
         stack.callback(router.close)
-        stop, sent, errors = asyncio.Event(), {}, []
-        producer = asyncio.create_task(_produce(router, tenants, stop, sent, errors))
+        stop, sent, errors, committed_at = asyncio.Event(), {}, [], {}
+        producer = asyncio.create_task(_produce(router, tenants, stop, sent, errors, committed_at))
         await asyncio.sleep(1.0)
+        switch_started = time.time()
         with Reshard(topo) as r:
             await asyncio.to_thread(r.switch)
+        switched = time.time()
         assert (await states(s0.dsn))[held] == ("fired", 1)  # in flight at the switch
         await asyncio.sleep(1.0)
         stop.set()
@@ -427,7 +438,10 @@ async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires
             }
             raise AssertionError(f"not acked: {missing}; errors {errors}") from None
     assert errors == []
-    assert len(sent) > 50
+    # the producer wrote the moved range before, during and after the switch
+    moved = [n for n, t in sent.items() if s0.key_range.contains(t)]
+    assert any(committed_at[n] < switch_started for n in moved)
+    assert any(committed_at[n] > switched for n in moved)
     everything = {**events(targets[0].dsn), **events(targets[1].dsn), **events(shards.by_name("s1").dsn)}
     # nothing lost: every committed event is on the shard that owns it now
     after = Topology.load(topo)
