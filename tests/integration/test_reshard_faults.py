@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from queue_manager.domain.topology import Shard, Topology
+from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.reshard.plan import CUTOVER_STEPS
-from queue_manager.reshard.workflow import CRASH_AFTER_ENV, load_state
+from queue_manager.reshard.workflow import CRASH_AFTER_ENV, Reshard, load_state
 from tests.conftest import DatabaseFactory, tenants_of
 from tests.integration.test_reshard import events, expected_on, seed, shard_state, split_targets, write_topology
 
@@ -112,3 +112,43 @@ def test_the_reshard_process_killed_after_each_step_resumes_or_rolls_back(
     ok(qm(topo, "switch"))
     ok(qm(topo, "cleanup"))
     assert events(s0.dsn) == {}
+
+
+def test_a_target_server_restart_during_the_copy_and_during_the_switch(
+    shards: Topology, make_queue: Any, tmp_path: Path, server_dir: Path
+) -> None:
+    """The targets' PostgreSQL server stops and starts (fast shutdown) right after the capture is
+    turned on (so the copy's first writes meet a dead connection) and right after the freeze (so
+    does the catch-up): the reshard reconnects and finishes, and every event is on its target."""
+    from queue_manager.local.embedded import LocalServer
+
+    make_queue("orders", partitions=4, shuffle=2)
+    s0 = shards.by_name("s0")
+    seed(s0.dsn, tenants_of(s0, 6), 0, 150)
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    server = LocalServer(server_dir / "targets", settings={"fsync": "off"})
+    base = server.start()
+    try:
+        targets = [
+            Shard("s2", base.rsplit("/", 1)[0] + "/qm_s2", KeyRange.parse("-40")),
+            Shard("s3", base.rsplit("/", 1)[0] + "/qm_s3", KeyRange.parse("40-80")),
+        ]
+        restarts: list[str] = []
+
+        def say(line: str) -> None:
+            if line.startswith(("capturing changes on", "freeze: done")):
+                server.stop("fast")
+                assert server.start() == base  # the same port
+                restarts.append(line)
+
+        with Reshard(topo, say=say) as r:
+            r.start(targets, batch=40)
+            seed(s0.dsn, tenants_of(s0, 6), 500, 30)
+            r.switch()
+        assert len(restarts) == 2
+        final = events(s0.dsn)
+        for t in targets:
+            assert events(t.dsn) == expected_on(t, final)
+            assert shard_state(t.dsn) == (t.name, "serving", True)
+    finally:
+        server.stop("immediate")
