@@ -350,6 +350,7 @@ async def _produce(
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.slow
 async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires_nothing_early(
     shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
 ) -> None:
