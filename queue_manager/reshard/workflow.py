@@ -355,9 +355,11 @@ class Reshard:
         result: int = self._retrying(dest, run, f"applying to {dest.name}")
         return result
 
-    def _apply_captured(self, plan: ReshardPlan, side: Side, *, batch: int = BATCH, once: bool = False) -> Progress:
+    def _apply_captured(
+        self, plan: ReshardPlan, side: Side, *, batch: int = BATCH, once: bool = False, until: float | None = None
+    ) -> Progress:
         """Apply the captured changes of ``side`` to the other side until none is left (or one
-        round, ``once``). Returns what was applied."""
+        round, ``once``; or until the monotonic time ``until``). Returns what was applied."""
         to = other(side)
         dest_for = self._dest_for(plan, to)
         dest_topology = plan.topology_of(to)
@@ -389,7 +391,7 @@ class Reshard:
                 self.fetchall(
                     s, _q("reshard_forget_captured") + sql.SQL(" RETURNING seq"), {"seqs": seqs}, "forgetting"
                 )
-                if once or len(entries) < batch:
+                if once or len(entries) < batch or (until is not None and time.monotonic() > until):
                     break
         progress.seconds = time.monotonic() - started
         return progress
@@ -442,7 +444,7 @@ class Reshard:
         if fresh:
             # catch up while the range still takes writes, so that the frozen catch-up is short
             for _ in range(20):
-                self._apply_captured(plan, frm)
+                self._apply_captured(plan, frm, until=time.monotonic() + 30)
                 lag = sum(self.lag(plan.side(frm)).values())
                 if lag < BATCH // 4:
                     break
@@ -521,7 +523,7 @@ class Reshard:
     def _final_catch_up(self, plan: ReshardPlan, frm: Side, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            self._apply_captured(plan, frm)
+            self._apply_captured(plan, frm, until=deadline)
             if sum(self.lag(plan.side(frm)).values()) == 0:
                 break
             if time.monotonic() > deadline:
