@@ -91,6 +91,10 @@ SELECT qm.reshard_finish_copy(%(min_term)s, %(min_ids)s::jsonb)
 SELECT q.name, pg_sequence_last_value(pg_get_serial_sequence(format('public.%I', q.name), 'id')::regclass)
   FROM qm.queues q
 
+-- reshard_reconcile --
+-- The load counters of every queue equal to its live events per partition (after a copy).
+SELECT qm.reconcile_load(name) FROM qm.queues
+
 -- reshard_clear_capture --
 DELETE FROM qm.reshard_capture
 
