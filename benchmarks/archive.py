@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # pyspark only here: the other benchmarks run without it
     from spark_jobs.archive import archive_events
-    from spark_jobs.routing import spark_session
+    from spark_jobs.session import spark_session
 
     out_dir = Path(tempfile.mkdtemp(prefix="qm-bench-archive-out-"))
     try:

@@ -52,6 +52,7 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 from spark_jobs import enqueue as ej
 from spark_jobs import routing as sr
 from spark_jobs.jdbc import shard_jdbc_target
+from spark_jobs.session import spark_session
 
 logger = logging.getLogger("bench")
 QUEUE = "bulk"
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
 
     tmp = Path(tempfile.mkdtemp(prefix="qm-bench-spark-"))
-    spark = sr.spark_session("qm-bench-spark")
+    spark = spark_session("qm-bench-spark")
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with bench_server(args.dsn, "spark") as (admin_dsn, base_dsn):

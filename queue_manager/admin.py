@@ -211,8 +211,8 @@ def render_maintenance(entry: dict[str, Any]) -> list[str]:
     return lines
 
 
-def status(topology: Topology, thresholds: Thresholds | None = None) -> dict[str, Any]:
-    """Status of every queue on every shard, as plain data (what ``qm status --json`` prints).
+def status(topology: Topology, thresholds: Thresholds | None = None, *, queue: str | None = None) -> dict[str, Any]:
+    """Status of every queue (or only ``queue``) on every shard, as plain data (what ``qm status --json`` prints).
 
     Each shard also gets its database health (``xmin_horizon``: the oldest holder of the xmin
     horizon; ``health``: NOTIFY queue usage, replication slots holding xmin, and per queue table its
@@ -231,7 +231,7 @@ def status(topology: Topology, thresholds: Thresholds | None = None) -> dict[str
             entry["error"] = f"unreachable: {exc}".strip()
             shards.append(entry)
             continue
-        entry["queues"] = [{**asdict(s), "length": s.length} for s in qs]
+        entry["queues"] = [{**asdict(s), "length": s.length} for s in qs if queue is None or s.queue == queue]
         entry["xmin_horizon"] = None if reading.horizon is None else asdict(reading.horizon)
         entry["health"] = health.as_data(reading)
         entry["warnings"] = health.warnings(reading, thresholds)

@@ -25,6 +25,7 @@ with ``psycopg.sql`` from catalog column names and named parameters only.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 from uuid import UUID
 
@@ -150,6 +152,31 @@ class AdoptReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def complete(self) -> bool:
+        """Every row taken was adopted: none rejected, none left in the outbox."""
+        return not self.rejected and not self.outbox_left
+
+    def progress_line(self) -> str:
+        return (
+            f"adopt {self.adoption}: {self.moved} moved, {self.adopted} adopted, "
+            f"{len(self.rejected)} rejected, {self.slices} slices"
+        )
+
+    def summary_line(self) -> str:
+        return (
+            f"adopt {self.adoption}: {self.ended}: {self.adopted} event(s) adopted into {self.queue} "
+            f"({self.moved} taken from {self.table}, {self.already} published by an earlier run, "
+            f"{self.deduplicated} dedup hits), {len(self.rejected)} rejected; "
+            f"{self.left_pending} still pending in {self.table}, {self.outbox_left} in {self.outbox}"
+        )
+
+    def append_rejects(self, path: str | Path) -> None:
+        """Append the rejected rows to ``path``, one JSON object a line (with the adoption's name)."""
+        with open(path, "a", encoding="utf-8") as f:
+            for r in self.rejected:
+                f.write(json.dumps({"adoption": self.adoption, **asdict(r)}) + "\n")
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,7 @@ import psycopg
 
 import queue_manager
 from queue_manager import admin
-from queue_manager.db.migrate import migrate_topology
-from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
+from queue_manager.domain.topology import Topology
 from queue_manager.errors import QueueManagerError
 from queue_manager.producer import Router, enqueue
 
@@ -492,15 +491,10 @@ def _interruptible() -> Iterator[None]:
 
 
 def _start_shards(directory: Path, shards: int, say: Callable[[str], None]) -> Topology:
-    from queue_manager.local.embedded import LocalCluster
+    from queue_manager.local.shards import start_shards
 
     say(f"== starting {shards} embedded PostgreSQL shard(s) in {directory}")
-    dsns = LocalCluster(directory, shards).start()
-    topology = Topology(
-        tuple(Shard(n, d, r) for n, d, r in zip(shard_names(shards), dsns, even_ranges(shards), strict=True))
-    )
-    (directory / "topology.toml").write_text(topology.to_toml())
-    migrate_topology(topology)
+    topology = start_shards(directory, shards)
     for s in topology.shards:
         say(f"   shard {s.name} owns keyspace {s.key_range}: {s.dsn}")
     admin.create_queue(topology, QUEUE, {"partitions": 16, "shuffle": 4, **QUEUE_SETTINGS}, if_not_exists=True)

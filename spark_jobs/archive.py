@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import reduce
 from pathlib import Path
-from typing import LiteralString
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -74,12 +74,14 @@ from spark_jobs.archive_plan import (
     id_slices,
     manifest_for,
     new_run_id,
+    parse_age,
+    parse_time,
     read_partitions,
     resolve_cutoff,
     verify_shard,
 )
 from spark_jobs.jdbc import JdbcTarget, shard_jdbc_target
-from spark_jobs.routing import job_session
+from spark_jobs.session import job_session
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +212,25 @@ class ArchiveResult:
     @property
     def kept(self) -> int:
         return sum(s.kept for s in self.shards.values())
+
+    def summary(self) -> dict[str, Any]:
+        """The outcome as plain data (``qm spark archive --json``)."""
+        return {
+            "run_id": self.run_id,
+            "cutoff": self.cutoff.isoformat(),
+            "run_dir": str(self.run_dir),
+            "archived": self.archived,
+            "deleted": self.deleted,
+            "kept": self.kept,
+            "shards": {name: vars(s) for name, s in self.shards.items()},
+        }
+
+    def summary_line(self) -> str:
+        return (
+            f"archive {self.run_id}: done: {self.archived:,} rows archived in {self.run_dir} "
+            f"(cut-off {self.cutoff.isoformat()}), {self.deleted:,} deleted now, "
+            f"{self.kept:,} kept in the shards (changed after they were read)"
+        )
 
 
 # --- the job --------------------------------------------------------------------------------------
@@ -714,18 +735,45 @@ def _fsync_tree(root: Path) -> None:
 # --- command line ---------------------------------------------------------------------------------
 
 
-def cli_session(jdbc_jar: str | None = None) -> contextlib.AbstractContextManager[SparkSession]:
-    """The Spark session of a command-line archive run (:func:`spark_jobs.routing.job_session`)."""
-    return job_session("qm-archive", jdbc_jar)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The script entry (``python -m spark_jobs.archive``, ``spark-submit``): ``qm spark archive ARGS``."""
-    from queue_manager.cli.main import main as qm_main
-
-    args: list[str] = list(sys.argv[1:] if argv is None else argv)
-    return qm_main(["spark", "archive", *args])
+def run_archive(
+    topology: Topology,
+    *,
+    older_than: str | None,
+    before: str | None,
+    output: str | Path,
+    queues: Sequence[str] | None = None,
+    run_id: str | None = None,
+    delete_slice: int = DEFAULT_DELETE_SLICE,
+    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+    jdbc_jar: str | None = None,
+    starting: Callable[[str], None] | None = None,
+    progress: ProgressCallback | None = None,
+) -> ArchiveResult:
+    """A command-line run (``qm spark archive``): the cut-off as text (an age, ``older_than``, or a time,
+    ``before``), checked before Spark starts; a new run id unless given; ``starting(run_id)`` before the
+    work; then :func:`archive_events` in the job's session (:func:`spark_jobs.session.job_session`)."""
+    if (older_than is None) == (before is None):
+        raise ConfigurationError("give the cut-off as an age (older_than) or a time (before), not both")
+    cut = parse_age(older_than) if older_than is not None else parse_time(str(before))
+    resolve_cutoff(cut, datetime.now(UTC))  # a time in the future fails before Spark starts (the job asks the database)
+    run = check_run_id(run_id) if run_id else new_run_id(datetime.now(UTC), os.urandom(2).hex())
+    if starting is not None:
+        starting(run)
+    with job_session("qm-archive", jdbc_jar) as spark:
+        return archive_events(
+            spark,
+            topology,
+            older_than=cut,
+            output=output,
+            queues=queues,
+            run_id=run,
+            delete_slice=delete_slice,
+            rows_per_partition=rows_per_partition,
+            progress=progress,
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    from spark_jobs.commands import script_main
+
+    sys.exit(script_main("archive"))

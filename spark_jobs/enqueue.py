@@ -945,8 +945,8 @@ def recover(
 
 
 def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
-    """``qm spark enqueue`` (see queue_manager.cli.main): one line per stage and shard."""
-    from spark_jobs.session import require_jdbc_driver
+    """``qm spark enqueue`` (options: :mod:`spark_jobs.commands`): one line per stage and shard."""
+    from spark_jobs.session import job_session, require_jdbc_driver
 
     check_run_id(args.run_id)
     for shard in topology.shards:  # a clear error before Spark starts
@@ -958,7 +958,7 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
         args.dedup_col,
         tuple(c.strip() for c in (args.payload_cols or "").split(",") if c.strip()),
     )
-    with sr.job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
+    with job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
         require_jdbc_driver(spark)
         df = read_source(spark, args.input, args.format)
         result = load_events(
@@ -996,14 +996,7 @@ def _progress_line(run_id: str, stage: str, shard: str, n: int) -> str:
     return f"run {run_id}: {stage} {shard} rows={n}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The script entry (``spark-submit spark_jobs/enqueue.py ARGS``, ``python -m spark_jobs.enqueue
-    ARGS``): ``qm spark enqueue ARGS``."""
-    from queue_manager.cli.main import main as qm_main
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    return qm_main(["spark", "enqueue", *args])
-
-
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    from spark_jobs.commands import script_main
+
+    sys.exit(script_main("enqueue"))

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from queue_manager.domain import routing
 from queue_manager.domain.names import check_shard_name
-from queue_manager.errors import TopologyError
+from queue_manager.errors import ConfigurationError, TopologyError
+
+#: the environment variable a command reads the topology file's path from when not given ``--topology``
+TOPOLOGY_ENV = "QM_TOPOLOGY"
 
 _BOUND_RE = re.compile(r"^(?:[0-9a-fA-F]{2}){0,8}$")
 
@@ -146,6 +149,14 @@ class Topology:
             return cls(tuple(shards))
         except TopologyError as exc:
             raise TopologyError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_option(cls, path: str | None, environ: Mapping[str, str]) -> Topology:
+        """The topology a command names: its ``--topology`` ``path``, else ``$QM_TOPOLOGY`` in ``environ``."""
+        path = path or environ.get(TOPOLOGY_ENV)
+        if not path:
+            raise ConfigurationError(f"no topology: pass --topology FILE or set {TOPOLOGY_ENV}")
+        return cls.load(path)
 
     @classmethod
     def load(cls, path: str | Path) -> Topology:

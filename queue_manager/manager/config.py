@@ -6,8 +6,9 @@ import math
 import os
 import secrets
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from queue_manager.domain.topology import Topology
 from queue_manager.manager.auth import TokenStore
@@ -157,6 +158,16 @@ class ManagerConfig:
         """How long after the start of a publish that reached every live peer its slices may be
         used, seconds: the lease less a margin for the time the publish and the read took."""
         return self.rate_lease_ttl * 0.75
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of the field ``name`` (what ``qm manager``'s flags default to)."""
+        for f in fields(cls):
+            if f.name == name:
+                if f.default is MISSING:
+                    raise ValueError(f"ManagerConfig.{name} has no plain default")
+                return f.default
+        raise ValueError(f"ManagerConfig has no field {name!r}")
 
     @classmethod
     def field_names(cls) -> list[str]:

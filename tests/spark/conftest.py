@@ -51,7 +51,7 @@ def _missing() -> str | None:
         found = "no Java" if major is None else f"Java {major}"
         return f"Spark needs Java 17+ and found {found}: {_INSTALL} (apt-get install openjdk-17-jre-headless)"
     from queue_manager.errors import ConfigurationError
-    from spark_jobs.routing import find_jdbc_jar
+    from spark_jobs.session import find_jdbc_jar
 
     try:
         jar = find_jdbc_jar()
@@ -77,11 +77,10 @@ def spark() -> Iterator[Any]:
 
     from pyspark.sql import SparkSession
 
-    from spark_jobs import routing as sr
-    from spark_jobs.session import require_jdbc_driver
+    from spark_jobs.session import require_jdbc_driver, spark_session
     for k, v in json.loads(os.environ.get("QM_TEST_SPARK_CONF", "{}")).items():
         SparkSession.builder.config(k, v)
-    session = sr.spark_session("qm-tests")
+    session = spark_session("qm-tests")
     try:
         session.sparkContext.setLogLevel("ERROR")
         require_jdbc_driver(session)

@@ -18,6 +18,7 @@ from queue_manager.domain import routing
 from queue_manager.domain.topology import KeyRange
 from queue_manager.errors import ConfigurationError, TopologyError
 from spark_jobs import routing as sr
+from spark_jobs import session as ss
 
 pytestmark = pytest.mark.spark
 
@@ -135,14 +136,14 @@ def test_in_key_range_rejects_unnormalised_bounds() -> None:
 def test_find_jdbc_jar(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     jar = tmp_path / "postgresql.jar"
     jar.write_bytes(b"PK")
-    monkeypatch.setenv(sr.JDBC_JAR_ENV, str(jar))
-    assert sr.find_jdbc_jar() == str(jar)
-    monkeypatch.setenv(sr.JDBC_JAR_ENV, str(tmp_path / "missing.jar"))
+    monkeypatch.setenv(ss.JDBC_JAR_ENV, str(jar))
+    assert ss.find_jdbc_jar() == str(jar)
+    monkeypatch.setenv(ss.JDBC_JAR_ENV, str(tmp_path / "missing.jar"))
     with pytest.raises(ConfigurationError):
-        sr.find_jdbc_jar()
-    monkeypatch.delenv(sr.JDBC_JAR_ENV)
-    expected = sr.DEBIAN_JDBC_JAR if Path(sr.DEBIAN_JDBC_JAR).is_file() else None
-    assert sr.find_jdbc_jar() == expected
+        ss.find_jdbc_jar()
+    monkeypatch.delenv(ss.JDBC_JAR_ENV)
+    expected = ss.DEBIAN_JDBC_JAR if Path(ss.DEBIAN_JDBC_JAR).is_file() else None
+    assert ss.find_jdbc_jar() == expected
 
 
 def test_session_is_sized_for_a_small_machine(spark: SparkSession) -> None:

@@ -1,0 +1,56 @@
+"""``qm local start|stop`` (embedded PostgreSQL shards on this machine) and ``qm migrate``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from queue_manager.cli.common import Subparsers, topology, with_topology
+
+
+def register(sub: Subparsers) -> None:
+    local = sub.add_parser("local", help="embedded PostgreSQL shards on this machine").add_subparsers(
+        dest="local_command", required=True
+    )
+    p = local.add_parser("start", help="start N shards (reusing DIR's data), migrate them, write DIR/topology.toml")
+    p.add_argument("--shards", type=int, default=2, help="number of shards, a power of two (default 2)")
+    p.add_argument("--dir", required=True, help="directory for the data and the topology file")
+    p.add_argument("--fsync-off", action="store_true", help="fsync=off, synchronous_commit=off (throwaway data)")
+    p.set_defaults(func=cmd_local_start)
+    p = local.add_parser("stop", help="stop the shards started in DIR")
+    p.add_argument("--dir", required=True)
+    p.set_defaults(func=cmd_local_stop)
+
+
+def register_migrate(sub: Subparsers) -> None:
+    with_topology(sub.add_parser("migrate", help="apply the schema to every shard")).set_defaults(func=cmd_migrate)
+
+
+def cmd_local_start(args: argparse.Namespace) -> int:
+    from queue_manager.local.shards import TOPOLOGY_FILE, start_shards
+
+    directory = Path(args.dir).resolve()
+    settings = {"fsync": "off", "synchronous_commit": "off"} if args.fsync_off else None
+    started = start_shards(directory, args.shards, settings=settings)
+    path = directory / TOPOLOGY_FILE
+    print(f"started {len(started.shards)} PostgreSQL shard(s) in {directory}:")
+    for shard in started.shards:
+        print(f"  {shard.name}  range {shard.key_range!s:<6} {shard.dsn}")
+    print(f"topology: {path}   (export QM_TOPOLOGY={path})")
+    return 0
+
+
+def cmd_local_stop(args: argparse.Namespace) -> int:
+    from queue_manager.local.embedded import LocalCluster
+
+    LocalCluster.from_directory(Path(args.dir).resolve()).stop()
+    print(f"stopped the shards in {args.dir}")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from queue_manager.db.migrate import migrate_topology
+
+    for name in migrate_topology(topology(args)):
+        print(f"migrated shard {name}")
+    return 0

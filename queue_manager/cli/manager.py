@@ -1,0 +1,171 @@
+"""``qm manager``: run the manager of one shard. Every flag's default is :class:`ManagerConfig`'s."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from queue_manager.cli.common import Subparsers, topology, with_topology
+from queue_manager.errors import ConfigurationError
+from queue_manager.manager.config import ManagerConfig
+
+#: the port ``qm manager`` listens on unless told (the library's default, 0, takes any free port)
+DEFAULT_PORT = 8765
+
+_d = ManagerConfig.default
+
+
+def register(sub: Subparsers) -> None:
+    p = with_topology(sub.add_parser("manager", help="run the manager of one shard"))
+    p.add_argument("--shard", required=True, help="shard name from the topology")
+    p.add_argument("--tokens", help="receiver token file, TOML (default: $QM_TOKENS)")
+    p.add_argument("--host", default=_d("host"), help=f"listen address (default {_d('host')})")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"websocket, metrics and health port (default {DEFAULT_PORT}; 0 = any)",
+    )
+    p.add_argument("--allow-origin", action="append", help="allowed Origin header (repeat; default: any)")
+    p.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=_d("lease_ttl"),
+        help=f"leadership lease, seconds (default {_d('lease_ttl'):g})",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=_d("drain_timeout"),
+        help=f"on SIGTERM, wait this long for acks (default {_d('drain_timeout'):g})",
+    )
+    p.add_argument(
+        "--sweep-interval",
+        type=float,
+        default=_d("sweep_interval"),
+        help=f"old-event collector period, seconds (default {_d('sweep_interval'):g})",
+    )
+    p.add_argument(
+        "--purge-interval",
+        type=float,
+        default=_d("purge_interval"),
+        help=f"the retention purge's baseline pass period, s (default {_d('purge_interval'):g})",
+    )
+    p.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=_d("reconcile_interval"),
+        help=f"the load counter reconciliation's baseline pass period, s (default {_d('reconcile_interval'):g})",
+    )
+    p.add_argument(
+        "--slice-interval",
+        type=float,
+        default=_d("slice_interval"),
+        help="least time between two maintenance slices this manager recruits itself for, s "
+        f"(default {_d('slice_interval'):g})",
+    )
+    p.add_argument(
+        "--slice-rows",
+        type=int,
+        default=_d("slice_rows"),
+        help="most acked (and failed) events one retention slice deletes",
+    )
+    p.add_argument(
+        "--idle-slices",
+        action=argparse.BooleanOptionalAction,
+        default=_d("idle_slices"),
+        help=f"take maintenance slices when the dispatcher is idle (default {_on(_d('idle_slices'))})",
+    )
+    p.add_argument(
+        "--standby-slices",
+        action=argparse.BooleanOptionalAction,
+        default=_d("standby_slices"),
+        help=f"take maintenance slices while a standby (default {_on(_d('standby_slices'))})",
+    )
+    p.add_argument(
+        "--rate-lease-ttl",
+        type=float,
+        default=_d("rate_lease_ttl"),
+        help="a shard's slice of a queue's max_qps/max_concurrency lives this long unrenewed; a down shard's share "
+        f"is taken after about this long, s (default {_d('rate_lease_ttl'):g})",
+    )
+    p.add_argument(
+        "--health-interval",
+        type=float,
+        default=_d("health_interval"),
+        help=f"database health reading period for the metrics, seconds (default {_d('health_interval'):g})",
+    )
+    p.add_argument(
+        "--vacuum-after",
+        type=float,
+        default=_d("vacuum_after"),
+        help="vacuum a queue table autovacuum leaves past its trigger this long, seconds "
+        f"(default {_d('vacuum_after'):g}; 0: never)",
+    )
+    p.add_argument(
+        "--async-fires",
+        action="store_true",
+        default=not _d("durable_fires"),
+        help="fires do not wait for their WAL flush (faster; after a PostgreSQL crash an attempt number may repeat, "
+        "see docs/manager.md)",
+    )
+    p.set_defaults(func=cmd_manager)
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def cmd_manager(args: argparse.Namespace) -> int:
+    from queue_manager.manager import Manager
+    from queue_manager.manager.auth import TokenStore
+
+    topo = topology(args)
+    shard = topo.by_name(args.shard)
+    tokens_path = args.tokens or os.environ.get("QM_TOKENS")
+    if not tokens_path:
+        raise ConfigurationError("no receiver tokens: pass --tokens FILE or set QM_TOKENS (see docs/protocol.md)")
+    try:
+        config = ManagerConfig(
+            dsn=shard.dsn,
+            shard=shard.name,
+            tokens=TokenStore.load(tokens_path),
+            host=args.host,
+            port=args.port,
+            allowed_origins=frozenset(args.allow_origin) if args.allow_origin else None,
+            lease_ttl=args.lease_ttl,
+            drain_timeout=args.drain_timeout,
+            sweep_interval=args.sweep_interval,
+            purge_interval=args.purge_interval,
+            reconcile_interval=args.reconcile_interval,
+            health_interval=args.health_interval,
+            vacuum_after=args.vacuum_after,
+            slice_interval=args.slice_interval,
+            slice_rows=args.slice_rows,
+            idle_slices=args.idle_slices,
+            standby_slices=args.standby_slices,
+            durable_fires=not args.async_fires,
+            topology=topo,
+            rate_lease_ttl=args.rate_lease_ttl,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(f"qm manager: {exc}") from None
+
+    async def serve() -> None:
+        manager = Manager(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, manager.request_stop)
+        task = asyncio.create_task(manager.run())
+        await manager.ready.wait()
+        print(
+            f"qm manager: shard {shard.name}, ws://{args.host}:{manager.port}/ (metrics /metrics, health /health), "
+            f"holder {config.holder}",
+            flush=True,
+        )
+        await task
+
+    asyncio.run(serve())
+    return 0

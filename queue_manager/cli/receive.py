@@ -1,0 +1,110 @@
+"""``qm receive``: run a handler on a queue's events, received from every shard's managers (:mod:`receivers`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+
+from queue_manager import logs
+from queue_manager.cli.common import Subparsers, with_topology
+from queue_manager.domain.topology import TOPOLOGY_ENV, Topology
+from queue_manager.errors import ConfigurationError
+
+
+def register(sub: Subparsers) -> None:
+    p = with_topology(sub.add_parser("receive", help="receive a queue's events and run a handler on each"))
+    p.add_argument("handler", help="module:function to call with each event (async or not), e.g. myapp.jobs:handle")
+    p.add_argument("--queue", required=True)
+    p.add_argument(
+        "--manager",
+        action="append",
+        metavar="SHARD=URL",
+        help="a manager of a shard, e.g. s0=ws://mgr-a:8765/ (repeat for each manager of each shard)",
+    )
+    p.add_argument("--concurrency", type=int, default=10, help="handlers at once, per shard (default 10)")
+    p.add_argument("--tenant", action="append", help="only this tenant's events (repeat)")
+    p.add_argument("--token", help="bearer secret (default: $QM_TOKEN)")
+    p.add_argument("--handler-timeout", type=float, help="seconds; a handler still running then is nacked")
+    p.add_argument(
+        "--extend-after",
+        type=float,
+        default=5.0,
+        help="extend the ack deadline of handlers running this long, seconds (default 5; 0 = never)",
+    )
+    p.add_argument("--extend-by", type=float, default=60.0, help="each extension, seconds (default 60)")
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="on SIGTERM, wait this long for handlers (default 30)"
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
+    p.set_defaults(func=cmd_receive)
+
+
+def managers_by_shard(entries: Sequence[str], topology: Topology | None) -> dict[str, list[str]]:
+    """``--manager shard=url`` options by shard; a bare URL belongs to the topology's only shard."""
+    out: dict[str, list[str]] = {}
+    for entry in entries:
+        name, sep, address = entry.partition("=")
+        if not sep or "://" in name:
+            if topology is not None and len(topology.shards) > 1:
+                raise ConfigurationError(
+                    f"--manager {entry!r}: name its shard (--manager SHARD=URL); the topology has "
+                    f"{len(topology.shards)} shards"
+                )
+            name, address = (topology.shards[0].name if topology is not None else "default"), entry
+        if not name or not address:
+            raise ConfigurationError(f"--manager {entry!r}: give SHARD=URL, e.g. s0=ws://mgr-a:8765/")
+        out.setdefault(name, []).append(address)
+    if not out:
+        raise ConfigurationError("qm receive: give the managers of every shard: --manager SHARD=URL (repeat)")
+    if topology is not None:
+        known = {s.name for s in topology.shards}
+        unknown = sorted(set(out) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"--manager names shards the topology does not have: {', '.join(unknown)} "
+                f"(shards: {', '.join(sorted(known))})"
+            )
+        missing = sorted(known - set(out))
+        if missing:
+            raise ConfigurationError(
+                f"no --manager for shard(s) {', '.join(missing)}: their events would never be received"
+            )
+    return out
+
+
+def cmd_receive(args: argparse.Namespace) -> int:
+    # lazy: the receiver library (websockets) is only needed here
+    from receivers import load_handler, run_receiver
+
+    path = args.topology or os.environ.get(TOPOLOGY_ENV)
+    topology = Topology.load(path) if path else None
+    managers = managers_by_shard(args.manager or [], topology)
+    handler = load_handler(args.handler)
+    logs.configure(getattr(logging, args.log_level))
+    try:
+        stats = run_receiver(
+            managers,
+            args.queue,
+            handler,
+            concurrency=args.concurrency,
+            tenants=args.tenant or None,
+            token=args.token or os.environ.get("QM_TOKEN"),
+            handler_timeout=args.handler_timeout,
+            extend_after=None if args.extend_after == 0 else args.extend_after,
+            extend_by=args.extend_by,
+            drain_timeout=args.drain_timeout,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(f"qm receive: {exc}") from None
+    logging.getLogger("receivers").info(
+        "receiver stopped: %d delivered, %d acked, %d settled by SQL, %d nacked, %d dead-lettered, %d timed out",
+        stats.delivered,
+        stats.acked,
+        stats.settled_by_sql,
+        stats.nacked,
+        stats.dead_lettered,
+        stats.timeouts,
+    )
+    return 0

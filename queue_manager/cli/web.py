@@ -1,0 +1,41 @@
+"""``qm web``: the web dashboard over every shard (docs/dashboard.md; needs the ``web`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from queue_manager.cli.common import Subparsers, topology, with_topology
+from queue_manager.errors import ConfigurationError
+
+
+def register(sub: Subparsers) -> None:
+    p = with_topology(sub.add_parser("web", help="serve the web dashboard over every shard (docs/dashboard.md)"))
+    p.add_argument("--tokens", help="token file with [[web_token]] tables (default: $QM_TOKENS)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    p.add_argument("--root-path", default="", help="serve under this sub-path, e.g. /qm (behind a reverse proxy)")
+    p.add_argument("--secure-cookie", action="store_true", help="send the session cookie over HTTPS only")
+    p.set_defaults(func=cmd_web)
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    try:
+        from queue_manager.web.access import WebTokens
+        from queue_manager.web.app import WebConfig
+        from queue_manager.web.server import serve
+    except ImportError as exc:
+        raise ConfigurationError(f"qm web needs the web extra: pip install 'queue-manager[web]' ({exc})") from None
+
+    tokens_path = args.tokens or os.environ.get("QM_TOKENS")
+    if not tokens_path:
+        raise ConfigurationError("no tokens: pass --tokens FILE or set QM_TOKENS, with [[web_token]] tables")
+    config = WebConfig(
+        topology=topology(args),
+        tokens=WebTokens.load(tokens_path),
+        session_secret=os.environ.get("QM_WEB_SESSION_SECRET") or None,
+        root_path=args.root_path.rstrip("/"),
+        secure_cookie=args.secure_cookie,
+    )
+    serve(config, args.host, args.port)
+    return 0

@@ -1,0 +1,192 @@
+"""The Spark jobs' command lines: ``qm spark enqueue|recover|cleanup|archive`` and the scripts
+``python -m spark_jobs.enqueue ARGS`` / ``python -m spark_jobs.archive ARGS`` (also through spark-submit).
+
+No pyspark here: ``qm`` builds these parsers without it, and a job's module (which needs pyspark) is
+imported only when its command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from queue_manager import logs
+from queue_manager.domain.topology import Topology
+from queue_manager.errors import ConfigurationError, QueueManagerError
+
+
+def register(spark: Any) -> None:
+    """Add the jobs to a ``spark`` group's subparsers (``qm spark``)."""
+    p = _with_topology(
+        spark.add_parser(
+            "enqueue",
+            help="bulk enqueue a Parquet/CSV/JSON source or a table into a queue on every shard, once",
+            description="Route and check every row in Spark, stage each shard's rows through JDBC, then publish "
+            "them in one transaction per shard (--atomic: across all shards). Safe to re-run with the same "
+            "--run-id. See docs/spark.md.",
+        )
+    )
+    p.add_argument("--queue", required=True, help="target queue (must exist on every shard)")
+    p.add_argument("--input", required=True, help="source path (or table name with --format table)")
+    p.add_argument("--format", default="parquet", choices=["parquet", "csv", "json", "orc", "table"])
+    p.add_argument("--run-id", required=True, help="names the run: a re-run with the same id adds nothing twice")
+    p.add_argument("--tenant-col", default="tenant", help="tenant column (default tenant)")
+    p.add_argument("--payload-col", default="payload", help="payload column: JSON text or a struct (default payload)")
+    p.add_argument("--fire-at-col", help="fire_at column (timestamp or ISO text; default: now)")
+    p.add_argument("--payload-cols", help="comma-separated columns that make the payload, as one JSON object")
+    p.add_argument("--dedup-col", help="dedup key column (default: none)")
+    p.add_argument("--bad-rows", choices=["fail", "skip"], default="fail", help="fail the run (default) or skip them")
+    p.add_argument("--rejects", help="where rejected rows go, Parquet (default: under the work directory)")
+    p.add_argument("--work-dir", help="where the run keeps its keyed rows (shared by every executor)")
+    p.add_argument(
+        "--materialize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write the keyed rows once as Parquet before staging (default: only when the source's plan is not a "
+        "deterministic scan)",
+    )
+    p.add_argument("--atomic", action="store_true", help="visible on every shard or none (needs prepared transactions)")
+    p.add_argument(
+        "--staging-ttl",
+        type=float,
+        default=86_400.0,
+        help="drop staging of runs unfinished this long, s (default 1 day)",
+    )
+    p.add_argument("--tasks-per-shard", type=int, default=2, help="JDBC write tasks per shard (default 2)")
+    p.add_argument("--batch-size", type=int, default=10_000, help="rows per JDBC batch (default 10000)")
+    p.add_argument("--stop-after", choices=["validated", "staged"], help="stop early (a dry run: validated)")
+    p.add_argument(
+        "--wait-for-other-run",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="wait this long for another live run of the same --run-id to end, then refuse; 0: refuse at once "
+        "(default 3600)",
+    )
+    p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's, else Maven)")
+    p.set_defaults(func=cmd_spark_enqueue)
+
+    p = _with_topology(spark.add_parser("recover", help="finish or roll back two-phase enqueue runs left prepared"))
+    p.add_argument("--run-id", help="only this run (default: every run left prepared --min-age ago)")
+    p.add_argument("--min-age", type=float, default=60.0, help="leave younger prepared parts alone, s (default 60)")
+    p.set_defaults(func=cmd_spark_recover)
+
+    p = _with_topology(spark.add_parser("cleanup", help="drop the staging of enqueue runs left unfinished"))
+    p.add_argument("--older-than", type=float, default=86_400.0, help="unfinished for this long, s (default 1 day)")
+    p.set_defaults(func=cmd_spark_cleanup)
+
+    p = _with_topology(
+        spark.add_parser(
+            "archive",
+            help="move acked and failed events settled before a cut-off to Parquet, then delete them",
+            description="Archive acked and failed events settled before a cut-off to Parquet under OUTPUT "
+            "(partitioned by run, shard, queue and day), verify the files, then delete exactly those rows. "
+            "Safe to interrupt: re-run with the same --run-id to finish. See docs/spark-archive.md.",
+        )
+    )
+    p.add_argument("--output", required=True, help="archive root directory (a local path)")
+    cut = p.add_mutually_exclusive_group(required=True)
+    cut.add_argument("--older-than", help="settled longer ago than this: 30d, 12h, 90m, 3600 (seconds)")
+    cut.add_argument("--before", help="settled before this time: ISO-8601 with offset, e.g. 2026-01-01T00:00:00Z")
+    p.add_argument("--queue", action="append", help="only this queue (repeat; default: every queue)")
+    p.add_argument("--run-id", help="finish or repeat this run (default: a new run)")
+    p.add_argument("--delete-slice", type=int, default=10_000, help="ids deleted per transaction (default 10000)")
+    p.add_argument(
+        "--rows-per-partition", type=int, default=50_000, help="candidate rows per JDBC read partition (default 50000)"
+    )
+    p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_spark_archive)
+
+
+def _with_topology(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--topology", help="topology TOML file (default: $QM_TOPOLOGY)")
+    return p
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    return Topology.from_option(args.topology, os.environ)
+
+
+def cmd_spark_enqueue(args: argparse.Namespace) -> int:
+    # imported here only: `qm` must start without pyspark
+    try:
+        from spark_jobs.enqueue import run_cli
+    except ImportError as exc:
+        raise ConfigurationError(f"qm spark enqueue needs pyspark ({exc}): pip install -e '.[spark]'") from None
+    return run_cli(args, _topology(args), lambda line: print(line, flush=True))
+
+
+def cmd_spark_recover(args: argparse.Namespace) -> int:
+    from spark_jobs.enqueue import recover
+
+    outcome = recover(_topology(args), run_id=args.run_id, min_age=args.min_age)
+    for gid, what in sorted(outcome.items()):
+        print(f"{gid}: {what}")
+    if not outcome:
+        print("no two-phase run was left prepared")
+    return 0
+
+
+def cmd_spark_cleanup(args: argparse.Namespace) -> int:
+    from spark_jobs.enqueue import cleanup
+
+    for shard, n in cleanup(_topology(args), older_than=args.older_than).items():
+        print(f"{shard}: {n} run(s) unfinished for more than {args.older_than:g} s abandoned (staging dropped)")
+    return 0
+
+
+def cmd_spark_archive(args: argparse.Namespace) -> int:
+    # imported here only: `qm` must start without pyspark
+    try:
+        from spark_jobs.archive import run_archive
+    except ImportError as exc:
+        raise ConfigurationError(f"qm spark archive needs pyspark ({exc}): pip install -e '.[spark]'") from None
+    out = sys.stderr if args.json else sys.stdout  # with --json, stdout carries the JSON only
+
+    def starting(run_id: str) -> None:
+        print(f"archive {run_id}: starting (if it stops early, re-run with --run-id {run_id} to finish it)", file=out)
+        out.flush()
+
+    result = run_archive(
+        _topology(args),
+        older_than=args.older_than,
+        before=args.before,
+        output=args.output,
+        queues=args.queue,
+        run_id=args.run_id,
+        delete_slice=args.delete_slice,
+        rows_per_partition=args.rows_per_partition,
+        jdbc_jar=args.jdbc_jar,
+        starting=starting,
+        progress=lambda p: print(p.line(), file=out, flush=True),
+    )
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    else:
+        print(result.summary_line())
+    return 0
+
+
+def script_main(command: str, argv: Sequence[str] | None = None) -> int:
+    """``python -m spark_jobs.<command> ARGS``: the same as ``qm spark <command> ARGS``."""
+    parser = argparse.ArgumentParser(prog="qm spark")
+    register(parser.add_subparsers(dest="spark_command", required=True))
+    args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    logs.configure(logging.WARNING)
+    try:
+        result: int = args.func(args)
+        return result
+    except QueueManagerError as exc:
+        print(f"qm: error: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.OperationalError as exc:
+        print(f"qm: database unreachable: {exc}".rstrip(), file=sys.stderr)
+        return 3
