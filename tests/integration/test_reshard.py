@@ -38,6 +38,7 @@ from tests.managerkit import (
     wait_for,
     wait_leader,
 )
+from tests.processkit import ManagerProcess, write_config
 
 Conn = psycopg.Connection[Any]
 
@@ -487,3 +488,30 @@ async def test_a_manager_writes_its_limit_slices_to_the_shards_of_the_rewritten_
         assert "s0" not in slices_in(s9.dsn)
         write_topology(topo, replaced)
         await wait_for(lambda: "s0" in slices_in(s9.dsn), 10, "s0's slices in s9's database")
+
+
+def test_qm_manager_of_a_target_waits_as_a_standby_then_leads_after_the_switch(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    """``qm manager --shard s2`` with the live topology file, which does not name s2 before the
+    switch: it starts from the reshard recorded next to the file, stays a standby while s2 is
+    pending, and leads once the switch made s2 serve (no restart)."""
+    make_queue("orders")
+    topo, tokens = write_config(tmp_path, shards)
+    targets = split_targets(new_database)
+    with Reshard(topo) as r:
+        r.start(targets)
+    proc = ManagerProcess(topo, tokens, "s2", 2.0)
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert proc.health()[1].get("role") != "leader"
+            time.sleep(0.2)
+        with Reshard(topo) as r:
+            r.switch()
+        deadline = time.monotonic() + 15
+        while proc.health()[1].get("role") != "leader":
+            assert time.monotonic() < deadline, proc.health()
+            time.sleep(0.1)
+    finally:
+        proc.stop()
