@@ -464,10 +464,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     logger.setLevel(logging.INFO)
     started = datetime.now(UTC)
+    version = code_version()  # the code that runs, before anything can change the checkout
     result = asyncio.run(run(args))
     print(
         json.dumps(
-            {"benchmark": "reshard", "at": started.isoformat(timespec="seconds"), **code_version(), **result},
+            {"benchmark": "reshard", "at": started.isoformat(timespec="seconds"), **version, **result},
             indent=2,
             default=str,
         )
