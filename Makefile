@@ -13,7 +13,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast lint bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,6 +37,9 @@ test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark; ends
 
 test-fast: setup ## the suite without the Spark tests
 	$(PYTEST) -m "not spark"
+
+test-reshard-faults: setup ## the reshard process SIGKILLed after each recorded step, then rerun; the targets' server restarted mid-copy and mid-switch (about a minute)
+	QM_RESHARD_FAULTS=1 $(BIN)/python -m pytest -q -n 0 tests/integration/test_reshard_faults.py
 
 lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
 	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks
@@ -80,6 +83,9 @@ bench-archive: setup ## archive 200k settled events of two shards to Parquet and
 
 bench-adopt: $(STAMP) ## qm queue adopt: 100k legacy rows into two shards, by slice size (JSON on stdout)
 	$(BIN)/python -m benchmarks.adopt $(ARGS)
+
+bench-reshard: $(STAMP) ## 2 shards split to 4 and merged back to 2 under 500 ev/s, 100k backlog, ~5 min (JSON on stdout)
+	$(BIN)/python -m benchmarks.reshard $(ARGS)
 
 bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
 	$(BIN)/python -m benchmarks.ratelimit $(ARGS)

@@ -10,6 +10,7 @@ what was expected, what to do).
     ├── InvalidNameError          a queue or shard name outside the allow-list
     ├── EnqueueError              the database refused an event
     │   ├── MisroutedTenantError  the tenant belongs to another shard
+    │   │   └── TenantMovedError  a reshard moved (or is moving) the tenant's range: retry on the shard named
     │   ├── InvalidEventError     empty tenant, bad fire_at, oversized payload, ...
     │   └── QueuePausedError      (reserved) the queue refuses new events
     ├── UnknownQueueError         no queue of that name on the shard
@@ -52,6 +53,10 @@ class MisroutedTenantError(EnqueueError):
         super().__init__(message)
         #: name of the shard that owns the tenant, when the database said so
         self.right_shard = right_shard
+
+
+class TenantMovedError(MisroutedTenantError):
+    """The tenant's range moved, or is moving, to another shard: reload the topology and retry there."""
 
 
 class InvalidEventError(EnqueueError):

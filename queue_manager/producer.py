@@ -12,18 +12,24 @@ date as it assigns), and the database checks every row the COPY wrote (the queue
 the same rules as a plain INSERT.
 
 ``Router`` holds one connection pool per shard of a topology and sends each tenant to its
-shard.
+shard. Given the topology file (``Router.from_file``), it follows a reshard: an enqueue refused
+because the tenant's range moved (``TenantMovedError``) or belongs elsewhere reloads the file,
+waits a bounded time for it to name another shard for the tenant (a switch rewrites the file at
+its end), and retries once there.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -35,7 +41,7 @@ from queue_manager.db.sqlfiles import query
 from queue_manager.domain import routing
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.topology import KeyRange, Shard, Topology
-from queue_manager.errors import InvalidEventError, MisroutedTenantError, UnknownQueueError
+from queue_manager.errors import InvalidEventError, MisroutedTenantError, TopologyError, UnknownQueueError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection as SAConnection
@@ -254,17 +260,91 @@ def _copy_rows(
     return conn.execute(_statement("insert_from_staging", queue)).rowcount
 
 
+_T = TypeVar("_T")
+
+
 class Router:
     """Routes tenants to their shard and keeps a connection pool per shard.
 
-    Use it as a context manager (or call ``close``). Pools open lazily on first use.
+    Use it as a context manager (or call ``close``). Pools open lazily on first use. With
+    ``topology_file`` (or ``Router.from_file``) it follows a reshard: see ``refresh``.
     """
 
-    def __init__(self, topology: Topology, *, min_size: int = 1, max_size: int = 8) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        topology_file: str | Path | None = None,
+        moved_wait: float = 5.0,
+        poll_interval: float = 0.05,
+    ) -> None:
         self.topology = topology
         self._min_size = min_size
         self._max_size = max_size
         self._pools: dict[str, ConnectionPool[psycopg.Connection[Any]]] = {}
+        #: the topology file to reload when a shard says a tenant is not its own
+        self.topology_file = Path(topology_file) if topology_file is not None else None
+        #: how long an enqueue refused as moved waits for the file to name another shard (a switch
+        #: blocks the moved range's writes for about a second, then rewrites the file)
+        self.moved_wait = moved_wait
+        self._poll_interval = poll_interval
+        # pools are opened and the topology reloaded by whichever thread needs it first
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_file(cls, path: str | Path, **options: Any) -> Router:
+        """A router over the topology file at ``path`` that follows changes of the file."""
+        return cls(Topology.load(path), topology_file=path, **options)
+
+    def refresh(self) -> bool:
+        """Reload the topology file; True when it changed. Pools of shards that left it (or whose
+        DSN changed) are closed. A file caught half-written or invalid keeps the topology in use."""
+        if self.topology_file is None:
+            return False
+        try:
+            fresh = Topology.load(self.topology_file)
+        except TopologyError:
+            return False
+        with self._lock:
+            if fresh == self.topology:
+                return False
+            kept = {s.name: s.dsn for s in fresh.shards}
+            gone = [self._pools.pop(n) for n in list(self._pools) if kept.get(n) != self._dsn_of(n)]
+            self.topology = fresh
+        for pool in gone:
+            pool.close()
+        return True
+
+    def _dsn_of(self, name: str) -> str | None:
+        for s in self.topology.shards:
+            if s.name == name:
+                return s.dsn
+        return None
+
+    def _follow(self, tenant: str, refused_by: str) -> bool:
+        """After a shard refused the tenant: reload the topology until it names another shard for
+        it, for at most ``moved_wait``; True if it does (the caller retries once)."""
+        if self.topology_file is None:
+            return False
+        deadline = time.monotonic() + self.moved_wait
+        while True:
+            self.refresh()
+            if self.shard_for(tenant).name != refused_by:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self._poll_interval)
+
+    def _routed(self, tenant: str, attempt: Callable[[Shard], _T]) -> _T:
+        shard = self.shard_for(tenant)
+        try:
+            return attempt(shard)
+        except MisroutedTenantError:
+            if not self._follow(tenant, shard.name):
+                raise
+        return attempt(self.shard_for(tenant))
 
     def __enter__(self) -> Router:
         return self
@@ -274,9 +354,11 @@ class Router:
 
     def close(self) -> None:
         """Close every pool."""
-        for pool in self._pools.values():
+        with self._lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
             pool.close()
-        self._pools.clear()
 
     def shard_for(self, tenant: str) -> Shard:
         """The shard that owns the tenant."""
@@ -286,10 +368,13 @@ class Router:
         """The (lazily opened) connection pool of a shard."""
         pool = self._pools.get(shard.name)
         if pool is None:
-            pool = ConnectionPool(
-                shard.dsn, min_size=self._min_size, max_size=self._max_size, open=True, name=f"qm-{shard.name}"
-            )
-            self._pools[shard.name] = pool
+            with self._lock:
+                pool = self._pools.get(shard.name)
+                if pool is None:
+                    pool = ConnectionPool(
+                        shard.dsn, min_size=self._min_size, max_size=self._max_size, open=True, name=f"qm-{shard.name}"
+                    )
+                    self._pools[shard.name] = pool
         return pool
 
     @contextmanager
@@ -309,9 +394,14 @@ class Router:
         fire_at: datetime | None = None,
         dedup_key: str | None = None,
     ) -> int | None:
-        """Enqueue one event in its own transaction on the tenant's shard."""
-        with self.transaction(tenant) as conn:
-            return enqueue(conn, queue, tenant, payload, fire_at, dedup_key)
+        """Enqueue one event in its own transaction on the tenant's shard (retried once on the
+        shard the topology file names after a reshard moved the tenant)."""
+
+        def attempt(shard: Shard) -> int | None:
+            with self.pool(shard).connection() as conn, conn.transaction():
+                return enqueue(conn, queue, tenant, payload, fire_at, dedup_key)
+
+        return self._routed(tenant, attempt)
 
     def enqueue_batch(self, queue: str, events: Iterable[Event]) -> int:
         """Split events by shard and load each part with COPY, one transaction per shard.
@@ -324,6 +414,17 @@ class Router:
             by_shard[self.shard_for(ev.tenant).name].append(ev)
         total = 0
         for name, part in by_shard.items():
-            with self.pool(self.topology.by_name(name)).connection() as conn, conn.transaction():
-                total += enqueue_batch(conn, queue, part)
+            try:
+                with self.pool(self.topology.by_name(name)).connection() as conn, conn.transaction():
+                    total += enqueue_batch(conn, queue, part)
+            except MisroutedTenantError:
+                # the shard's range moved: follow the topology file, then send the part where it says
+                if not self._follow(part[0].tenant, name):
+                    raise
+                regrouped: dict[str, list[Event]] = defaultdict(list)
+                for ev in part:
+                    regrouped[self.shard_for(ev.tenant).name].append(ev)
+                for new_name, new_part in regrouped.items():
+                    with self.pool(self.topology.by_name(new_name)).connection() as conn, conn.transaction():
+                        total += enqueue_batch(conn, queue, new_part)
         return total

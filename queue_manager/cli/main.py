@@ -17,6 +17,8 @@
     qm spark recover|cleanup                finish two-phase enqueue runs; drop the staging of dead runs
     qm spark archive --output DIR --older-than 30d
                                             move settled events to Parquet, then delete them (needs pyspark)
+    qm reshard plan|start|status|sync|switch|reverse|cleanup|cancel
+                                            split or merge shards online (docs/operations.md, "Resharding")
 
 ``--topology`` defaults to ``$QM_TOPOLOGY``. A command group is a module here with a
 ``register(subparsers)`` function that adds its commands, each with a ``func`` default that runs it.
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 import psycopg
 
 from queue_manager import logs
-from queue_manager.cli import demo, events, local, manager, queues, receive, spark, status, web
+from queue_manager.cli import demo, events, local, manager, queues, receive, reshard, spark, status, web
 from queue_manager.cli.receive import managers_by_shard as _managers  # noqa: F401  (the name tests know)
 from queue_manager.errors import QueueManagerError
 
@@ -49,6 +51,7 @@ GROUPS = (
     web.register,
     spark.register,
     demo.register,
+    reshard.register,
 )
 
 

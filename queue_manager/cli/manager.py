@@ -6,10 +6,13 @@ import argparse
 import asyncio
 import os
 import signal
+from pathlib import Path
 
 from queue_manager.cli.common import Subparsers, topology, with_topology
+from queue_manager.domain.topology import TOPOLOGY_ENV, Topology
 from queue_manager.errors import ConfigurationError
 from queue_manager.manager.config import ManagerConfig
+from queue_manager.reshard.workflow import load_state
 
 #: the port ``qm manager`` listens on unless told (the library's default, 0, takes any free port)
 DEFAULT_PORT = 8765
@@ -118,11 +121,25 @@ def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
 
+def _with_reshard_target(topo: Topology, path: Path, name: str) -> Topology:
+    """The topology to start the manager of shard ``name`` with: the file's, or, for a target of a
+    reshard recorded next to it that has not switched yet, the topology after the switch (the
+    manager waits as a standby until its shard serves; docs/operations.md, "Resharding")."""
+    if any(s.name == name for s in topo.shards):
+        return topo
+    state = load_state(path)
+    if state is not None and state.active and any(t.name == name for t in state.plan.targets):
+        return state.plan.new
+    return topo  # by_name then says which shards the file has
+
+
 def cmd_manager(args: argparse.Namespace) -> int:
     from queue_manager.manager import Manager
     from queue_manager.manager.auth import TokenStore
 
     topo = topology(args)
+    path = Path(args.topology or os.environ[TOPOLOGY_ENV])
+    topo = _with_reshard_target(topo, path, args.shard)
     shard = topo.by_name(args.shard)
     tokens_path = args.tokens or os.environ.get("QM_TOKENS")
     if not tokens_path:
@@ -148,6 +165,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
             standby_slices=args.standby_slices,
             durable_fires=not args.async_fires,
             topology=topo,
+            topology_file=path,
             rate_lease_ttl=args.rate_lease_ttl,
         )
     except ValueError as exc:

@@ -11,8 +11,12 @@ from queue_manager.errors import (
     InvalidNameError,
     MisroutedTenantError,
     QueueManagerError,
+    TenantMovedError,
     UnknownQueueError,
 )
+
+#: the SQLSTATE of qm.refuse_moved: the shard does not serve the tenant now (a reshard)
+MOVED = "QMM01"
 
 
 def translate(exc: psycopg.Error, *, queue: str | None = None) -> QueueManagerError | psycopg.Error:
@@ -20,6 +24,8 @@ def translate(exc: psycopg.Error, *, queue: str | None = None) -> QueueManagerEr
     diag = exc.diag
     message = diag.message_primary or str(exc)
     detail = diag.message_detail or ""
+    if exc.sqlstate == MOVED:
+        return TenantMovedError(message, right_shard=detail.removeprefix("right_shard=") or None)
     if isinstance(exc, pg.CheckViolation):
         if detail.startswith("right_shard="):
             return MisroutedTenantError(message, right_shard=detail.removeprefix("right_shard=") or None)

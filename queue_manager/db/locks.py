@@ -45,6 +45,9 @@ class LockClass(IntEnum):
     #: key: hashtext(queue id || chr(31) || tenant || chr(31) || dedup key). Serialises producers of
     #: one dedup key in the route trigger, so READ COMMITTED sees a committed twin; transaction-level
     DEDUP = 29043
+    #: key 0: one reshard process at a time, taken on every shard of the reshard (queue_manager.reshard);
+    #: session-level
+    RESHARD = 29044
 
     @property
     def purpose(self) -> str:

@@ -121,6 +121,17 @@ SOURCE: tuple[str, ...] = (
     "spark/publish_run.sql",
     "spark/abandon_run.sql",
     "spark/cleanup_spark_runs.sql",
+    # online resharding: serving state, the moved and capture triggers, the copy's apply
+    "reshard/refuse_moved.sql",
+    "reshard/reshard_capture_rows.sql",
+    "reshard/apply_reshard_triggers.sql",
+    "reshard/set_shard_map.sql",
+    "reshard/set_serving.sql",
+    "reshard/set_capturing.sql",
+    "reshard/reshard_prepare_target.sql",
+    "reshard/reshard_apply.sql",
+    "reshard/reshard_sync_tenants.sql",
+    "reshard/reshard_finish_copy.sql",
     # settings notices: the functions and the triggers on qm.queues and qm.tenant_settings
     "notices/notify_settings_changed.sql",
     "notices/notify_tenant_settings_changed.sql",

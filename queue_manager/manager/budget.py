@@ -28,6 +28,8 @@ from collections.abc import Sequence
 
 import psycopg
 
+from queue_manager.domain.topology import Topology
+from queue_manager.errors import TopologyError
 from queue_manager.manager import store
 from queue_manager.manager.limits import Liveness, Peer
 from queue_manager.manager.queues import QueueRuntime, Reason
@@ -192,6 +194,9 @@ class Budget:
         name = f"qm-manager-limits {cfg.holder}"
         peers = () if topology is None else [s for s in topology.shards if s.name != shard]
         self.links = {s.name: PeerLink(s.name, s.dsn, name) for s in peers}
+        self._link_name = name
+        #: the topology file's modification stamp when last read (None: not read yet)
+        self._topology_stamp: int | None = None
         self.liveness = Liveness()
         #: live peer rows by queue, from the last read
         self.view: dict[str, list[PeerLease]] = {}
@@ -217,7 +222,38 @@ class Budget:
                 conc.append(Peer(p.shard, p.want_concurrency, p.claim_concurrency, p.pending_concurrency))
         return rate, conc
 
+    async def _follow_topology(self) -> None:
+        """Reload the topology file when it changed (a reshard's switch rewrites it): links to
+        shards that joined are opened, links to shards that left (or moved database) closed. A
+        shard that left stops counting once its rows expire; one that joined counts as live from
+        its first row, and until this manager has reached it, no round is trusted (``_covered``)."""
+        path = self.rt.config.topology_file
+        if path is None:
+            return
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return
+        if stamp == self._topology_stamp:
+            return
+        try:
+            topology = Topology.load(path)
+        except TopologyError as exc:
+            logger.warning(
+                "topology file unreadable, kept the last one", extra={"action": "limits_topology", "error": str(exc)}
+            )
+            return
+        self._topology_stamp = stamp
+        wanted = {s.name: s.dsn for s in topology.shards if s.name != self.me}
+        for name in [n for n, link in self.links.items() if wanted.get(n) != link.dsn]:
+            await self.links.pop(name).close()
+        for name, dsn in wanted.items():
+            if name not in self.links:
+                self.links[name] = PeerLink(name, dsn, self._link_name)
+        logger.info("limits peers", extra={"action": "limits_topology", "peers": sorted(self.links)})
+
     async def round(self, started: float) -> None:
+        await self._follow_topology()
         rt = self.rt
         cfg = rt.config
         queues = [q for q in rt.queues.values() if limited(q)]

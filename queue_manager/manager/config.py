@@ -7,6 +7,7 @@ import os
 import secrets
 import socket
 from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from queue_manager.domain.topology import Topology
@@ -87,6 +88,10 @@ class ManagerConfig:
     #: across shards"). None: only its own shard's database, so it shares the limits only with
     #: managers that write there (alone, it takes the whole limits)
     topology: Topology | None = None
+    #: the topology file ``topology`` came from: when it changes (a reshard's switch rewrites it),
+    #: the manager writes its slices into the new set of shards from its next limits round on,
+    #: without a restart. None: the topology stays as given
+    topology_file: Path | None = None
     #: a slice of a limit is live this long after its last publish, seconds; a manager whose peer
     #: stops publishing takes its share after about this long (published every sixth of it)
     rate_lease_ttl: float = 0.6

@@ -25,10 +25,12 @@ from queue_manager.local.embedded import pg_bin_dir
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0004_archive_ledger"
+HEAD = "0005_reshard"
 #: tables the revisions after the baseline add
-ADDED_TABLES = ("qm.web_audit", "qm.archive_runs")
-ADDED_SEQUENCES = ("web_audit_id_seq",)
+ADDED_TABLES = ("qm.web_audit", "qm.archive_runs", "qm.reshard_capture", "qm.reshard_rows")
+ADDED_SEQUENCES = ("web_audit_id_seq", "reshard_capture_seq_seq")
+#: columns the revisions after the baseline add to a table, and the value every old row gets
+ADDED_COLUMNS = {"qm.shard": ("serving", False)}
 #: a shard at revision 0013_enqueue_lock of the squashed history, with queues and events in every
 #: state (made by tests/fixtures/make_old_head_dump.py)
 OLD_HEAD_DUMP = Path(__file__).parents[1] / "fixtures" / "old_head_0013.sql"
@@ -180,6 +182,9 @@ def test_a_database_at_the_old_head_keeps_its_events_and_ends_as_one_built_fresh
     # tables added by the revisions after the baseline start empty; every other row is as it was
     assert [after.pop(t) for t in ADDED_TABLES] == [[] for _ in ADDED_TABLES]
     after["sequences"] = [s for s in after["sequences"] if s[0] not in ADDED_SEQUENCES]
+    for table, added in ADDED_COLUMNS.items():
+        assert [row[-len(added) :] for row in after[table]] == [added] * len(after[table])
+        after[table] = [row[: -len(added)] for row in after[table]]
     assert after == before
     # the functions are the source's, and the generated ones of each queue
     source = {Path(f).stem for f in schema.SOURCE}

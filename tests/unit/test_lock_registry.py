@@ -65,6 +65,7 @@ def test_each_purpose_has_a_class_of_its_own_and_sql_agrees_with_python() -> Non
         "adopt": 29041,
         "spark_run": 29042,
         "dedup": 29043,
+        "reshard": 29044,
     }, "a class was added or removed, or a number changed (a removed class's number is not reused)"
 
 

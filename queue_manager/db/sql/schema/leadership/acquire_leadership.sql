@@ -1,5 +1,5 @@
 -- The manager's leadership lease (the row qm.leader; docs/manager.md): take the lease if it has
--- expired; returns the new term, or NULL while another holder's lease runs. All lease times are the
+-- expired; returns the new term, or NULL while another holder's lease runs or the shard does not serve. All lease times are the
 -- database clock's (clock_timestamp()), never a manager's. A takeover locks the leader row FOR
 -- UPDATE, which waits for every in-flight statement holding the KEY SHARE lock taken by qm.fence;
 -- once it commits, every later qm.fence of the old term raises. A manager that stops
@@ -15,6 +15,12 @@ BEGIN
     END IF;
     -- FOR UPDATE waits for every fenced statement in flight (they hold FOR KEY SHARE)
     PERFORM 1 FROM qm.leader FOR UPDATE;
+    -- a shard that does not serve its range (a reshard's target before the switch, or its source
+    -- after the freeze; revision 0005_reshard) grants no lease. Read after the lock, by a statement
+    -- of its own: qm.set_serving holds the leader row while it changes the state
+    IF EXISTS (SELECT FROM qm.shard s WHERE s.serving <> 'serving') THEN
+        RETURN NULL;
+    END IF;
     UPDATE qm.leader l
        SET term = l.term + 1, holder = acquire_leadership.holder, holder_pid = pg_backend_pid(),
            acquired_at = clock_timestamp(), renewed_at = clock_timestamp(),

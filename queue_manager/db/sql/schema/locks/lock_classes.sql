@@ -13,5 +13,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
            ('maintenance', 29039),  -- key: the job's position in qm.maintenance_jobs()
            ('adopt', 29041),        -- key: hashtext(adoption name); one run of an adoption
            ('spark_run', 29042),    -- key: hashtext(queue || chr(31) || run id); one live Spark run
-           ('dedup', 29043)         -- key: hashtext(queue id || chr(31) || tenant || chr(31) || dedup key)
+           ('dedup', 29043),        -- key: hashtext(queue id || chr(31) || tenant || chr(31) || dedup key)
+           ('reshard', 29044)       -- key 0: one reshard process at a time, on every shard it involves
 $$;

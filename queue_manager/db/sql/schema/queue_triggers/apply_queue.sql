@@ -13,6 +13,8 @@
 --                            wrote it (INSERT, multi-row INSERT, INSERT ... SELECT, COPY, JDBC), in
 --                            one set-based pass, then wakes the manager if it is waiting
 --   qm.apply_queue_triggers  the triggers on the queue table
+--   qm.apply_reshard_triggers  the triggers of a reshard (qm_moved, the change capture), per the
+--                            shard's serving and capturing state
 -- The rules both generated functions check are qm.rule_fresh, qm.rule_valid and qm.rule_member.
 -- Why not CHECK constraints: PostgreSQL parses and plans every CHECK expression again, from its
 -- stored text, for each INSERT statement. For the shuffle-set, range and payload checks that cost
@@ -31,5 +33,6 @@ BEGIN
     EXECUTE qm.route_source(q, s);
     EXECUTE qm.verify_source(q, s);
     PERFORM qm.apply_queue_triggers(q);
+    PERFORM qm.apply_reshard_triggers(q, s);
 END
 $$;

@@ -1,0 +1,161 @@
+"""``qm reshard``: move whole shards' key ranges to new shards while they serve (docs/operations.md,
+"Resharding").
+
+    qm reshard plan --target NAME RANGE DSN ...    what moves where (nothing changes)
+    qm reshard start --target NAME RANGE DSN ...   prepare the targets, capture, copy (rerun resumes)
+    qm reshard status [--json]                     phase, rows copied and left, lag, catch-up estimate
+    qm reshard sync                                apply the captured changes now
+    qm reshard switch [--timeout S]                the cut-over to the targets (rerun resumes)
+    qm reshard reverse [--timeout S]               back to the sources (until cleanup)
+    qm reshard cleanup                             drop the sources' events; the reshard is over
+    qm reshard cancel                              before the switch: drop the copy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from queue_manager.domain.names import check_shard_name
+from queue_manager.domain.topology import KeyRange, Shard
+from queue_manager.errors import ConfigurationError
+from queue_manager.reshard.workflow import Reshard
+
+
+def _path(args: argparse.Namespace) -> Path:
+    path = args.topology or os.environ.get("QM_TOPOLOGY")
+    if not path:
+        raise ConfigurationError("no topology: pass --topology FILE or set QM_TOPOLOGY")
+    return Path(path)
+
+
+def _targets(args: argparse.Namespace) -> list[Shard]:
+    out = []
+    for name, spec, dsn in args.target or []:
+        check_shard_name(name)
+        out.append(Shard(name, dsn, KeyRange.parse(spec)))
+    return out
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    with Reshard(_path(args), say=_say) as r:
+        plan = r.plan(_targets(args))
+        for line in plan.describe():
+            print(line)
+        print("\nthe topology after the switch:\n")
+        print(plan.new.to_toml())
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    with Reshard(_path(args), say=_say) as r:
+        r.start(_targets(args), batch=args.batch)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with Reshard(_path(args), say=_say) as r:
+        data = r.status()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{data['kind']}: {', '.join(data['sources'])} -> {', '.join(data['targets'])}")
+    print(
+        f"phase {data['phase']}, the {data['serving']} serve, "
+        f"snapshot copy {'complete' if data['copied'] else 'running'}"
+    )
+    if "cutover" in data:
+        c = data["cutover"]
+        print(f"cut-over to the {c['to']} interrupted after {c['last_step']!r}: next {c['next_step']!r} (rerun it)")
+    for key, entry in data.get("snapshot", {}).items():
+        print(f"  {key}: copied up to id {entry['copied_up_to_id']}, {entry['left']} left")
+    if "lag" in data:
+        lag: dict[str, Any] = data["lag"]
+        print(f"lag (changes not yet applied): {', '.join(f'{k} {v}' for k, v in lag.items())}")
+        if data["estimated_catch_up_seconds"] is not None:
+            print(f"estimated catch-up at the cut-over: {data['estimated_catch_up_seconds']:.3f}s")
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    with Reshard(_path(args), say=_say) as r:
+        p = r.sync(batch=args.batch)
+    print(f"applied {p.rows} changes in {p.seconds:.3f}s")
+    return 0
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    with Reshard(_path(args), say=_say) as r:
+        r.switch(timeout=args.timeout, lock_timeout=args.lock_timeout)
+    return 0
+
+
+def cmd_reverse(args: argparse.Namespace) -> int:
+    with Reshard(_path(args), say=_say) as r:
+        r.reverse(timeout=args.timeout, lock_timeout=args.lock_timeout)
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    with Reshard(_path(args), say=_say) as r:
+        r.cleanup()
+    print("cleaned up: the reshard is done")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with Reshard(_path(args), say=_say) as r:
+        r.cancel()
+    print("cancelled: the sources serve, the targets' copy is dropped")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``qm reshard ...`` to the ``qm`` parser's subcommands."""
+    reshard = sub.add_parser("reshard", help="split or merge shards online (docs/operations.md, 'Resharding')")
+    verbs = reshard.add_subparsers(dest="reshard_command", required=True)
+
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = verbs.add_parser(name, help=help_text)
+        p.add_argument("--topology", help="topology TOML file (default: $QM_TOPOLOGY)")
+        return p
+
+    def with_targets(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--target",
+            nargs=3,
+            action="append",
+            metavar=("NAME", "RANGE", "DSN"),
+            help="a new shard: its name, key range (e.g. -40) and DSN; repeat for each",
+        )
+
+    p = verb("plan", "what moves where (nothing changes)")
+    with_targets(p)
+    p.set_defaults(func=cmd_plan)
+    p = verb("start", "prepare the targets, capture changes, copy every event (a rerun resumes)")
+    with_targets(p)
+    p.add_argument("--batch", type=int, default=2000, help="events per copy page (default 2000)")
+    p.set_defaults(func=cmd_start)
+    p = verb("status", "phase, rows copied and left, lag, estimated catch-up")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+    p = verb("sync", "apply the captured changes now")
+    p.add_argument("--batch", type=int, default=2000)
+    p.set_defaults(func=cmd_sync)
+    for name, func, help_text in (
+        ("switch", cmd_switch, "cut over to the targets (a rerun resumes an interrupted one)"),
+        ("reverse", cmd_reverse, "cut back over to the sources (allowed until cleanup)"),
+    ):
+        p = verb(name, help_text)
+        p.add_argument("--timeout", type=float, default=10.0, help="bound on the frozen catch-up, seconds (default 10)")
+        p.add_argument("--lock-timeout", type=float, default=2.0, help="bound on each freeze lock, seconds (default 2)")
+        p.set_defaults(func=func)
+    verb("cleanup", "after the switch: drop the sources' events; ends the reshard").set_defaults(func=cmd_cleanup)
+    verb("cancel", "before the switch: drop the targets' copy; the sources keep serving").set_defaults(func=cmd_cancel)

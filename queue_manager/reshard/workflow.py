@@ -1,0 +1,693 @@
+"""Run a reshard against the databases: prepare the targets, copy, keep in sync, cut over, reverse,
+clean up or cancel. The decisions are ``plan``'s; this module moves rows and records each step in the
+state file next to the topology (``<topology>.reshard.json``, replaced by rename), so that a rerun
+after a crash resumes where the last recorded step left off.
+
+The copy is by change capture (docs/operations.md, "Resharding"): the serving side's queue tables
+get statement triggers that record (queue, id, tenant) of every changed row in qm.reshard_capture;
+a snapshot copy pages through each queue by id; applying a captured entry re-reads the current row
+by id and upserts it on the other side (or deletes it there when it is gone), so the order and
+repeats of entries do not matter. The lag is the number of entries not yet applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from queue_manager.db.migrate import topology_json, upgrade
+from queue_manager.db.sqlfiles import query
+from queue_manager.domain.names import check_queue_name
+from queue_manager.domain.topology import Shard, Topology
+from queue_manager.errors import ConfigurationError, QueueManagerError
+from queue_manager.reshard.plan import (
+    ReshardPlan,
+    ReshardState,
+    Side,
+    begin_cutover,
+    check_allowed,
+    make_plan,
+    next_step,
+    other,
+    rolled_back,
+    step_done,
+)
+
+logger = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[Any]
+
+#: rows per page of the snapshot copy and per round of applying captured changes
+BATCH = 2000
+#: a fault-injection point for the crash tests: the process kills itself (SIGKILL) right after it
+#: has recorded the step named here (a cut-over step, or 'prepared', 'capturing', 'copied')
+CRASH_AFTER_ENV = "QM_RESHARD_CRASH_AFTER"
+
+
+class ReshardError(QueueManagerError):
+    """The reshard stopped; the message says what happened and what to do."""
+
+
+def _q(name: str, queue: str | None = None) -> sql.SQL | sql.Composed:
+    text = query(name, "reshard.sql")
+    if queue is None:
+        return sql.SQL(text)
+    return sql.SQL(text).format(queue=sql.Identifier(check_queue_name(queue)))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _shards_json(topology: Topology) -> Jsonb:
+    return Jsonb(json.loads(topology_json(topology)))
+
+
+def state_path(topology_path: Path) -> Path:
+    """Where the state of a reshard of this topology is recorded."""
+    return topology_path.with_name(topology_path.name + ".reshard.json")
+
+
+def load_state(topology_path: Path) -> ReshardState | None:
+    """The recorded reshard of this topology, None if there is none."""
+    path = state_path(topology_path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, KeyError, ValueError) as exc:
+        raise ReshardError(f"the reshard state {path} is unreadable ({exc}); restore it or move it aside") from None
+    return ReshardState.from_dict(data)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _crash_point(what: str) -> None:
+    if os.environ.get(CRASH_AFTER_ENV) == what:
+        logger.warning("crash point", extra={"action": "reshard_crash_point", "step": what})
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class Progress:
+    """What a copy or apply round did: rows written and seconds spent."""
+
+    rows: int = 0
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        return self.rows / self.seconds if self.seconds > 0 and self.rows else None
+
+
+class Reshard:
+    """One reshard of the topology at ``topology_path``; holds connections to every shard involved
+    and the reshard lock on each (one process at a time). Use as a context manager."""
+
+    def __init__(self, topology_path: str | Path, *, say: Callable[[str], None] | None = None) -> None:
+        self.topology_path = Path(topology_path)
+        self.say = say or (lambda line: logger.info(line, extra={"action": "reshard"}))
+        self._conns: dict[str, Conn] = {}
+        self._stack = ExitStack()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def __enter__(self) -> Reshard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    def conn(self, shard: Shard) -> Conn:
+        """An autocommit connection to the shard, holding the reshard lock there."""
+        c = self._conns.get(shard.name)
+        if c is None or c.closed or c.broken:
+            if c is not None:
+                c.close()
+            c = psycopg.connect(shard.dsn, autocommit=True)
+            row = c.execute(_q("reshard_lock")).fetchone()
+            if not row or not row[0]:
+                c.close()
+                raise ReshardError(
+                    f"another reshard process holds the reshard lock on shard {shard.name!r}: "
+                    "wait for it to end (or end it) and run the command again"
+                )
+            self._conns[shard.name] = c
+        return c
+
+    def _retrying(self, shard: Shard, fn: Callable[[Conn], Any], what: str, attempts: int = 30) -> Any:
+        """Run ``fn`` on the shard's connection, reconnecting on a lost connection (a restarted
+        server) for up to ``attempts`` tries a second apart."""
+        for i in range(attempts):
+            try:
+                return fn(self.conn(shard))
+            except psycopg.OperationalError as exc:
+                # a lost connection (none, or the server going down: 57P0x); a server's own refusal
+                # (a lock timeout, say) is the caller's to handle
+                if exc.sqlstate is not None and not exc.sqlstate.startswith(("57P", "08")):
+                    raise
+                if i + 1 == attempts:
+                    raise ReshardError(f"shard {shard.name!r} unreachable while {what}: {exc}") from exc
+                logger.warning(
+                    "shard unreachable, retrying",
+                    extra={"action": "reshard_retry", "shard": shard.name, "what": what, "error": str(exc)},
+                )
+                old = self._conns.pop(shard.name, None)
+                if old is not None:
+                    old.close()
+                time.sleep(1)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def fetchall(
+        self, shard: Shard, stmt: sql.SQL | sql.Composed, params: dict[str, Any] | None = None, what: str = "reading"
+    ) -> list[Any]:
+        """Run a query on the shard (reconnecting as ``_retrying`` does) and return its rows."""
+
+        def run(c: Conn) -> list[Any]:
+            return c.execute(stmt, params).fetchall()
+
+        rows: list[Any] = self._retrying(shard, run, what)
+        return rows
+
+    def save(self, state: ReshardState) -> ReshardState:
+        _write_atomically(state_path(self.topology_path), json.dumps(state.to_dict(), indent=2) + "\n")
+        return state
+
+    def state(self) -> ReshardState:
+        state = load_state(self.topology_path)
+        if state is None:
+            raise ConfigurationError(
+                f"no reshard of {self.topology_path} is recorded ({state_path(self.topology_path)}): start one with "
+                "'qm reshard start'"
+            )
+        return state
+
+    # ------------------------------------------------------------------ plan and start
+
+    def plan(self, targets: Sequence[Shard]) -> ReshardPlan:
+        """The plan for moving the targets' ranges to them (nothing changes)."""
+        return make_plan(Topology.load(self.topology_path), targets)
+
+    def start(self, targets: Sequence[Shard], *, batch: int = BATCH) -> ReshardState:
+        """Prepare the targets, turn the capture on, copy every event, apply what changed meanwhile.
+
+        A rerun with the same targets resumes (the copy from its cursors); another reshard of the
+        same topology must be finished or cancelled first."""
+        state = load_state(self.topology_path)
+        if state is not None and state.active:
+            if [t for t in state.plan.targets] != list(targets) and targets:
+                raise ConfigurationError(
+                    f"a reshard to {', '.join(t.name for t in state.plan.targets)} is {state.phase} "
+                    f"({state_path(self.topology_path)}): finish or cancel it first"
+                )
+            if state.copied:
+                self.say("the copy is complete already; the capture keeps it in sync: run 'qm reshard switch'")
+                return state
+        else:
+            state = self.save(ReshardState(self.plan(targets)))
+        plan = state.plan
+        for line in plan.describe():
+            self.say(line)
+        queues = self._source_queues(plan)
+        for t in plan.targets:
+            self._prepare_target(plan, t, queues)
+        _crash_point("prepared")
+        for s in plan.sources:
+            self._retrying(s, lambda c: c.execute(_q("reshard_set_capturing"), {"on": True}), "turning the capture on")
+        self.say(f"capturing changes on {', '.join(s.name for s in plan.sources)}")
+        _crash_point("capturing")
+        state = self._snapshot(state, list(queues), batch)
+        state = self.save(replace(state, copied=True, history=[*state.history, {"step": "copied", "at": _now()}]))
+        _crash_point("copied")
+        progress = self._apply_captured(plan, "sources", batch=batch)
+        self._sync_tenants(plan, "sources")
+        state = self.save(replace(state, apply_rate=progress.rate or state.apply_rate))
+        self.say(f"copied; {progress.rows} changes applied since. Next: qm reshard status, then qm reshard switch")
+        return state
+
+    def _source_queues(self, plan: ReshardPlan) -> dict[str, dict[str, Any]]:
+        """Every queue of the sources with its settings; the sources must agree."""
+        found: dict[str, tuple[str, dict[str, Any]]] = {}
+        for s in plan.sources:
+            rows = self._retrying(s, lambda c: c.execute(_q("reshard_queues")).fetchall(), "reading the queues")
+            for name, settings, resizing in rows:
+                if resizing:
+                    raise ReshardError(
+                        f"queue {name!r} on shard {s.name!r} is still shrinking (partitions_physical > partitions): "
+                        "wait until the dropped partitions drain, then start the reshard"
+                    )
+                if name in found and found[name][1] != settings:
+                    raise ReshardError(
+                        f"queue {name!r} has different settings on shards {found[name][0]!r} and {s.name!r}: "
+                        "make them equal (qm queue alter) before merging"
+                    )
+                found.setdefault(name, (s.name, settings))
+        return {name: settings for name, (_, settings) in found.items()}
+
+    def _prepare_target(self, plan: ReshardPlan, target: Shard, queues: dict[str, dict[str, Any]]) -> None:
+        _ensure_database(target.dsn)
+        upgrade(target.dsn)
+        c = self.conn(target)
+        c.execute(
+            _q("reshard_prepare_target"),
+            {
+                "name": target.name,
+                "range_start": target.key_range.start,
+                "range_end": target.key_range.end,
+                "shards": _shards_json(plan.old),
+            },
+        )
+        existing = {r[0]: r[1] for r in c.execute(_q("reshard_queues")).fetchall()}
+        for name, settings in queues.items():
+            if name not in existing:
+                c.execute(_q("reshard_create_queue"), {"name": name, "settings": Jsonb(settings)})
+            elif existing[name] != settings:
+                c.execute(_q("reshard_alter_queue"), {"name": name, "settings": Jsonb(settings)})
+        self.say(f"target {target.name} ({target.key_range}) migrated, {len(queues)} queue(s), not serving yet")
+
+    # ------------------------------------------------------------------ the copy
+
+    def _dest_for(self, plan: ReshardPlan, to: Side) -> Callable[[str], Shard]:
+        topology = plan.topology_of(to)
+        side = {s.name for s in plan.side(to)}
+
+        def dest(tenant: str) -> Shard:
+            shard = topology.shard_for(tenant)
+            if shard.name not in side:
+                raise ReshardError(f"tenant {tenant!r} belongs to shard {shard.name!r}, outside the reshard")
+            return shard
+
+        return dest
+
+    def _snapshot(self, state: ReshardState, queues: list[str], batch: int) -> ReshardState:
+        plan = state.plan
+        dest_for = self._dest_for(plan, "targets")
+        started = time.monotonic()
+        total = 0
+        for s in plan.sources:
+            for queue in queues:
+                key = f"{s.name}/{queue}"
+                after = state.cursors.get(key, 0)
+                while True:
+                    rows = self.fetchall(
+                        s, _q("reshard_snapshot", queue), {"queue": queue, "after": after, "limit": batch}, "copying"
+                    )
+                    if not rows:
+                        break
+                    by_dest: dict[str, list[str]] = defaultdict(list)
+                    for _id, tenant, row in rows:
+                        by_dest[dest_for(tenant).name].append(row)
+                    for name, part in by_dest.items():
+                        self._apply(plan.new.by_name(name), queue, s.name, part, [])
+                    after = int(rows[-1][0])
+                    total += len(rows)
+                    state = self.save(replace(state, cursors={**state.cursors, key: after}))
+                self.say(f"copied {queue} from {s.name} (up to id {after})")
+        elapsed = time.monotonic() - started
+        if total:
+            self.say(f"snapshot: {total} events in {elapsed:.1f}s ({total / max(elapsed, 1e-6):.0f}/s)")
+        return state
+
+    def _apply(self, dest: Shard, queue: str, origin: str, upserts: list[str], gone: list[str]) -> int:
+        params = {
+            "queue": queue,
+            "origin": origin,
+            "upserts": "[" + ",".join(upserts) + "]",
+            "gone": "[" + ",".join(gone) + "]",
+        }
+
+        def run(c: Conn) -> int:
+            row = c.execute(_q("reshard_apply"), params).fetchone()
+            return int(row[0]) if row else 0
+
+        result: int = self._retrying(dest, run, f"applying to {dest.name}")
+        return result
+
+    def _apply_captured(
+        self, plan: ReshardPlan, side: Side, *, batch: int = BATCH, once: bool = False, until: float | None = None
+    ) -> Progress:
+        """Apply the captured changes of ``side`` to the other side until none is left (or one
+        round, ``once``; or until the monotonic time ``until``). Returns what was applied."""
+        to = other(side)
+        dest_for = self._dest_for(plan, to)
+        dest_topology = plan.topology_of(to)
+        progress = Progress()
+        started = time.monotonic()
+        for s in plan.side(side):
+            while True:
+                entries = self._retrying(
+                    s, lambda c: c.execute(_q("reshard_captured"), {"limit": batch}).fetchall(), "reading the capture"
+                )
+                if not entries:
+                    break
+                by_queue: dict[str, dict[int, str]] = defaultdict(dict)
+                for _seq, queue, eid, tenant in entries:
+                    by_queue[queue][int(eid)] = tenant
+                for queue, tenants in by_queue.items():
+                    ids = sorted(tenants)
+                    rows = self.fetchall(s, _q("reshard_rows_by_id", queue), {"queue": queue, "ids": ids})
+                    upserts: dict[str, list[str]] = defaultdict(list)
+                    gone: dict[str, list[str]] = defaultdict(list)
+                    for eid, present, row in rows:
+                        name = dest_for(tenants[int(eid)]).name
+                        (upserts if present else gone)[name].append(row)
+                    for name in set(upserts) | set(gone):
+                        progress.rows += self._apply(
+                            dest_topology.by_name(name), queue, s.name, upserts.get(name, []), gone.get(name, [])
+                        )
+                seqs = [int(e[0]) for e in entries]
+                self.fetchall(
+                    s, _q("reshard_forget_captured") + sql.SQL(" RETURNING seq"), {"seqs": seqs}, "forgetting"
+                )
+                if once or len(entries) < batch or (until is not None and time.monotonic() > until):
+                    break
+        progress.seconds = time.monotonic() - started
+        return progress
+
+    def _sync_tenants(self, plan: ReshardPlan, side: Side) -> None:
+        """Make the other side's tenant overrides for each of ``side``'s ranges equal to that shard's."""
+        to_side = plan.side(other(side))
+        for s in plan.side(side):
+            rows = self._retrying(s, lambda c: c.execute(_q("reshard_tenants")).fetchall(), "reading tenant overrides")
+            for t in to_side:
+                for queue, overrides in rows:
+                    params = {"queue": queue, "range_start": s.key_range.start, "range_end": s.key_range.end}
+                    self.fetchall(
+                        t, _q("reshard_sync_tenants"), {**params, "rows": Jsonb(overrides)}, "syncing tenants"
+                    )
+
+    def lag(self, shards: Sequence[Shard]) -> dict[str, int]:
+        """Captured changes not yet applied, per shard."""
+        out = {}
+        for s in shards:
+            row = self._retrying(s, lambda c: c.execute(_q("reshard_lag")).fetchone(), "reading the lag")
+            out[s.name] = int(row[0]) if row else 0
+        return out
+
+    def sync(self, *, batch: int = BATCH) -> Progress:
+        """Apply the captured changes now (and sync tenant overrides)."""
+        state = self.state()
+        check_allowed(state, "sync")
+        progress = self._apply_captured(state.plan, state.serving, batch=batch)
+        self._sync_tenants(state.plan, state.serving)
+        self.save(replace(state, apply_rate=progress.rate or state.apply_rate))
+        return progress
+
+    # ------------------------------------------------------------------ the cut-over
+
+    def switch(self, *, timeout: float = 10.0, lock_timeout: float = 2.0) -> ReshardState:
+        """Cut over to the targets (or resume an interrupted switch)."""
+        return self._cutover("targets", timeout=timeout, lock_timeout=lock_timeout)
+
+    def reverse(self, *, timeout: float = 10.0, lock_timeout: float = 2.0) -> ReshardState:
+        """Cut back over to the sources (allowed until cleanup)."""
+        return self._cutover("sources", timeout=timeout, lock_timeout=lock_timeout)
+
+    def _cutover(self, to: Side, *, timeout: float, lock_timeout: float) -> ReshardState:
+        state = self.state()
+        fresh = state.phase != "cutover"
+        state = begin_cutover(state, to)
+        plan = state.plan
+        frm = other(to)
+        if fresh:
+            # catch up while the range still takes writes, so that the frozen catch-up is short
+            for _ in range(20):
+                self._apply_captured(plan, frm, until=time.monotonic() + 30)
+                lag = sum(self.lag(plan.side(frm)).values())
+                if lag < BATCH // 4:
+                    break
+            self._sync_tenants(plan, frm)
+            state = self.save(state)
+        else:
+            self.say(f"resuming the cut-over to the {to} after step {state.step!r}")
+        started = time.monotonic()
+        while (step := next_step(state)) is not None:
+            t0 = time.monotonic()
+            if step == "freeze":
+                ok = self._freeze(plan, frm, lock_timeout)
+                if not ok:
+                    return self._roll_back(state, "the freeze could not lock every queue table in time")
+            elif step == "catch_up":
+                if not self._final_catch_up(plan, frm, timeout):
+                    return self._roll_back(state, f"the catch-up did not finish within {timeout:g}s")
+            elif step == "capture_back":
+                for s in plan.side(to):
+                    self._retrying(s, lambda c: c.execute(_q("reshard_set_capturing"), {"on": True}), "capture on")
+                for s in plan.side(frm):
+                    self._retrying(
+                        s,
+                        lambda c: (
+                            c.execute(_q("reshard_set_capturing"), {"on": False}),
+                            c.execute(
+                                _q("reshard_set_serving"),
+                                {"state": "moved", "shards": _shards_json(plan.topology_of(to))},
+                            ),
+                        ),
+                        "marking moved",
+                    )
+            elif step == "serve":
+                for s in plan.side(to):
+                    self._retrying(
+                        s,
+                        lambda c: c.execute(
+                            _q("reshard_set_serving"),
+                            {"state": "serving", "shards": _shards_json(plan.topology_of(to))},
+                        ),
+                        "serving",
+                    )
+            elif step == "topology":
+                self._publish_topology(plan, to)
+            state = self.save(step_done(state, step, _now()))
+            self.say(f"{step}: done in {time.monotonic() - t0:.3f}s")
+            _crash_point(step)
+        for s in plan.side(to):
+            # the copy wrote rows without counting them; approximate loads by design, so this is
+            # done outside the cut-over (and a crash before it is made good by the managers'
+            # reconciliation slices)
+            self.fetchall(s, _q("reshard_reconcile"), None, "reconciling the load counters")
+        names = ", ".join(s.name for s in plan.side(to))
+        self.say(f"the {to} serve ({names}); cut-over took {time.monotonic() - started:.3f}s")
+        return state
+
+    def _freeze(self, plan: ReshardPlan, frm: Side, lock_timeout: float) -> bool:
+        """Stop writes on the serving side and depose its managers; False if a lock timed out."""
+        to_map = _shards_json(plan.topology_of(other(frm)))
+        for s in plan.side(frm):
+            for attempt in range(3):
+                try:
+
+                    def freeze(c: Conn) -> None:
+                        c.execute(_q("reshard_lock_timeout"), {"timeout": f"{int(lock_timeout * 1000)}ms"})
+                        try:
+                            c.execute(_q("reshard_set_serving"), {"state": "frozen", "shards": to_map})
+                        finally:
+                            c.execute(_q("reshard_lock_timeout"), {"timeout": "0"})
+
+                    self._retrying(s, freeze, "freezing")
+                    break
+                except pg.LockNotAvailable:
+                    self.say(
+                        f"freezing {s.name}: a lock was not granted within {lock_timeout:g}s (attempt {attempt + 1})"
+                    )
+            else:
+                return False
+        return True
+
+    def _final_catch_up(self, plan: ReshardPlan, frm: Side, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._apply_captured(plan, frm, until=deadline)
+            if sum(self.lag(plan.side(frm)).values()) == 0:
+                break
+            if time.monotonic() > deadline:
+                return False
+        self._sync_tenants(plan, frm)
+        term = max(
+            int(self._retrying(s, lambda c: c.execute(_q("reshard_term")).fetchone(), "reading the term")[0])
+            for s in plan.side(frm)
+        )
+        min_ids: dict[str, int] = {}
+        for s in plan.side(frm):
+            for name, last in self.fetchall(s, _q("reshard_last_ids")):
+                if last is not None:
+                    min_ids[name] = max(min_ids.get(name, 0), int(last))
+        for s in plan.side(other(frm)):
+            self.fetchall(
+                s, _q("reshard_finish_copy"), {"min_term": term, "min_ids": Jsonb(min_ids)}, "finishing the copy"
+            )
+        return True
+
+    def _roll_back(self, state: ReshardState, why: str) -> ReshardState:
+        plan = state.plan
+        frm = state.serving
+        for s in plan.side(frm):
+            self._retrying(
+                s,
+                lambda c: c.execute(
+                    _q("reshard_set_serving"), {"state": "serving", "shards": _shards_json(plan.topology_of(frm))}
+                ),
+                "unfreezing",
+            )
+        state = self.save(rolled_back(state, _now(), why))
+        raise ReshardError(f"cut-over rolled back: {why}; the {frm} serve again. Run 'qm reshard sync', then try again")
+
+    def _publish_topology(self, plan: ReshardPlan, to: Side) -> None:
+        topology = plan.topology_of(to)
+        _write_atomically(self.topology_path, topology.to_toml())
+        shards = {s.name: s for s in (*plan.old.shards, *plan.new.shards)}
+        for s in shards.values():
+            self._retrying(
+                s, lambda c: c.execute(_q("reshard_set_shard_map"), {"shards": _shards_json(topology)}), "map"
+            )
+
+    # ------------------------------------------------------------------ the end
+
+    def cleanup(self) -> ReshardState:
+        """After the switch: end the reverse capture and drop the sources' events and overrides."""
+        state = self.state()
+        check_allowed(state, "cleanup")
+        plan = state.plan
+        for t in plan.targets:
+            self._retrying(
+                t,
+                lambda c: (
+                    c.execute(_q("reshard_set_capturing"), {"on": False}),
+                    c.execute(_q("reshard_clear_capture")),
+                    c.execute(_q("reshard_clear_rows")),
+                ),
+                "ending the reverse capture",
+            )
+        for s in plan.sources:
+            self._clear_events(s)
+            self.say(f"source {s.name}: events and tenant overrides dropped (it serves nothing; retire it)")
+        return self.save(replace(state, phase="done", history=[*state.history, {"step": "cleanup", "at": _now()}]))
+
+    def cancel(self) -> ReshardState:
+        """Before the switch: end the capture and drop what was copied to the targets."""
+        state = self.state()
+        check_allowed(state, "cancel")
+        if state.phase == "cutover":
+            with suppress(ReshardError):
+                self._roll_back(state, "cancelled")
+            state = self.state()
+        plan = state.plan
+        for s in plan.sources:
+            self._retrying(
+                s,
+                lambda c: (
+                    c.execute(_q("reshard_set_capturing"), {"on": False}),
+                    c.execute(_q("reshard_clear_capture")),
+                ),
+                "ending the capture",
+            )
+        for t in plan.targets:
+            try:
+                self._clear_events(t)
+            except ReshardError as exc:
+                self.say(f"target {t.name}: not cleared ({exc})")
+        return self.save(replace(state, phase="cancelled", history=[*state.history, {"step": "cancel", "at": _now()}]))
+
+    def _clear_events(self, shard: Shard) -> None:
+        def clear(c: Conn) -> None:
+            with c.transaction():
+                for (name,) in c.execute("SELECT name FROM qm.queues").fetchall():
+                    c.execute(_q("reshard_truncate_queue", name))
+                c.execute(_q("reshard_clear_tenants"))
+                c.execute(_q("reshard_clear_rows"))
+                c.execute(_q("reshard_clear_capture"))
+
+        self._retrying(shard, clear, "clearing")
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        """Phase, rows copied and left, lag, and an estimate of the cut-over's catch-up."""
+        state = self.state()
+        plan = state.plan
+        out: dict[str, Any] = {
+            "kind": plan.kind,
+            "phase": state.phase,
+            "serving": state.serving,
+            "sources": [f"{s.name} ({s.key_range})" for s in plan.sources],
+            "targets": [f"{t.name} ({t.key_range})" for t in plan.targets],
+            "copied": state.copied,
+        }
+        if state.phase == "cutover":
+            out["cutover"] = {"to": state.cutover_to, "last_step": state.step, "next_step": next_step(state)}
+        if state.phase in ("copying", "switched", "cutover"):
+            capturing = state.serving
+            copy = {}
+            if not state.copied:
+                for s in plan.sources:
+                    for (name,) in self.conn(s).execute("SELECT name FROM qm.queues").fetchall():
+                        key = f"{s.name}/{name}"
+                        after = state.cursors.get(key, 0)
+                        row = self.conn(s).execute(_q("reshard_left", name), {"after": after}).fetchone()
+                        copy[key] = {"copied_up_to_id": after, "left": int(row[0]) if row else 0}
+                out["snapshot"] = copy
+            lag = self.lag(plan.side(capturing))
+            out["lag"] = lag
+            rate = state.apply_rate
+            out["apply_rate"] = rate
+            out["estimated_catch_up_seconds"] = round(sum(lag.values()) / rate, 3) if rate else None
+        out["history"] = state.history[-10:]
+        return out
+
+
+def _ensure_database(dsn: str) -> None:
+    """Create the database of ``dsn`` if its server has none of that name."""
+    try:
+        psycopg.connect(dsn).close()
+        return
+    except psycopg.OperationalError as exc:
+        if "does not exist" not in str(exc):
+            raise
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    name = str(info.get("dbname") or "")
+    if not name:
+        raise ReshardError(f"cannot create the target database of {dsn!r}: it names no database")
+    admin = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    logger.info("created database", extra={"action": "reshard_create_database", "database": name})
+
+
+@contextmanager
+def opened(topology_path: str | Path, say: Callable[[str], None] | None = None) -> Iterator[Reshard]:
+    r = Reshard(topology_path, say=say)
+    try:
+        yield r
+    finally:
+        r.close()
