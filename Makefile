@@ -34,7 +34,7 @@ test-fast: setup ## the suite without the Spark tests
 	$(PYTEST) -m "not spark"
 
 lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
-	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks
+	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks faults
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
