@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast lint faults bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,6 +37,9 @@ lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
 	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks faults
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+faults: $(STAMP) ## the fault suite: nemesis rounds on 2 shards x 2 managers, a checker over the history; ARGS="--rounds 10", "--minutes 30", "--scenario NAME" (JSON lines on stdout, docs/faults.md)
+	$(BIN)/python -m faults $(ARGS)
 
 bench-enqueue: $(STAMP) ## enqueue throughput vs a plain table (JSON on stdout)
 	$(BIN)/python benchmarks/enqueue.py

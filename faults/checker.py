@@ -8,7 +8,10 @@ Pure: records in, a :class:`Report` out; no clock, no I/O. The definitions (docs
   dedup key, or never enqueued). Keys whose commit outcome is unknown may or may not be delivered;
 * **early**: a delivery recorded before the event's ``fire_at`` (less a tolerance for the
   microsecond rounding of the two clocks' readings: the same clock, see faults.history);
-* **after_ack**: a delivery recorded after a confirmed ack of the same event;
+* **after_ack**: a delivery recorded after a confirmed ack of the same event, of a later attempt
+  (a fire after the ack) or of the acked attempt again (a second push of it). A delivery of an
+  *earlier* attempt recorded late is a push sent before the ack that a frozen receiver read only
+  when it woke: not a fire after the ack;
 * **cross_tenant**: a delivery whose tenant is not the tenant the key was enqueued for, or not one
   of the tenants the receiver subscribed to;
 * **deposed_deliveries**: a delivery fired by a leader whose term was already superseded. Terms
@@ -19,7 +22,12 @@ Pure: records in, a :class:`Report` out; no clock, no I/O. The definitions (docs
 * **duplicates**: deliveries of a key beyond its first (allowed: delivery is at least once);
 * **max_stall_s**: the longest time a committed event waited, from when it was due (its
   ``fire_at``, or its commit when later) to its first delivery, counting only the time when some
-  receiver that may take it (alive, not paused, its tenant filter admitting the event) was up;
+  receiver that may take it (alive, not paused, its tenant filter admitting the event) was up.
+  An SQL ack that rolled back makes the event due again (its record's ``due_again``: the rollback,
+  or the ack deadline when later); the wait from then to its next delivery counts the same way.
+  A round whose ``nemesis`` start record has ``exempt_s`` exempts the events that became due within
+  that many seconds of its start (before or after): those a fault is expected to hold, such as
+  the events in hand of a receiver frozen at the start;
 * **recovery_s_p99**: per round, the time from the fault's start to the first delivery, on a
   shard the fault hit, of an event committed after the fault started; the p99 over rounds.
 
@@ -131,12 +139,15 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
     unknown: set[str] = set()
     deliveries: dict[str, list[Record]] = defaultdict(list)
     acked_at: dict[str, float] = {}
+    acked_attempt: dict[str, int] = {}
     final: dict[str, str] = {}
     # receiver availability: name -> (tenants filter or None, up since or None, intervals)
     scopes: dict[str, frozenset[str] | None] = {}
     up_since: dict[str, float | None] = {}
     up: dict[str, list[tuple[float, float]]] = defaultdict(list)
     rounds: list[tuple[int, float, frozenset[str]]] = []  # (round, start, shards)
+    exempt: list[tuple[float, float]] = []
+    due_again: list[tuple[str, float, float]] = []  # (k, due again at, recorded at)
 
     for r in recs:
         kind, t = r["kind"], float(r["t"])
@@ -151,7 +162,11 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
         elif kind == "deliver":
             deliveries[r["k"]].append(r)
         elif kind == "ack" and r.get("outcome") == "ok":
-            acked_at.setdefault(r["k"], t)
+            if r["k"] not in acked_at:
+                acked_at[r["k"]] = t
+                acked_attempt[r["k"]] = int(r.get("attempt") or 0)
+        elif kind == "ack" and r.get("due_again") is not None:
+            due_again.append((r["k"], float(r["due_again"]), t))
         elif kind == "final":
             final[r["k"]] = r["state"]
         elif kind == "receiver":
@@ -168,6 +183,8 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
                 up_since[name] = None
         elif kind == "nemesis" and r["phase"] == "start":
             rounds.append((int(r["round"]), t, frozenset(r.get("shards") or ())))
+            if r.get("exempt_s"):
+                exempt.append((t - float(r["exempt_s"]), t + float(r["exempt_s"])))
     for name, since in up_since.items():
         if since is not None:
             up[name].append((since, end))
@@ -191,12 +208,17 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
         rec = enqueued
         fire_at = rec.get("fire_at")
         confirmed = acked_at.get(k)
+        seen: set[int] = set()
         for d in ds:
             t = float(d["t"])
+            attempt = int(d["attempt"])
+            again = attempt in seen
+            seen.add(attempt)
             if fire_at is not None and t < float(fire_at) - EARLY_TOLERANCE:
                 early += 1
                 flag("early", d, fire_at_enqueued=fire_at)
-            if confirmed is not None and t > confirmed:
+            done = acked_attempt.get(k, 0)
+            if confirmed is not None and t > confirmed and (attempt > done or (attempt == done and again)):
                 after_ack += 1
                 flag("after_ack", d, acked_at=confirmed)
             scope = scopes.get(d["r"])
@@ -229,18 +251,26 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
                 current = number
         return current
 
+    waits: list[tuple[str, float, float, bool]] = []  # (k, due, delivered at, delivered at all)
     for k, rec in committed.items():
         commit_t = float(rec["t"])
         due = max(commit_t, float(rec["fire_at"])) if rec.get("fire_at") is not None else commit_t
         got = deliveries.get(k)
         first = min(float(d["t"]) for d in got) if got else end
-        if first <= due:
+        waits.append((k, due, first, bool(got)))
+    for k, due, recorded in due_again:
+        later = [float(d["t"]) for d in deliveries.get(k, ()) if float(d["t"]) > recorded]
+        if (k in committed and k not in acked_at) or later:
+            waits.append((k, due, min(later) if later else end, bool(later)))
+    for k, due, first, delivered in waits:
+        waiting = committed.get(k)
+        if waiting is None or first <= due or any(a <= due <= b for a, b in exempt):
             continue
         able = _merge(
             [
                 iv
                 for name, ivs in merged_up.items()
-                if scopes.get(name) is None or rec["tenant"] in (scopes.get(name) or ())
+                if scopes.get(name) is None or waiting["tenant"] in (scopes.get(name) or ())
                 for iv in ivs
             ]
         )
@@ -249,7 +279,9 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
         stall_by_round[number] = max(stall_by_round.get(number, 0.0), waited)
         if waited > max_stall:
             max_stall = waited
-            examples["max_stall"] = [{**rec, "due": due, "first_delivery": first if got else None, "waited": waited}]
+            examples["max_stall"] = [
+                {**waiting, "due": due, "delivered": first if delivered else None, "waited": waited}
+            ]
 
     recoveries: list[float] = []
     for _number, start, shards in rounds:
@@ -264,7 +296,7 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
 
     return Report(
         scenario=scenario,
-        rounds=len(rounds),
+        rounds=len({number for number, _, _ in rounds}),
         events=len(committed),
         lost=lost,
         unexpected=unexpected,

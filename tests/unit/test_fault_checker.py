@@ -155,6 +155,12 @@ def test_a_delivery_after_a_confirmed_ack_is_flagged() -> None:
     history = [*clean(), dlv("a", 1.5, attempt=2)]  # "a" was acked (confirmed) at 1.2
     report = check(history, scenario="x", stall_bound_s=BOUND)
     assert report.after_ack == 1 and report.duplicates == 1 and not report.passed
+    # the acked attempt pushed a second time after the ack
+    assert check([*clean(), dlv("a", 1.5, r="r2")], scenario="x", stall_bound_s=BOUND).after_ack == 1
+    # an earlier attempt's push read late by a receiver that was frozen: sent before the ack, not flagged
+    late = [up(0), enq("c", 1.0), dlv("c", 4.0, attempt=2), ack("c", 4.1, attempt=2), dlv("c", 9.0, r="frozen")]
+    report = check(late, scenario="x", stall_bound_s=BOUND)
+    assert report.after_ack == 0 and report.duplicates == 1
     # the same by SQL: a committed SQL ack is a confirmation, a rolled-back one is not
     sql = [up(0), enq("c", 1.0), dlv("c", 1.1), ack("c", 1.2, via="sql"), dlv("c", 1.5, attempt=2)]
     assert check(sql, scenario="x", stall_bound_s=BOUND).after_ack == 1
