@@ -200,9 +200,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="keep the servers and histories here")
     parser.add_argument("--keep", action="store_true", help="keep the histories of a passing run")
     parser.add_argument("--list", action="store_true", help="list the scenarios and their bounds")
+    parser.add_argument(
+        "--check", metavar="RUN_DIR", help="only check the kept history of one scenario's run (a directory under runs/)"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.check:
+        run = Path(args.check)
+        name = run.name.split("-", 1)[-1]
+        scenario = next((s for s in SCENARIOS if s.name == name), None)
+        if scenario is None or not run.is_dir():
+            parser.error(f"{run} is not the run directory of a scenario (runs/NN-<scenario>)")
+        report = checker.check(history.read(history.files_in(run)), scenario=name, stall_bound_s=scenario.bound_s)
+        print(json.dumps(report.line()))
+        return 0 if report.passed else 1
     if args.list:
         for s in SCENARIOS:
             print(f"{s.name:42} bound {s.bound_s:4.1f} s  ({s.why}){'  [opt-in]' if s.opt_in else ''}")

@@ -24,7 +24,8 @@ Pure: records in, a :class:`Report` out; no clock, no I/O. The definitions (docs
   ``fire_at``, or its commit when later) to its first delivery, counting only the time when some
   receiver that may take it (alive, not paused, its tenant filter admitting the event) was up.
   An SQL ack that rolled back makes the event due again (its record's ``due_again``: the rollback,
-  or the ack deadline when later); the wait from then to its next delivery counts the same way.
+  or the ack deadline when later); the wait from then to its next delivery (of a later attempt)
+  counts the same way.
   A round whose ``nemesis`` start record has ``exempt_s`` exempts the events that became due within
   that many seconds of its start (before or after): those a fault is expected to hold, such as
   the events in hand of a receiver frozen at the start;
@@ -147,7 +148,7 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
     up: dict[str, list[tuple[float, float]]] = defaultdict(list)
     rounds: list[tuple[int, float, frozenset[str]]] = []  # (round, start, shards)
     exempt: list[tuple[float, float]] = []
-    due_again: list[tuple[str, float, float]] = []  # (k, due again at, recorded at)
+    due_again: list[tuple[str, float, int]] = []  # (k, due again at, attempt rolled back)
 
     for r in recs:
         kind, t = r["kind"], float(r["t"])
@@ -166,7 +167,7 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
                 acked_at[r["k"]] = t
                 acked_attempt[r["k"]] = int(r.get("attempt") or 0)
         elif kind == "ack" and r.get("due_again") is not None:
-            due_again.append((r["k"], float(r["due_again"]), t))
+            due_again.append((r["k"], float(r["due_again"]), int(r.get("attempt") or 0)))
         elif kind == "final":
             final[r["k"]] = r["state"]
         elif kind == "receiver":
@@ -258,8 +259,9 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
         got = deliveries.get(k)
         first = min(float(d["t"]) for d in got) if got else end
         waits.append((k, due, first, bool(got)))
-    for k, due, recorded in due_again:
-        later = [float(d["t"]) for d in deliveries.get(k, ()) if float(d["t"]) > recorded]
+    for k, due, rolled in due_again:
+        # the next fire is a later attempt (an earlier one read late by a frozen receiver is not it)
+        later = [float(d["t"]) for d in deliveries.get(k, ()) if int(d["attempt"]) > rolled]
         if (k in committed and k not in acked_at) or later:
             waits.append((k, due, min(later) if later else end, bool(later)))
     for k, due, first, delivered in waits:

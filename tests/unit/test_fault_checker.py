@@ -227,6 +227,22 @@ def test_a_stall_with_a_receiver_free_is_flagged_and_time_without_one_is_not_cou
     # a receiver whose tenant filter excludes the event does not count as free
     history = [up(0.0, "scoped", tenants=["t-b"]), nemesis, enq("c", 1.0), up(5.0), dlv("c", 6.0), ack("c", 6.1)]
     assert abs(check(history, scenario="x", stall_bound_s=BOUND).max_stall_s - 1.0) < 1e-9
+    # an SQL ack rolled back late: due again at once, and the next attempt took 4 s
+    rb = {**ack("c", 3.0, via="sql", outcome="rollback"), "due_again": 3.0}
+    history = [
+        up(0.0),
+        enq("c", 1.0),
+        dlv("c", 1.1),
+        rb,
+        dlv("c", 2.0, r="frozen"),
+        dlv("c", 7.0, attempt=2),
+        ack("c", 7.1, attempt=2),
+    ]
+    report = check(history, scenario="x", stall_bound_s=BOUND)
+    assert abs(report.max_stall_s - 4.0) < 1e-9 and not report.passed
+    # ... or the receiver acked it over the socket after the rollback: nothing waited
+    history = [up(0.0), enq("c", 1.0), dlv("c", 1.1), rb, ack("c", 3.1)]
+    assert check(history, scenario="x", stall_bound_s=BOUND).max_stall_s < 0.2
     # a scheduled event waits from its fire_at, not from its commit
     history = [up(0.0), enq("c", 1.0, fire_at=5.0), dlv("c", 5.2), ack("c", 5.3)]
     assert check(history, scenario="x", stall_bound_s=BOUND).max_stall_s < 0.3
