@@ -186,7 +186,15 @@ class Deployment:
 
     async def start_manager(self, slot: ManagerSlot) -> None:
         def start() -> ManagerProcess:
-            return ManagerProcess(slot.topology_file, self.tokens_file, slot.shard, LEASE_TTL, "--port", str(slot.port))
+            return ManagerProcess(
+                slot.topology_file,
+                self.tokens_file,
+                slot.shard,
+                LEASE_TTL,
+                "--port",
+                str(slot.port),
+                log=self.dir / f"manager-{slot.shard}-{slot.index}.log",
+            )
 
         slot.proc = await asyncio.to_thread(start)
 

@@ -84,8 +84,7 @@ async def _restart(ctx: Ctx, slots: list[ManagerSlot]) -> None:
     for slot in slots:
         if slot.proc is not None:
             await asyncio.to_thread(slot.proc.proc.wait)
-            if slot.proc.proc.stdout is not None:
-                slot.proc.proc.stdout.close()
+            slot.proc.stop()  # already gone: closes its pipe and log
     await asyncio.gather(*(ctx.dep.start_manager(s) for s in slots))
 
 
