@@ -5,7 +5,9 @@ Pure: records in, a :class:`Report` out; no clock, no I/O. The definitions (docs
 * **lost**: an event whose enqueue committed and that was neither acked (a confirmed ack in the
   history, or ``acked`` in the final read of the database) nor dead-lettered (``failed``);
 * **unexpected**: a delivery of a key that never committed (rolled back, skipped as a duplicate
-  dedup key, or never enqueued). Keys whose commit outcome is unknown may or may not be delivered;
+  dedup key, or never enqueued). Keys whose commit outcome is unknown may or may not be delivered.
+  Each key is enqueued once, as one row: deliveries of one key under two event ids (a bulk load
+  that published a row twice) count the second row's as unexpected too;
 * **early**: a delivery recorded before the event's ``fire_at`` (less a tolerance for the
   microsecond rounding of the two clocks' readings: the same clock, see faults.history);
 * **after_ack**: a delivery recorded after a confirmed ack of the same event, of a later attempt
@@ -199,6 +201,12 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
     unexpected = early = after_ack = cross = deposed = duplicates = 0
     for k, ds in deliveries.items():
         duplicates += len(ds) - 1
+        rows: dict[tuple[str, int], Record] = {}
+        for d in ds:
+            rows.setdefault((d["shard"], int(d["id"])), d)
+        for d in list(rows.values())[1:]:
+            unexpected += 1
+            flag("unexpected", d, why="a second row of the key", first_row=next(iter(rows)))
         enqueued = committed.get(k)
         if enqueued is None:
             if k not in unknown:

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import random
 import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from faults.cluster import ACK_TIMEOUT, BACKOFF_MAX, LEASE_TTL, RECONNECT_MAX, Deployment, ManagerSlot, Servers
+from faults.history import now
 
 Inject = Callable[["Ctx"], Awaitable[None]]
 
@@ -225,6 +231,104 @@ def link(where: str, how: str, hold: float = 2 * LEASE_TTL) -> Inject:
     return inject
 
 
+# --------------------------------------------------------------------------- Spark
+
+#: rows of one Spark bulk enqueue
+SPARK_ROWS = 2000
+
+
+def _spark_input(ctx: Ctx) -> tuple[Path, list[tuple[str, str]]]:
+    """A JSON-lines input of SPARK_ROWS events over both shards' tenants, and the topology file."""
+    from faults.cluster import plain_tenants
+
+    tenants = [t for r in ("-80", "80-") for t in plain_tenants(r)]
+    rows = [(f"spark-{ctx.round}-{i}", tenants[i % len(tenants)]) for i in range(SPARK_ROWS)]
+    path = ctx.dep.dir / f"spark-input-{ctx.round}.json"
+    path.write_text("".join(json.dumps({"tenant": t, "k": k}) + "\n" for k, t in rows))
+    topo = ctx.dep.dir / "spark-topology.toml"
+    topo.write_text(ctx.dep.topology.to_toml())
+    return path, rows
+
+
+def _spark_run(ctx: Ctx, path: Path, run_id: str, log: str) -> subprocess.Popen[bytes]:
+    from faults.cluster import QUEUE
+
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "queue_manager.cli.main",
+            "spark",
+            "enqueue",
+            "--topology",
+            str(ctx.dep.dir / "spark-topology.toml"),
+            "--queue",
+            QUEUE,
+            "--input",
+            str(path),
+            "--format",
+            "json",
+            "--payload-cols",
+            "k",
+            "--run-id",
+            run_id,
+            "--work-dir",
+            str(ctx.dep.dir / f"spark-work-{run_id}"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=(ctx.dep.dir / f"{log}.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its JVM is killed with it (the process group)
+    )
+
+
+def _record_spark(ctx: Ctx, rows: list[tuple[str, str]], outcome: str) -> None:
+    t = now()
+    ranges = {s.name: s.key_range for s in ctx.dep.topology.shards}
+    for k, tenant in rows:
+        shard = next((n for n, r in ranges.items() if r.contains(tenant)), "?")
+        ctx.dep.history.write(
+            "enqueued", t=t, k=k, tenant=tenant, shard=shard, via="spark", outcome=outcome, fire_at=None
+        )
+
+
+def spark_twice() -> Inject:
+    """Two live runs of one Spark job (one run id, one work directory) started at once, as an
+    orchestrator retrying a task whose first attempt is still alive: every row published once."""
+
+    async def inject(ctx: Ctx) -> None:
+        path, rows = _spark_input(ctx)
+        ctx.start("spark-twice", sorted(ctx.dep.managers), rows=len(rows))
+        run_id = f"twice-{ctx.round}"
+        procs = [_spark_run(ctx, path, run_id, f"spark-{run_id}-{n}") for n in (1, 2)]
+        codes = [await asyncio.to_thread(p.wait) for p in procs]
+        _record_spark(ctx, rows, "commit" if 0 in codes else "unknown")
+        ctx.heal("spark-twice")
+
+    return inject
+
+
+def spark_killed() -> Inject:
+    """The Spark bulk enqueue killed (its process group, JVM included) at a random moment, then
+    run again with the same run id: every row published once."""
+
+    async def inject(ctx: Ctx) -> None:
+        path, rows = _spark_input(ctx)
+        run_id = f"killed-{ctx.round}"
+        ctx.start("spark-killed", sorted(ctx.dep.managers), rows=len(rows))
+        first = _spark_run(ctx, path, run_id, f"spark-{run_id}-1")
+        await asyncio.sleep(ctx.rng.uniform(3.0, 25.0))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        await asyncio.to_thread(first.wait)
+        again = _spark_run(ctx, path, run_id, f"spark-{run_id}-2")
+        code = await asyncio.to_thread(again.wait)
+        _record_spark(ctx, rows, "commit" if code == 0 else "unknown")
+        ctx.heal("spark-killed")
+
+    return inject
+
+
 # --------------------------------------------------------------------------- the four faults of the issue
 
 
@@ -299,6 +403,20 @@ SCENARIOS: tuple[Scenario, ...] = (
         1.0,
         "1 s (the SQL-acking receiver is its tenants' only one)",
         receivers=(("r-vip2", "lib", {"mix": {"sql": 1.0}, "concurrency": 2, "vip": True}),),
+    ),
+    Scenario(
+        "spark-twice",
+        spark_twice(),
+        MANAGER_BOUND,
+        "lease TTL + 1 s (events are due when the runs end)",
+        opt_in=True,
+    ),
+    Scenario(
+        "spark-killed",
+        spark_killed(),
+        MANAGER_BOUND,
+        "lease TTL + 1 s (events are due when the re-run ends)",
+        opt_in=True,
     ),
     Scenario(
         "kill-active-and-receiver-link-partition",

@@ -136,6 +136,8 @@ def test_an_unexpected_delivery_of_a_rolled_back_or_unknown_key_is_flagged() -> 
     report = check([*clean(), dlv("rolled", 1.5, ident=9)], scenario="x", stall_bound_s=BOUND)
     assert report.unexpected == 1 and not report.passed
     assert check([*clean(), dlv("never-enqueued", 1.5, ident=9)], scenario="x", stall_bound_s=BOUND).unexpected == 1
+    # one key published as two rows (two ids): the second row is unexpected
+    assert check([*clean(), dlv("a", 1.15, ident=7)], scenario="x", stall_bound_s=BOUND).unexpected == 1
     # a key whose commit outcome is unknown may be delivered
     history = [*clean(), enq("maybe", 1.0, outcome="unknown"), dlv("maybe", 1.5, ident=9)]
     assert check(history, scenario="x", stall_bound_s=BOUND).unexpected == 0
