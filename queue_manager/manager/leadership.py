@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import psycopg
 
 from queue_manager.manager import store
+from queue_manager.manager.config import LEASE_MARGIN
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
 
@@ -169,15 +170,18 @@ class Leadership:
                 await asyncio.sleep(RECONNECT_DELAY)
 
     async def _renew_within_trust(self, ctl: AsyncConn) -> None:
-        """Renew, but wait no longer than the trust left. On a link gone silent (a partition that
-        drops packets, not connections) a renewal would wait for TCP to give up, and the receivers
-        would stay on a leader that no longer leads. Cancelling the statement would not help: psycopg
-        then sends a cancel request over the same silent network and waits seconds for it. So the
-        renewal is left behind, its connection closed under it, and the wait ends as a TimeoutError
-        (an OSError: the caller's outage path, which steps down once the trust has run out)."""
+        """Renew, but wait no longer than until the lease may have expired in the database (the
+        trust left plus its margin: from then on a standby may hold it). On a link gone silent (a
+        partition that drops packets, not connections) a renewal would wait for TCP to give up, and
+        the receivers would stay on a leader that no longer leads. Cancelling the statement would not
+        help: psycopg then sends a cancel request over the same silent network and waits seconds for
+        it. So the renewal is left behind, its connection closed under it, and the wait ends as a
+        TimeoutError (an OSError: the caller's outage path, which steps down, the trust being over).
+        A renewal that is only slow (a loaded machine) and answers before then keeps the lease."""
         lease, clock = self.rt.lease, self.rt.clock
         renewal = asyncio.ensure_future(self._renew(ctl))
-        done, _ = await asyncio.wait({renewal}, timeout=max(0.0, lease.trusted_until - clock.monotonic()))
+        budget = max(0.0, lease.trusted_until + LEASE_MARGIN - clock.monotonic())
+        done, _ = await asyncio.wait({renewal}, timeout=budget)
         if renewal in done:
             renewal.result()
             return
