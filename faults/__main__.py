@@ -88,7 +88,7 @@ async def run_scenario(
     work.mkdir(parents=True)
     db = f"faults_{index}_{scenario.name.replace('-', '_')}"[:60]
     topology = await asyncio.to_thread(servers.fresh, db)
-    dep = Deployment(work, topology, work / "tokens.toml", history.HistoryWriter(work / "harness.jsonl"))
+    dep = Deployment(work, topology, work / "tokens.toml", history.HistoryWriter(work / "harness.jsonl"), seed=seed)
     stop_watch, stop_produce = asyncio.Event(), asyncio.Event()
     watcher = asyncio.create_task(dep.watch_terms(stop_watch))
     rng = random.Random(seed)
@@ -173,11 +173,18 @@ async def main_async(args: argparse.Namespace) -> int:
         while True:
             for scenario in chosen:
                 index += 1
-                report = await run_scenario(servers, root / "runs", scenario, args.rounds, args.seed + index, index)
+                try:
+                    report = await run_scenario(servers, root / "runs", scenario, args.rounds, args.seed + index, index)
+                except Exception as exc:  # the harness itself failed: say so, keep the data, go on
+                    failed += 1
+                    line = {name: None for name in checker.FIELDS} | {"scenario": scenario.name, "pass": False}
+                    print(json.dumps(line), flush=True)
+                    print(f"  {scenario.name}: the harness failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    continue
                 print(json.dumps(report.line()), flush=True)
                 if not report.passed:
                     failed += 1
-                    print(f"  history and examples: {root / 'runs'}", file=sys.stderr)
+                    print(f"  history and examples: {root / 'runs'} (seed {args.seed + index})", file=sys.stderr)
             if args.minutes is None or time.monotonic() - started > args.minutes * 60:
                 break
     finally:
