@@ -235,6 +235,10 @@ def link(where: str, how: str, hold: float = 2 * LEASE_TTL) -> Inject:
 
 #: rows of one Spark bulk enqueue
 SPARK_ROWS = 2000
+#: a bulk load lands its rows at once: the receivers are busy with the burst, not free, but the
+#: checker counts a receiver as free while it is up (it does not see credit); measured: 2000 rows
+#: drained in about 4 s on the loaded 2-core machine
+SPARK_BOUND = 10.0
 
 
 def _spark_input(ctx: Ctx) -> tuple[Path, list[tuple[str, str]]]:
@@ -407,15 +411,15 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "spark-twice",
         spark_twice(),
-        MANAGER_BOUND,
-        "lease TTL + 1 s (events are due when the runs end)",
+        SPARK_BOUND,
+        "the drain of a 2000-event burst (the receivers are busy, not free)",
         opt_in=True,
     ),
     Scenario(
         "spark-killed",
         spark_killed(),
-        MANAGER_BOUND,
-        "lease TTL + 1 s (events are due when the re-run ends)",
+        SPARK_BOUND,
+        "the drain of a 2000-event burst (the receivers are busy, not free)",
         opt_in=True,
     ),
     Scenario(
