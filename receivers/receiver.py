@@ -221,6 +221,8 @@ class _Link:
         self.gen = 0
         self.ws: ClientConnection | None = None
         self.url: str | None = None
+        #: the manager to try first on the next connection (the one a leader check found leading)
+        self.hint: str | None = None
         self.term: int | None = None
         self.subscribed = asyncio.Event()
         self.running: dict[asyncio.Future[Any], _Running] = {}
@@ -240,7 +242,7 @@ class _Link:
     async def run(self) -> None:
         try:
             while not self.r.stopping.is_set():
-                url = await self._find_leader()
+                url, self.hint = self.hint or await self._find_leader(), None
                 if url is not None and not self.r.stopping.is_set():
                     try:
                         await self._connect(url)
@@ -364,6 +366,8 @@ class _Link:
                     self.url,
                     extra={"shard": self.shard, "term": self.term},
                 )
+                # go straight to it: probing every URL again would wait out the frozen one's timeout
+                self.hint = url
                 ws.transport.abort()  # a close handshake would wait for the frozen peer
                 return
 
