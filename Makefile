@@ -13,7 +13,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,9 +42,12 @@ test-reshard-faults: setup ## the reshard process SIGKILLed after each recorded 
 	QM_RESHARD_FAULTS=1 $(BIN)/python -m pytest -q -n 0 tests/integration/test_reshard_faults.py
 
 lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
-	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks
+	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks faults
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+faults: $(STAMP) ## the fault suite: nemesis rounds on 2 shards x 2 managers, a checker over the history; ARGS="--rounds 10", "--minutes 30", "--scenario NAME" (JSON lines on stdout, docs/faults.md)
+	$(BIN)/python -m faults $(ARGS)
 
 bench-enqueue: $(STAMP) ## enqueue throughput vs a plain table (JSON on stdout)
 	$(BIN)/python -m benchmarks.enqueue $(ARGS)

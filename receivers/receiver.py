@@ -221,6 +221,8 @@ class _Link:
         self.gen = 0
         self.ws: ClientConnection | None = None
         self.url: str | None = None
+        #: the manager to try first on the next connection (the one a leader check found leading)
+        self.hint: str | None = None
         self.term: int | None = None
         self.subscribed = asyncio.Event()
         self.running: dict[asyncio.Future[Any], _Running] = {}
@@ -240,7 +242,7 @@ class _Link:
     async def run(self) -> None:
         try:
             while not self.r.stopping.is_set():
-                url = await self._find_leader()
+                url, self.hint = self.hint or await self._find_leader(), None
                 if url is not None and not self.r.stopping.is_set():
                     try:
                         await self._connect(url)
@@ -318,6 +320,8 @@ class _Link:
             asyncio.create_task(self._extender()),
             asyncio.create_task(self._drainer(ws)),
         ]
+        if self.r.leader_check is not None and len(self.urls) > 1:
+            tasks.append(asyncio.create_task(self._watch_leader(ws, self.r.leader_check)))
         try:
             async for message in ws:
                 self._on_frame(json.loads(message))
@@ -335,6 +339,37 @@ class _Link:
                     ws.close_reason,
                     extra={"shard": self.shard},
                 )
+
+    async def _watch_leader(self, ws: ClientConnection, every: float) -> None:
+        """Leave a manager that another one has deposed. A leader frozen with its socket open
+        (SIGSTOP, a stalled VM) cannot close its receivers when a standby takes over, and the
+        websocket's pings take tens of seconds to notice; so the other URLs are probed every
+        ``every`` seconds, and one that leads under a higher term than this connection's ends it
+        at once (its events in hand fire again after their ack deadline, as after a crash)."""
+        others = [u for u in self.urls if u != self.url]
+        while True:
+            await asyncio.sleep(every)
+            answers = await asyncio.gather(*(probe_leader(u, self.r.probe_timeout) for u in others))
+            newer = [
+                (a[1] or 0, u)
+                for u, a in zip(others, answers, strict=True)
+                if a is not None and a[0] == 200 and (a[1] or 0) > (self.term or 0)
+            ]
+            if newer:
+                term, url = max(newer)
+                logger.warning(
+                    "manager %s leads shard %s under a newer term %s than this connection's (%s): leaving %s",
+                    url,
+                    self.shard,
+                    term,
+                    self.term,
+                    self.url,
+                    extra={"shard": self.shard, "term": self.term},
+                )
+                # go straight to it: probing every URL again would wait out the frozen one's timeout
+                self.hint = url
+                ws.transport.abort()  # a close handshake would wait for the frozen peer
+                return
 
     def _lost(self) -> None:
         """The connection is gone: forget what it held; the manager re-fires it."""
@@ -683,7 +718,10 @@ class Receiver:
       ``None`` turns extensions off;
     - ``drain_timeout``: on :meth:`stop`, how long to wait for the handlers in hand and their acks;
     - ``backoff``: makes the :class:`Backoff` of each shard's reconnections;
-    - ``probe_timeout``: seconds for one ``/health/leader`` probe (the handshake gets 5 times that).
+    - ``probe_timeout``: seconds for one ``/health/leader`` probe (the handshake gets 5 times that);
+    - ``leader_check``: while connected, probe the shard's other URLs this often (seconds) and leave
+      the connection when one leads under a newer term (a frozen leader cannot say it was deposed);
+      ``None`` turns it off.
     """
 
     def __init__(
@@ -701,6 +739,7 @@ class Receiver:
         drain_timeout: float = 30.0,
         backoff: Callable[[], Backoff] | None = None,
         probe_timeout: float = 1.0,
+        leader_check: float | None = 1.0,
         max_size: int = 16 << 20,
     ) -> None:
         if isinstance(urls_by_shard, str):
@@ -739,6 +778,9 @@ class Receiver:
         self.drain_timeout = drain_timeout
         self.backoff_factory: Callable[[], Backoff] = backoff or Backoff
         self.probe_timeout = probe_timeout
+        if leader_check is not None and not leader_check > 0:
+            raise ValueError(f"leader_check must be positive or None, got {leader_check!r}")
+        self.leader_check = leader_check
         self.max_size = max_size
         self.stats = ReceiverStats()
         self.stopping = asyncio.Event()

@@ -32,7 +32,11 @@ def write_config(tmp_path: Path, topology: Topology) -> tuple[Path, Path]:
 class ManagerProcess:
     """``qm manager`` in a child process; its first stdout line names its port."""
 
-    def __init__(self, topo: Path, tokens: Path, shard: str, lease_ttl: float, *extra: str) -> None:
+    def __init__(
+        self, topo: Path, tokens: Path, shard: str, lease_ttl: float, *extra: str, log: Path | None = None
+    ) -> None:
+        """``log``: append the manager's stderr (its log lines) to this file instead of dropping it."""
+        self._log = log.open("ab") if log is not None else None
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -54,7 +58,7 @@ class ManagerProcess:
                 *extra,
             ],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self._log if self._log is not None else subprocess.DEVNULL,
             text=True,
             cwd=_ROOT,
         )
@@ -88,6 +92,8 @@ class ManagerProcess:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self._log is not None:
+            self._log.close()
 
 
 async def lease(dsn: str) -> tuple[int, int | None]:

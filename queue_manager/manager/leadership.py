@@ -24,11 +24,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 
 from queue_manager.manager import store
+from queue_manager.manager.config import LEASE_MARGIN
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
 
@@ -40,6 +41,12 @@ RECONNECT_DELAY = 0.25
 STALL_AFTER = 30.0
 #: while the database stays unreachable, a reminder is logged this often, seconds
 OUTAGE_REMINDER = 30.0
+
+
+def _ignore_outcome(task: asyncio.Future[Any]) -> None:
+    """Retrieve the result of an abandoned task, so that its failure is not reported as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 class OutageLog:
@@ -149,16 +156,39 @@ class Leadership:
                         await s.failed_event.wait()
                 if s.failed is None and s.stalled(clock.monotonic(), STALL_AFTER):
                     s.fail(RuntimeError(f"the dispatcher started no round for {STALL_AFTER:g} s"))
-                await self._renew(ctl)
+                await self._renew_within_trust(ctl)
             except asyncio.CancelledError:
                 raise
-            except (psycopg.Error, OSError) as exc:
-                self.outage.failed(str(exc).strip())
+            except (psycopg.Error, OSError) as exc:  # OSError includes TimeoutError
+                self.outage.failed(str(exc).strip() or type(exc).__name__)
                 await self._drop_control()
-                await self._end_session()
                 if lease.term is not None and not lease.trusted(clock.monotonic()):
+                    # receivers first (closed with 4001): ending a session whose connections hang can take long
                     await self.step_down("lease could not be renewed")
+                else:
+                    await self._end_session()
                 await asyncio.sleep(RECONNECT_DELAY)
+
+    async def _renew_within_trust(self, ctl: AsyncConn) -> None:
+        """Renew, but wait no longer than until the lease may have expired in the database (the
+        trust left plus its margin: from then on a standby may hold it). On a link gone silent (a
+        partition that drops packets, not connections) a renewal would wait for TCP to give up, and
+        the receivers would stay on a leader that no longer leads. Cancelling the statement would not
+        help: psycopg then sends a cancel request over the same silent network and waits seconds for
+        it. So the renewal is left behind, its connection closed under it, and the wait ends as a
+        TimeoutError (an OSError: the caller's outage path, which steps down, the trust being over).
+        A renewal that is only slow (a loaded machine) and answers before then keeps the lease."""
+        lease, clock = self.rt.lease, self.rt.clock
+        renewal = asyncio.ensure_future(self._renew(ctl))
+        budget = max(0.0, lease.trusted_until + LEASE_MARGIN - clock.monotonic())
+        done, _ = await asyncio.wait({renewal}, timeout=budget)
+        if renewal in done:
+            renewal.result()
+            return
+        renewal.add_done_callback(_ignore_outcome)
+        await self._drop_control()
+        renewal.cancel()
+        raise TimeoutError("the lease renewal got no answer before the lease's trust ran out")
 
     async def _control(self) -> AsyncConn:
         """The control connection (lease statements), opened and checked on first use."""

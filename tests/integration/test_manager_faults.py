@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from queue_manager.domain.topology import Shard, Topology
 from tests.conftest import tenants_of
 from tests.faultkit import TcpProxy
-from tests.managerkit import running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import raw_client, recv_type, running_manager, running_receiver, url, wait_for, wait_leader
 from tests.processkit import ManagerProcess, lease, write_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -119,6 +122,37 @@ async def test_unreachable_shard_stops_dispatch_and_recovery_resumes_it(shard: S
                     await wait_for(lambda: receiver.stats.acked >= 20, timeout=15, what="acks after recovery")
                     cur = await conn.execute("SELECT count(*) FROM orders WHERE state = 'acked'")
                     assert await cur.fetchone() == (20,)
+    finally:
+        await proxy.close()
+
+
+async def test_a_leader_whose_database_link_goes_silent_closes_its_receivers_within_the_lease(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue
+) -> None:
+    """A partition that drops packets instead of connections (the fault suite's db-link-partition):
+    the leader's renewal would wait for TCP to give up, and its receivers would stay on a manager
+    that no longer leads while a standby takes the shard. The renewal gets no longer than the trust
+    left, so the leader steps down and closes its receivers (4001) within the lease TTL."""
+    make_queue("orders", partitions=2, shuffle=1)
+    proxy = TcpProxy.for_dsn(shard.dsn)
+    await proxy.start()
+    try:
+        async with running_manager(proxy.proxied(shard.dsn)) as m:
+            await wait_leader(m)
+            async with raw_client(m) as ws:
+                await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 10}))
+                await recv_type(ws, "subscribed")
+                stalled_at = time.monotonic()
+                proxy.stall()
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        await asyncio.wait_for(ws.recv(), LEASE_TTL + 1.5)
+                took = time.monotonic() - stalled_at
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001, closed.value
+                assert took <= LEASE_TTL + 1.0, f"receivers closed {took:.2f} s after the link went silent"
+                assert m.role != "leader"
+            proxy.restore()
+            await wait_leader(m, timeout=15)
     finally:
         await proxy.close()
 

@@ -468,6 +468,44 @@ async def test_a_receiver_follows_a_failover_by_itself(  # type: ignore[no-untyp
     assert {v[:2] for v in (await rows(shard.dsn)).values()} == {("acked", 1)}
 
 
+async def test_a_receiver_leaves_a_frozen_leader_once_a_standby_leads(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue, two_managers: list[ManagerProcess]
+) -> None:
+    """The leader is frozen (SIGSTOP) with its sockets open: it cannot close its receivers, and
+    the websocket pings would take tens of seconds. The standby takes the lease; the receiver,
+    probing the other manager every second, moves to it within the lease TTL plus about a second
+    and 1 s of probing, and events committed meanwhile are handled (found by the fault suite's
+    manager-pause-active scenario, docs/faults.md)."""
+    make_queue("orders", partitions=2, shuffle=1, ack_timeout_seconds=2, backoff_min_seconds=0.05)
+    tenants = tenants_of(shard, 4)
+    handled: list[tuple[int, int]] = []
+
+    async def handle(event: Event) -> None:
+        handled.append((event.id, event.attempt))
+
+    deadline = asyncio.get_running_loop().time() + 15
+    leader = None
+    while leader is None:
+        assert asyncio.get_running_loop().time() < deadline, "no manager took the lease"
+        _, pid = await lease(shard.dsn)
+        leader = next((p for p in two_managers if p.pid == pid and p.health("/health/leader")[0] == 200), None)
+        await asyncio.sleep(0.05)
+    [standby] = [p for p in two_managers if p is not leader]
+    async with receiving({"s0": [p.url for p in two_managers]}, handle, concurrency=4) as r:
+        assert r.leader("s0") == leader.url
+        os.kill(leader.pid, signal.SIGSTOP)
+        try:
+            frozen_at = asyncio.get_running_loop().time()
+            during = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(10)])
+            await wait_for(lambda: r.leader("s0") == standby.url, 20, "the receiver on the new leader")
+            moved = asyncio.get_running_loop().time() - frozen_at
+            await wait_for(lambda: {i for i, _ in handled} >= set(during), 20, "the events committed meanwhile")
+            # the lease TTL (2 s), the standby's poll, one probe period (1 s) and the back-off
+            assert moved <= 2.0 + 3.0, f"the receiver left the frozen leader after {moved:.1f} s"
+        finally:
+            os.kill(leader.pid, signal.SIGCONT)
+
+
 async def test_a_refused_token_or_queue_stops_the_receiver_with_a_clear_error(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
     make_queue("orders", partitions=2, shuffle=1)
 

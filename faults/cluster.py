@@ -1,0 +1,304 @@
+"""The suite's deployment: two PostgreSQL servers (one per shard), two managers per shard (an
+active one and a standby, real ``qm manager`` processes), a TCP proxy on each manager's link to its
+database and on each manager's port for receivers, and receiver processes.
+
+One pair of servers serves the whole run; each scenario gets fresh databases cloned from a
+migrated template, fresh managers, proxies and receivers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from faults.history import HistoryWriter
+from faults.proxy import TcpProxy
+from queue_manager import admin
+from queue_manager.db.migrate import set_identity, upgrade
+from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.local.embedded import LocalServer
+from tests.processkit import ManagerProcess
+
+QUEUE = "faults"
+SECRET_ALL = "faults-suite-all-queues-0001"
+SECRET_VIP = "faults-suite-vip-tenants-001"
+#: the lease TTL of the suite's managers (seconds): the bound of a manager fault is this plus 1 s
+LEASE_TTL = 2.0
+#: the receivers' reconnect back-off cap (seconds): the bound of a link fault is this plus 1 s
+RECONNECT_MAX = 0.5
+#: the queue's ack timeout and back-off (seconds)
+ACK_TIMEOUT = 2
+BACKOFF_MIN = 0.1
+BACKOFF_MAX = 0.5
+QUEUE_SETTINGS = {
+    "partitions": 8,
+    "shuffle": 2,
+    "ack_timeout_seconds": ACK_TIMEOUT,
+    "backoff_min_seconds": BACKOFF_MIN,
+    "backoff_max_seconds": BACKOFF_MAX,
+    "max_attempts": 1000,
+    "retention_seconds": 3600,
+}
+SERVER_SETTINGS = {"max_connections": "300", "max_prepared_transactions": "20"}
+NAMES = ("s0", "s1")
+RANGES = ("-80", "80-")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tenants_for(key_range: KeyRange, prefix: str, count: int) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while len(out) < count:
+        name = f"{prefix}-{i}"
+        if key_range.contains(name):
+            out.append(name)
+        i += 1
+    return out
+
+
+class Servers:
+    """The two PostgreSQL servers and a migrated template database on each."""
+
+    TEMPLATE = "faults_tpl"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.servers = [LocalServer(root / f"pg-{n}" / "pgdata", settings=SERVER_SETTINGS) for n in NAMES]
+
+    def start(self) -> None:
+        for server in self.servers:
+            admin_dsn = server.start()
+            with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {self.TEMPLATE} WITH (FORCE)")
+                conn.execute(f"CREATE DATABASE {self.TEMPLATE}")
+            upgrade(server.dsn(self.TEMPLATE))
+
+    def fresh(self, name: str) -> Topology:
+        shards = []
+        for server, shard_name, key_range in zip(self.servers, NAMES, RANGES, strict=True):
+            with psycopg.connect(server.dsn(), autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                conn.execute(f"CREATE DATABASE {name} TEMPLATE {self.TEMPLATE}")
+            shards.append(Shard(shard_name, server.dsn(name), KeyRange.parse(key_range)))
+        topology = Topology(tuple(shards))
+        for s in topology.shards:
+            set_identity(s.dsn, s, topology)
+        admin.create_queue(topology, QUEUE, QUEUE_SETTINGS)
+        return topology
+
+    def drop(self, name: str) -> None:
+        for server in self.servers:
+            with contextlib.suppress(Exception), psycopg.connect(server.dsn(), autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def stop(self) -> None:
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                server.stop(mode="immediate")
+
+
+@dataclass
+class ManagerSlot:
+    """One manager of a shard: its fixed port, its two proxies, its current process."""
+
+    shard: str
+    index: int
+    port: int
+    db_proxy: TcpProxy
+    front: TcpProxy
+    topology_file: Path
+    proc: ManagerProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.front.port}/"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None or self.proc.proc.poll() is not None else self.proc.pid
+
+
+@dataclass
+class ReceiverSlot:
+    name: str
+    config: dict[str, Any]
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class Deployment:
+    """One scenario's databases, managers, proxies and receivers."""
+
+    dir: Path
+    topology: Topology
+    tokens_file: Path
+    history: HistoryWriter
+    managers: dict[str, list[ManagerSlot]] = field(default_factory=dict)
+    receivers: dict[str, ReceiverSlot] = field(default_factory=dict)
+    terms: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # shard -> (term, holder pid)
+    #: the scenario's seed: the receivers' draws derive from it
+    seed: int = 0
+
+    def dsn(self, shard: str) -> str:
+        return next(s.dsn for s in self.topology.shards if s.name == shard)
+
+    # ------------------------------------------------------------------ managers
+
+    async def start_managers(self) -> None:
+        self.tokens_file.write_text(
+            f'[[token]]\nname = "all"\nsecret = "{SECRET_ALL}"\nqueues = ["*"]\n\n'
+            f'[[token]]\nname = "vip"\nsecret = "{SECRET_VIP}"\nqueues = ["{QUEUE}"]\n'
+            f"tenants = {json.dumps(vip_tenants())}\n"
+        )
+        for shard in self.topology.shards:
+            slots = []
+            for i in range(2):
+                db_proxy = TcpProxy.for_dsn(shard.dsn)
+                await db_proxy.start()
+                port = free_port()
+                front = TcpProxy("127.0.0.1", port)
+                await front.start()
+                topo = Topology(
+                    tuple(
+                        replace(s, dsn=db_proxy.proxied(s.dsn)) if s.name == shard.name else s
+                        for s in self.topology.shards
+                    )
+                )
+                path = self.dir / f"topology-{shard.name}-{i}.toml"
+                path.write_text(topo.to_toml())
+                slots.append(ManagerSlot(shard.name, i, port, db_proxy, front, path))
+            self.managers[shard.name] = slots
+        await asyncio.gather(*(self.start_manager(slot) for slots in self.managers.values() for slot in slots))
+
+    async def start_manager(self, slot: ManagerSlot) -> None:
+        def start() -> ManagerProcess:
+            return ManagerProcess(
+                slot.topology_file,
+                self.tokens_file,
+                slot.shard,
+                LEASE_TTL,
+                "--port",
+                str(slot.port),
+                log=self.dir / f"manager-{slot.shard}-{slot.index}.log",
+            )
+
+        slot.proc = await asyncio.to_thread(start)
+
+    def active(self, shard: str) -> ManagerSlot | None:
+        holder = self.terms.get(shard, (0, None))[1]
+        return next((m for m in self.managers[shard] if m.pid is not None and m.pid == holder), None)
+
+    def standby(self, shard: str) -> ManagerSlot | None:
+        active = self.active(shard)
+        return next((m for m in self.managers[shard] if m is not active and m.pid is not None), None)
+
+    async def watch_terms(self, stop: asyncio.Event) -> None:
+        """Record every new term of each shard (read from its lease row every 0.1 s)."""
+        while not stop.is_set():
+            for shard in self.topology.shards:
+                with contextlib.suppress(Exception):
+                    async with await psycopg.AsyncConnection.connect(shard.dsn, connect_timeout=2) as conn:
+                        cur = await conn.execute("SELECT term, holder, expires_at > clock_timestamp() FROM qm.leader")
+                        row = await cur.fetchone()
+                    if row is not None:
+                        term, holder, live = int(row[0]), row[1], bool(row[2])
+                        pid = int(str(holder).split(":")[1]) if live and holder else None
+                        if self.terms.get(shard.name, (None,))[0] != term:
+                            self.history.write("term", shard=shard.name, term=term)
+                        self.terms[shard.name] = (term, pid)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+
+    async def wait_leaders(self, timeout: float = 30.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not all(self.active(s.name) is not None for s in self.topology.shards):
+            if loop.time() > deadline:
+                raise RuntimeError(f"no leader on every shard within {timeout} s: {self.terms}")
+            await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------------ receivers
+
+    def start_receiver(self, slot: ReceiverSlot) -> None:
+        slot.proc = subprocess.Popen(
+            [sys.executable, "-m", "faults.receiver_proc", json.dumps(slot.config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=(self.dir / f"{slot.name}.log").open("ab"),
+            cwd=Path(__file__).resolve().parents[1],
+        )
+
+    def add_receiver(self, name: str, kind: str, *, tenants: list[str], vip: bool = False, **options: Any) -> None:
+        config = {
+            "name": name,
+            "kind": kind,
+            "queue": QUEUE,
+            "token": SECRET_VIP if vip else SECRET_ALL,
+            "tenants": tenants,
+            "urls": {shard: [m.url for m in slots] for shard, slots in self.managers.items()},
+            "dsns": {s.name: s.dsn for s in self.topology.shards},
+            "history": str(self.dir / f"{name}.jsonl"),
+            "ack_timeout": ACK_TIMEOUT,
+            "backoff_max": RECONNECT_MAX,
+            "seed": self.seed * 10_007 + zlib.crc32(name.encode()),
+            **options,
+        }
+        slot = self.receivers[name] = ReceiverSlot(name, config)
+        self.start_receiver(slot)
+
+    def signal_receiver(self, name: str, sig: signal.Signals) -> None:
+        proc = self.receivers[name].proc
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, sig)
+
+    # ------------------------------------------------------------------ teardown
+
+    async def stop(self) -> None:
+        for slot in self.receivers.values():
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGCONT)
+                slot.proc.send_signal(signal.SIGTERM)
+        for slot in self.receivers.values():
+            if slot.proc is not None:
+                try:
+                    await asyncio.to_thread(slot.proc.wait, 10)
+                except subprocess.TimeoutExpired:
+                    slot.proc.kill()
+                    await asyncio.to_thread(slot.proc.wait)
+        for slots in self.managers.values():
+            for m in slots:
+                m.db_proxy.restore()
+                m.front.restore()
+        await asyncio.gather(
+            *(asyncio.to_thread(m.proc.stop) for slots in self.managers.values() for m in slots if m.proc is not None)
+        )
+        for slots in self.managers.values():
+            for m in slots:
+                await m.db_proxy.close()
+                await m.front.close()
+
+
+def vip_tenants() -> list[str]:
+    """Tenants that only the scoped receiver (which acks everything by SQL) may take."""
+    return [t for r in RANGES for t in tenants_for(KeyRange.parse(r), "vip", 3)]
+
+
+def plain_tenants(shard_range: str, count: int = 30) -> list[str]:
+    return tenants_for(KeyRange.parse(shard_range), "ten", count)
