@@ -57,8 +57,7 @@ from queue_manager import admin  # noqa: E402
 from queue_manager.db.migrate import migrate_topology  # noqa: E402
 from queue_manager.domain.topology import Shard, Topology, even_ranges  # noqa: E402
 from queue_manager.producer import Event, Router  # noqa: E402
-from receivers.client import Event as Delivery  # noqa: E402
-from receivers.client import Receiver  # noqa: E402
+from receivers.testing import Delivery, MinimalClient  # noqa: E402
 
 logger = logging.getLogger("bench.ratelimit")
 
@@ -196,7 +195,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cluster = LocalCluster(work / "cluster", 2)
     managers: list[ManagerProc] = []
     receipts: dict[str, list[float]] = {"s0": [], "s1": []}
-    receivers: list[Receiver] = []
+    receivers: list[MinimalClient] = []
     tasks: list[asyncio.Task[None]] = []
     load: list[tuple[float, float]] = []
     try:
@@ -244,7 +243,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             return handle
 
         for i, m in enumerate(managers):
-            r = Receiver(
+            r = MinimalClient(
                 f"ws://127.0.0.1:{m.port}/", SECRET, QUEUE, on_event(f"s{i}"), credit=1000, reconnect_delay=0.05
             )
             receivers.append(r)
