@@ -3,12 +3,17 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+#: the peers' own virtualenv for bench-e2e's comparison (PgQueuer, Procrastinate; git-ignored)
+PEERS_VENV ?= .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
 #: pytest workers for `make test`: the suite is CPU-bound on 2 cores once its waits overlap; 3
 #: workers measured 2m39-2m44 (2: 3m26, 4: 2m52 with more contention); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 3
+#: extra options for a bench-* target, e.g. make bench-e2e ARGS="--quick --no-peers"
+ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast lint bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast lint bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-web bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,40 +44,48 @@ lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
 	$(BIN)/lint-imports
 
 bench-enqueue: $(STAMP) ## enqueue throughput vs a plain table (JSON on stdout)
-	$(BIN)/python benchmarks/enqueue.py
+	$(BIN)/python -m benchmarks.enqueue $(ARGS)
+
+$(PEERS_STAMP): benchmarks/peers/requirements.txt
+	$(PY) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/pip install -q -r benchmarks/peers/requirements.txt
+	touch $(PEERS_STAMP)
+
+bench-peers-setup: $(PEERS_STAMP) ## the peers' virtualenv .venv-peers (pinned PgQueuer and Procrastinate from PyPI) for bench-e2e
 
 bench-trigger-cost: $(STAMP) ## the enqueue triggers' server time per row vs a plain table, and vs OTHER=<checkout> when given (JSON on stdout)
-	$(BIN)/python benchmarks/trigger_cost.py $(if $(OTHER),--other $(OTHER))
+	$(BIN)/python -m benchmarks.trigger_cost $(if $(OTHER),--other $(OTHER)) $(ARGS)
 
-bench-e2e: $(STAMP) ## one shard end to end: drain, latency, fire accuracy, vs PgQueuer/Procrastinate (JSON on stdout)
-	$(BIN)/python benchmarks/e2e.py
+bench-e2e: $(STAMP) $(PEERS_STAMP) ## one shard end to end: drain, latency, fire accuracy, vs PgQueuer/Procrastinate (JSON on stdout)
+	PEERS_PYTHON=$(PEERS_VENV)/bin/python $(BIN)/python -m benchmarks.e2e $(ARGS)
 
 bench-held-snapshot: $(STAMP) ## dispatch while a long transaction holds back vacuum, 500/s and 2000/s, ~10 min (JSON on stdout)
-	$(BIN)/python benchmarks/held_snapshot.py
+	$(BIN)/python -m benchmarks.held_snapshot $(ARGS)
 
 bench-churn: $(STAMP) ## 10 min of churn with retention on, clean and with a snapshot held 2 min, ~25 min (JSON on stdout)
-	$(BIN)/python benchmarks/churn.py
+	$(BIN)/python -m benchmarks.churn $(ARGS)
 
 bench-fairness: $(STAMP) ## a quiet tenant's pickup delay alone and beside a 100k-event noisy tenant, ~8 min (JSON on stdout)
-	$(BIN)/python benchmarks/fairness.py
+	$(BIN)/python -m benchmarks.fairness $(ARGS)
 
 bench-spark: setup ## Spark bulk enqueue of 1M events into two shards vs Spark's JDBC writer and COPY (JSON on stdout)
-	$(BIN)/python benchmarks/spark_load.py
+	$(BIN)/python -m benchmarks.spark_load $(ARGS)
 
 bench-maintenance: $(STAMP) ## what a maintenance slice costs, and the acks beside reconciliation slices (JSON on stdout)
-	$(BIN)/python benchmarks/maintenance.py
+	$(BIN)/python -m benchmarks.maintenance $(ARGS)
 
 bench-archive: setup ## archive 200k settled events of two shards to Parquet and delete them (JSON on stdout)
-	$(BIN)/python benchmarks/archive.py
+	$(BIN)/python -m benchmarks.archive $(ARGS)
 
 bench-adopt: $(STAMP) ## qm queue adopt: 100k legacy rows into two shards, by slice size (JSON on stdout)
-	$(BIN)/python benchmarks/adopt.py
+	$(BIN)/python -m benchmarks.adopt $(ARGS)
 
 bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
-	$(BIN)/python benchmarks/ratelimit.py
+	$(BIN)/python -m benchmarks.ratelimit $(ARGS)
 
 bench-web: $(STAMP) ## the web dashboard on 10M events: each page's p50/p99, an open overview's PostgreSQL CPU (JSON on stdout)
-	$(BIN)/python benchmarks/web.py
+	$(BIN)/python -m benchmarks.web $(ARGS)
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local

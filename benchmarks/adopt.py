@@ -8,7 +8,7 @@ PostgreSQL server: unless ``--dsn`` names the administrative database of an exis
 embedded server with the default durability (fsync and synchronous_commit on) is started in a
 temporary directory and stopped at the end.
 
-    .venv/bin/python benchmarks/adopt.py [--rows 100000] [--slices 100,500,2000] [--repeats 3] [--dsn URI]
+    .venv/bin/python -m benchmarks.adopt [--rows 100000] [--slices 100,500,2000] [--repeats 3] [--dsn URI]
                                          [--mark [--index]]
 """
 
@@ -27,7 +27,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from benchmarks._bench_common import bench_server, machine_info, server_info
+from benchmarks.lib.machine import machine_info
+from benchmarks.lib.server import bench_server, server_info
 from queue_manager import admin
 from queue_manager.adopt import AdoptOptions, adopt
 from queue_manager.db.migrate import set_identity, upgrade

@@ -10,7 +10,7 @@ database of an existing server, an embedded server with the default durability (
 synchronous_commit on) is started in a temporary directory and stopped at the end. Spark runs in
 this process (``local[2]``, as ``qm spark archive`` does); its start-up is reported apart.
 
-    .venv/bin/python benchmarks/archive.py [--rows 200000] [--dsn URI] [--delete-slice 10000]
+    .venv/bin/python -m benchmarks.archive [--rows 200000] [--dsn URI] [--delete-slice 10000]
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from benchmarks._bench_common import bench_server, machine_info, server_info
+from benchmarks.lib.machine import machine_info
+from benchmarks.lib.server import bench_server, server_info
 from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology

@@ -30,7 +30,7 @@ Reported per run:
 * ``targets``: the issue's (size growth under 20 % after the first minute, no throughput decay beyond
   10 %, recovery within 2 minutes of the snapshot's release), with the figures they were judged on.
 
-    .venv/bin/python benchmarks/churn.py [--minutes 10] [--rate 500] [--retention 30] [--runs clean,held | --held]
+    .venv/bin/python -m benchmarks.churn [--minutes 10] [--rate 500] [--retention 30] [--runs clean,held | --held]
                                          [--held-seconds 120] [--vacuum-after 5] [--health-interval 5]
                                          [--table-options fillfactor=90,...]
                                          [--server-set autovacuum_naptime=10] [--dsn URI] [--json-only]
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import re
 import signal
@@ -52,28 +51,22 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # spawned children import the entry points from here
-    sys.path.insert(0, str(HERE))
-
-import _e2e_procs as procs  # noqa: E402
-import e2e  # noqa: E402
-from _bench_common import bench_server, machine_info, one_shard_queue, server_info  # noqa: E402
-from held_snapshot import depth_series  # noqa: E402
-
-from queue_manager.db.health import read_health  # noqa: E402
-from queue_manager.domain import health  # noqa: E402
+from benchmarks.lib.backlog import reset
+from benchmarks.lib.fleet import manager_process, start_producer, start_receivers
+from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_snapshot
+from benchmarks.lib.report import depth_series, emit, header, pct_ms
+from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
+from queue_manager.db.health import read_health
+from queue_manager.domain import health
+from queue_manager.domain.stats import percentile
 
 logger = logging.getLogger("bench.churn")
 
-QUEUE = procs.QUEUE
 CREDIT = 32
 #: the issue's targets
 SIZE_GROWTH_MAX = 0.20
@@ -190,7 +183,7 @@ def scrape_health_metrics(port: int) -> dict[str, float]:
 
 def prepare(dsn: str, table_options: str | None) -> None:
     """An empty queue table with fresh statistics and the options of this experiment."""
-    e2e.reset(dsn)
+    reset(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         if table_options:
             conn.execute(
@@ -203,7 +196,9 @@ def prepare(dsn: str, table_options: str | None) -> None:
         conn.execute("SELECT pg_stat_reset_single_table_counters(%s::regclass)", (QUEUE,))
 
 
-def run_once(dsn: str, args: argparse.Namespace, held: bool, have_pgstattuple: bool) -> dict[str, Any]:
+def run_once(
+    dsn: str, args: argparse.Namespace, overrides: dict[str, Any], held: bool, have_pgstattuple: bool
+) -> dict[str, Any]:
     rate, seconds = args.rate, args.minutes * 60.0
     total = int(rate * seconds)
     hold_at = seconds / 2 - args.held_seconds / 2 if held else None
@@ -213,21 +208,13 @@ def run_once(dsn: str, args: argparse.Namespace, held: bool, have_pgstattuple: b
     cpu_minutes: list[dict[str, float]] = []
     held_window: tuple[float, float] | None = None
     metrics: dict[str, float] = {}
-    with e2e.manager_process(dsn) as m, psycopg.connect(dsn, autocommit=True) as conn:
-        recv = e2e.start_receivers(1, m.url, "latency", CREDIT, CREDIT)
+    with manager_process(dsn, overrides) as m, psycopg.connect(dsn, autocommit=True) as conn:
+        recv = start_receivers(1, m.url, "latency", CREDIT, CREDIT)
         try:
             recv.wait_ready()
-            ready, out_q = e2e._CTX.Event(), e2e._CTX.Queue()
-            prod = e2e._CTX.Process(
-                target=procs.spawned,
-                args=(procs.produce, out_q, {}, dsn, total, 0, float(rate), 2, args.seed, ready, recv.go, out_q),
-                name="churn-producer",
-                daemon=True,
-            )
-            prod.start()
-            if not ready.wait(60):
-                raise RuntimeError("the producer did not become ready")
-            groups = {"manager": [int(m.proc.pid)], "receivers": recv.pids(), "producer": [int(prod.pid or 0)]}
+            prod = start_producer(dsn, total, rate, recv.go, conns=2, seed=args.seed, name="churn-producer")
+            prod.wait_ready()
+            groups = {"manager": [int(m.proc.pid)], "receivers": recv.pids(), "producer": [prod.pid]}
 
             def checkpoint(name: str) -> None:
                 s = sample(conn)
@@ -245,7 +232,7 @@ def run_once(dsn: str, args: argparse.Namespace, held: bool, have_pgstattuple: b
             recv.go.set()
             t0 = time.time()
             next_sample, next_minute = t0 + args.sample, t0 + 60.0
-            snap = e2e.cpu_snapshot()
+            snap = cpu_snapshot()
             holder: psycopg.Connection[Any] | None = None
             middle = t0 + (hold_at + args.held_seconds if hold_at is not None else seconds / 2)
             marks = {"after_1_minute": t0 + 60.0, "middle": middle}
@@ -267,8 +254,8 @@ def run_once(dsn: str, args: argparse.Namespace, held: bool, have_pgstattuple: b
                         checkpoint(name)
                         del marks[name]
                 if now >= next_minute:
-                    after = e2e.cpu_snapshot()
-                    cpu_minutes.append(e2e.cpu_delta(snap, after, groups))
+                    after = cpu_snapshot()
+                    cpu_minutes.append(cpu_delta(snap, after, groups))
                     snap = after
                     next_minute += 60.0
                 if now >= next_sample:
@@ -277,10 +264,7 @@ def run_once(dsn: str, args: argparse.Namespace, held: bool, have_pgstattuple: b
                 if now >= t0 + seconds:
                     break
                 time.sleep(0.2)
-            res = out_q.get(timeout=120)  # before the join: the producer exits once its report is read
-            prod.join(timeout=10)
-            if "error" in res:
-                raise RuntimeError(f"producer failed: {res['error']}")
+            res = prod.result(timeout=120)
             deadline = time.monotonic() + 60
             while recv.handled_total() < total and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -336,8 +320,8 @@ def summarize(
                 "enqueued": sum(1 for c in commits if a <= c < b),
                 "delivered": delivered,
                 "purged": purged,
-                "p50_ms": round(e2e.percentile(lat, 50) * 1000, 2) if lat else None,
-                "p99_ms": round(e2e.percentile(lat, 99) * 1000, 2) if lat else None,
+                "p50_ms": pct_ms(lat, 50, 2),
+                "p99_ms": pct_ms(lat, 99, 2),
                 "postgres_cpu_s_per_1000": round(cpu.get("postgres", 0.0) / 100 * 60 / k, 4) if cpu else None,
                 "manager_cpu_s_per_1000": round(cpu.get("manager", 0.0) / 100 * 60 / k, 4) if cpu else None,
                 "cpu_pct_of_one_core": cpu,
@@ -384,7 +368,7 @@ def _spread(values: Sequence[float]) -> dict[str, float] | None:
     if not values:
         return None
     v = sorted(values)
-    return {"median": round(statistics.median(v), 2), "p90": round(e2e.percentile(v, 90), 2), "max": v[-1]}
+    return {"median": round(statistics.median(v), 2), "p90": round(percentile(v, 90) or 0.0, 2), "max": v[-1]}
 
 
 def recovery(
@@ -411,7 +395,7 @@ def recovery(
     for seq, (_, c) in sent.items():
         if seq in first:
             windows.setdefault(int((c - t0) // 10), []).append(first[seq] - c)
-    p99 = {w: e2e.percentile(sorted(v), 99) * 1000 for w, v in windows.items()}
+    p99 = {w: (percentile(v, 99) or 0.0) * 1000 for w, v in windows.items()}
     base = [v for w, v in p99.items() if t0 + 60 <= t0 + w * 10 and t0 + (w + 1) * 10 <= start]
     base_p99 = statistics.median(base) if base else None
     after_w = sorted(w for w in p99 if t0 + w * 10 >= released)
@@ -523,11 +507,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING if args.json_only else logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s"
     )
     settings = dict(item.split("=", 1) for item in args.server_set)
-    e2e.MANAGER_OVERRIDES["vacuum_after"] = args.vacuum_after
-    e2e.MANAGER_OVERRIDES["health_interval"] = args.health_interval
+    overrides = {"vacuum_after": args.vacuum_after, "health_interval": args.health_interval}
     queue = {"partitions": 16, "shuffle": 4, "retention_seconds": args.retention}
     started = time.time()
-    code = e2e.code_version()  # before the runs: the tree may change during 25 minutes
+    code = code_version()  # before the runs: the tree may change during 25 minutes
     with bench_server(args.dsn, "churn", settings) as (_admin, dsn):
         one_shard_queue(dsn, QUEUE, queue)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -537,17 +520,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             except psycopg.Error:
                 have_pgstattuple = False
             options = conn.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (QUEUE,)).fetchone()
-        e2e.POSTMASTER = e2e.find_postmaster(dsn)
+        count_server(dsn)
         info = server_info(dsn)
         autovacuum = autovacuum_settings(dsn)
         runs = {}
         for name in args.runs:
             logger.info("run %s: %.0f min at %.0f/s", name, args.minutes, args.rate)
-            runs[name] = run_once(dsn, args, name == "held", have_pgstattuple)
+            runs[name] = run_once(dsn, args, overrides, name == "held", have_pgstattuple)
     report = {
-        "benchmark": "churn",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        **header("churn"),
         **info,
         "autovacuum": autovacuum,
         "code": code,
@@ -560,14 +541,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "table_options_set": args.table_options,
             "server_set": settings,
             "credit": CREDIT,
-            "manager": dict(e2e.MANAGER_OVERRIDES),
+            "manager": overrides,
             "pgstattuple": have_pgstattuple,
         },
         "runs": runs,
         "met": {name: run["targets"]["met"] for name, run in runs.items()},
         "wall_s": round(time.time() - started, 1),
     }
-    print(json.dumps(report, indent=2, default=str))
+    emit(report)
     return 0
 
 

@@ -20,10 +20,10 @@ Prints one JSON object on stdout (logs go to stderr). One shard (one database), 
 * **receiver library** (``--library``, on by default): the drain (the bare receiver's best
   configuration; the library gets as many handler slots as that configuration's credit) and the
   200/s latency again, with :class:`receivers.Receiver` and with the bare receiver, alternated;
-* **peers** (``--peers``, on by default for a full run): PgQueuer and Procrastinate ``process`` (drain)
-  and ``latency`` from ``/work/shared/bench/peers`` (``PEERS_DIR``), in their best configurations,
-  on the same PostgreSQL server (``PEERS_DSN``), with their own virtualenv ``/tmp/peers-venv``
-  (created with their ``setup_venv.sh`` when missing). The report gives our drain / the faster
+* **peers** (``--peers``, on by default for a full run): PgQueuer and Procrastinate measured the
+  same way (``benchmarks/peers``: drain and latency), in their best configurations, on the same
+  PostgreSQL server, in their own virtualenv ``.venv-peers/`` (``make bench-peers-setup``; see
+  ``benchmarks.lib.peers``). The report gives our drain / the faster
   peer's best drain (target >= 1.5), our latency p50 and p99 at 200/s / the faster peer's
   (target <= 1.0) and our fire lateness p99 (target < 5 ms).
 
@@ -35,37 +35,30 @@ their process is ended so the run goes on), and with ``--profile`` one extra dra
 (top functions on stderr and in ``profile``).
 
 Processes: the manager runs in its own process, each receiver in its own process, the producer in
-its own process (``multiprocessing`` spawn; entry points in ``benchmarks/_e2e_procs.py``). Unless
+its own process (``multiprocessing`` spawn; entry points in ``benchmarks/lib/procs.py``). Unless
 ``--dsn`` is given, the run starts its own embedded PostgreSQL server with the default durability
 (fsync and synchronous_commit on) in a temporary directory and stops it at the end; with ``--dsn``
 (an administrative database of an existing server) it creates a throw-away database there.
 
-    .venv/bin/python benchmarks/e2e.py [--quick] [--events 100000] [--reps 3] [--receivers 1,2]
-                                       [--credit 1000,4000] [--no-peers] [--profile] [--dsn URI] [--json-only]
+    .venv/bin/python -m benchmarks.e2e [--quick] [--events 100000] [--reps 3] [--receivers 1,2]
+                                      [--credit 1000,4000] [--no-peers] [--profile] [--dsn URI] [--json-only]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import logging
-import math
-import multiprocessing as mp
-import os
 import pstats
-import random
-import resource
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -73,21 +66,18 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # spawned children import the entry points from here
-    sys.path.insert(0, str(HERE))
-
-import _e2e_procs as procs  # noqa: E402
-from _bench_common import bench_server, machine_info, one_shard_queue, server_info  # noqa: E402
-
-from queue_manager.producer import Event, enqueue_batch  # noqa: E402
+from benchmarks.lib import fleet
+from benchmarks.lib.backlog import event_rows, preload, reset, state_counts
+from benchmarks.lib.fleet import make_events, manager_process, start_producer, start_receivers
+from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_snapshot
+from benchmarks.lib.peers import bench_peers, peers_python
+from benchmarks.lib.report import emit, header, median_of, ratio, summary_ms
+from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
+from queue_manager.producer import Event, enqueue_batch
 
 logger = logging.getLogger("bench.e2e")
 
-QUEUE = procs.QUEUE
 QUEUE_SETTINGS = {"partitions": 16, "shuffle": 4}
-PEERS_DIR = Path(os.environ.get("PEERS_DIR", "/work/shared/bench/peers"))
-PEERS_VENV = Path(os.environ.get("PEERS_VENV", "/tmp/peers-venv"))
 DRAIN_TARGET = 1.5  # our drain / the faster peer's best drain
 LATENCY_TARGET = 1.0  # our p50 and p99 at 200/s / the faster peer's: no worse
 FIRE_P99_TARGET_MS = 5.0
@@ -95,369 +85,12 @@ LATENCY_WARMUP = 20  # per 200 events/s; scaled with the rate
 FIRE_LEAD_S = 3.0  # the first fire_at is this far after the insert
 LATENCY_CREDIT = 100  # the receiver's default credit, for latency and fire accuracy
 STALL_TIMEOUT = 30.0  # a drain whose ack count does not move for this long is reported as timed out
-_CTX = mp.get_context("spawn")
-
-
-def log(msg: str, *args: Any) -> None:
-    logger.info(msg, *args)
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def percentile(sorted_vals: Sequence[float], p: float) -> float:
-    """Linear-interpolated percentile (p in 0..100) of a sorted list (as the peers' harness)."""
-    if not sorted_vals:
-        return float("nan")
-    k = (len(sorted_vals) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    if lo == hi:
-        return float(sorted_vals[lo])
-    return float(sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo))
-
-
-def summary_ms(values_s: Sequence[float]) -> dict[str, Any]:
-    """min/p50/p95/p99/max/mean in ms, and how many values exceed 100 ms and 1 s."""
-    v = sorted(x * 1000.0 for x in values_s)
-    if not v:
-        return {"n": 0}
-    return {
-        "n": len(v),
-        "over_100ms": sum(1 for x in v if x > 100.0),
-        "over_1s": sum(1 for x in v if x > 1000.0),
-        "min_ms": round(v[0], 3),
-        "p50_ms": round(percentile(v, 50), 3),
-        "p95_ms": round(percentile(v, 95), 3),
-        "p99_ms": round(percentile(v, 99), 3),
-        "max_ms": round(v[-1], 3),
-        "mean_ms": round(sum(v) / len(v), 3),
-    }
-
-
-def median_of(samples: Sequence[dict[str, Any]], key: str) -> float | None:
-    vals = [
-        s[key] for s in samples if s.get(key) is not None and not (isinstance(s[key], float) and math.isnan(s[key]))
-    ]
-    return round(statistics.median(vals), 3) if vals else None
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return round(a / b, 3)
-
-
-# --------------------------------------------------------------------------- CPU accounting
-
-_CLK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_ticks() -> dict[int, tuple[str, int, int, int]]:
-    """pid -> (command, parent pid, CPU ticks used (utime + stime), ticks of its reaped children)."""
-    out: dict[int, tuple[str, int, int, int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                s = f.read()
-        except OSError:
-            continue
-        comm = s[s.index("(") + 1 : s.rindex(")")]
-        rest = s[s.rindex(")") + 2 :].split()
-        out[int(d)] = (comm, int(rest[1]), int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14]))
-    return out
-
-
-@dataclass
-class CpuSnap:
-    busy: int
-    ticks: dict[int, tuple[str, int, int, int]]
-    at: float
-    children: float  # CPU seconds of this process's reaped children (subprocesses such as the peers)
-
-
-def cpu_snapshot() -> CpuSnap:
-    with open("/proc/stat") as f:
-        parts = [int(x) for x in f.readline().split()[1:]]
-    idle = parts[3] + parts[4]
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return CpuSnap(sum(parts[:8]) - idle, _proc_ticks(), time.monotonic(), ru.ru_utime + ru.ru_stime)
-
-
-def cpu_delta(
-    a: CpuSnap, b: CpuSnap, groups: Mapping[str, Sequence[int]], reaped_group: str | None = None
-) -> dict[str, float]:
-    """CPU use between two snapshots in % of ONE core (200 = both cores of a 2-core machine busy).
-
-    ``postgres`` counts the benchmark server's processes only when its postmaster is known (live
-    backends, plus the backends that exited, through the postmaster's reaped-children time);
-    ``groups`` are our processes by pid; ``reaped_group`` names the CPU of subprocesses this process
-    started and reaped in the window (a peer benchmark and its workers); ``rest_of_machine`` is
-    everything else that ran, e.g. other work on a shared machine.
-    """
-    wall = b.at - a.at
-    if wall <= 0:
-        return {}
-
-    def pct(ticks: float) -> float:
-        return round(ticks / _CLK / wall * 100, 1)
-
-    out = {"machine_busy": pct(b.busy - a.busy)}
-    ours = 0.0
-    pg = 0.0
-    for pid, (comm, ppid, t, reaped) in b.ticks.items():
-        if comm == "postgres" and (POSTMASTER is None or pid == POSTMASTER or ppid == POSTMASTER):
-            before = a.ticks.get(pid)
-            pg += t - (before[2] if before else 0)
-            if pid == POSTMASTER:
-                pg += reaped - (before[3] if before else 0)
-    out["postgres"] = pct(pg)
-    ours += pg
-    for name, pids in groups.items():
-        ticks = sum(b.ticks[p][2] - (a.ticks[p][2] if p in a.ticks else 0) for p in pids if p in b.ticks)
-        out[name] = pct(ticks)
-        ours += ticks
-    if reaped_group is not None:
-        reaped_ticks = (b.children - a.children) * _CLK
-        out[reaped_group] = pct(reaped_ticks)
-        ours += reaped_ticks
-    out["rest_of_machine"] = round(out["machine_busy"] - pct(ours), 1)
-    return out
-
-
-#: pid of the benchmark server's postmaster, when it runs on this machine (its backends are its children)
-POSTMASTER: int | None = None
-
-
-def find_postmaster(dsn: str) -> int | None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    try:
-        info = _proc_ticks().get(int(row[0])) if row else None
-    except (OSError, ValueError):
-        return None
-    return info[1] if info is not None and info[0] == "postgres" else None
-
-
-# --------------------------------------------------------------------------- database
-
-
-def reset(dsn: str) -> None:
-    """Empty the queue, re-anchor its load counters and flush dirty pages (no manager may run)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {QUEUE}")
-        conn.execute("SELECT qm.reconcile_load(%s)", (QUEUE,))
-        checkpoint(conn)
-
-
-def checkpoint(conn: psycopg.Connection[Any]) -> None:
-    try:
-        conn.execute("CHECKPOINT")
-    except psycopg.errors.InsufficientPrivilege:
-        logger.warning("CHECKPOINT refused (needs superuser or pg_checkpoint); measuring without it")
-
-
-def preload(dsn: str, events: Sequence[Event]) -> float:
-    """Insert the events in one transaction (COPY), then ANALYZE and CHECKPOINT; returns the load time."""
-    t = time.perf_counter()
-    with psycopg.connect(dsn) as conn:
-        inserted = enqueue_batch(conn, QUEUE, events)
-        conn.commit()
-    elapsed = time.perf_counter() - t
-    if inserted != len(events):
-        raise RuntimeError(f"preload inserted {inserted} of {len(events)} events")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"ANALYZE {QUEUE}")
-        checkpoint(conn)
-    return elapsed
-
-
-def state_counts(dsn: str) -> dict[str, Any]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            f"SELECT state::text, count(*), count(*) FILTER (WHERE attempts > 1) FROM {QUEUE} GROUP BY 1"
-        ).fetchall()
-    return {"states": {r[0]: int(r[1]) for r in rows}, "refired": sum(int(r[2]) for r in rows)}
-
-
-def event_rows(dsn: str, where: str, param: Any) -> list[dict[str, Any]]:
-    """Up to 10 events matching ``where`` (one %s parameter), as the database has them now."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            f"SELECT id, state::text, attempts, partition, payload::text, extract(epoch FROM fire_at)::float8, "
-            f"extract(epoch FROM created_at)::float8, extract(epoch FROM fired_at)::float8, "
-            f"extract(epoch FROM now())::float8 "
-            f"FROM {QUEUE} WHERE {where} ORDER BY id LIMIT 10",
-            (param,),
-        ).fetchall()
-    keys = ("id", "state", "attempts", "partition", "payload", "fire_at", "created_at", "fired_at", "db_now")
-    return [dict(zip(keys, r, strict=True)) for r in rows]
-
-
-# --------------------------------------------------------------------------- processes
-
-
-@dataclass
-class ManagerHandle:
-    proc: Any
-    port: int
-    status_q: Any
-    stop_ev: Any
-    reset_ev: Any
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/"
-
-
-#: times at which a manager did not stop within procs.STOP_TIMEOUT of request_stop() (see the report)
-STOP_HANGS: list[float] = []
 #: ManagerConfig fields set by --manager-set for every manager of the run
 MANAGER_OVERRIDES: dict[str, Any] = {}
 
 
-@contextlib.contextmanager
-def manager_process(dsn: str, profile_path: str | None = None) -> Iterator[ManagerHandle]:
-    """A manager in its own process, leading the shard; drained and stopped on exit."""
-    status_q, stop_ev, reset_ev = _CTX.Queue(), _CTX.Event(), _CTX.Event()
-    proc = _CTX.Process(
-        target=procs.manager_main,
-        args=(dsn, dict(MANAGER_OVERRIDES), status_q, stop_ev, reset_ev, profile_path),
-        name="e2e-manager",
-        daemon=True,
-    )
-    proc.start()
-    handle: ManagerHandle | None = None
-    try:
-        kind, value = status_q.get(timeout=90)
-        if kind != "ready":
-            raise RuntimeError(f"the manager process failed to start: {value}")
-        handle = ManagerHandle(proc, int(value), status_q, stop_ev, reset_ev)
-        yield handle
-    finally:
-        stop_ev.set()
-        with contextlib.suppress(Exception):
-            while True:
-                kind, value = status_q.get(timeout=procs.STOP_TIMEOUT + 30)
-                if kind == "done":
-                    if handle is not None:
-                        handle.info = value
-                    if value.get("stop_hung"):
-                        STOP_HANGS.append(time.time())
-                    break
-                if kind == "error":
-                    logger.warning("manager process: %s", value)
-                    break
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=10)
-
-
-@dataclass
-class Receivers:
-    procs: list[Any]
-    ready: list[Any]
-    go: Any
-    stop: Any
-    handled: list[Any]
-    acked: list[Any]
-    last_ack: list[Any]
-    out_q: Any
-    results: list[dict[str, Any]] = field(default_factory=list)
-
-    def pids(self) -> list[int]:
-        return [int(p.pid) for p in self.procs]
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        for r in self.ready:
-            if not r.wait(max(0.1, deadline - time.monotonic())):
-                raise RuntimeError("a receiver process did not become ready in time")
-
-    def handled_total(self) -> int:
-        return sum(int(h.value) for h in self.handled)
-
-    def acked_total(self) -> int:
-        return sum(int(a.value) for a in self.acked)
-
-    def finish(self, timeout: float = 60) -> list[dict[str, Any]]:
-        self.stop.set()
-        deadline = time.monotonic() + timeout
-        while len(self.results) < len(self.procs) and time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                self.results.append(self.out_q.get(timeout=0.5))
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-        errors = [r["error"] for r in self.results if r.get("error")]
-        if errors:
-            logger.warning("receiver errors: %s", errors)
-        if len(self.results) < len(self.procs):
-            raise RuntimeError(f"only {len(self.results)} of {len(self.procs)} receivers reported")
-        return self.results
-
-
-def start_receivers(
-    count: int,
-    url: str,
-    mode: str,
-    credit: int,
-    concurrency: int,
-    profile_dir: str | None = None,
-    library: bool = False,
-    service: float = 0.0,
-) -> Receivers:
-    go, stop, out_q = _CTX.Event(), _CTX.Event(), _CTX.Queue()
-    ready = [_CTX.Event() for _ in range(count)]
-    handled = [_CTX.Value("q", 0, lock=False) for _ in range(count)]
-    acked = [_CTX.Value("q", 0, lock=False) for _ in range(count)]
-    last_ack = [_CTX.Value("d", 0.0, lock=False) for _ in range(count)]
-    ps = []
-    for i in range(count):
-        prof = str(Path(profile_dir) / f"receiver-{i}.prof") if profile_dir else None
-        ps.append(
-            _CTX.Process(
-                target=procs.spawned,
-                args=(
-                    procs.receiver,
-                    out_q,
-                    {"idx": i},
-                    i,
-                    url,
-                    mode,
-                    credit,
-                    concurrency,
-                    ready[i],
-                    go,
-                    stop,
-                    handled[i],
-                    acked[i],
-                    last_ack[i],
-                    out_q,
-                    prof,
-                    library,
-                    service,
-                ),
-                name=f"e2e-receiver-{i}",
-                daemon=True,
-            )
-        )
-    for p in ps:
-        p.start()
-    return Receivers(ps, ready, go, stop, handled, acked, last_ack, out_q)
-
-
-def make_events(n: int, seed: int, fire_at: Sequence[datetime] | None = None) -> list[Event]:
-    rng = random.Random(seed)
-    return [
-        Event(rng.choice(procs.TENANTS), {"n": i, "kind": "bench"}, fire_at[i] if fire_at is not None else None)
-        for i in range(n)
-    ]
+def log(msg: str, *args: Any) -> None:
+    logger.info(msg, *args)
 
 
 # --------------------------------------------------------------------------- drain
@@ -485,7 +118,7 @@ def run_drain(
     logger.debug("drain %s: manager", cfg.label)
     budget = max(120.0, n / 500)
     mprof = str(Path(profile_dir) / "manager.prof") if profile_dir else None
-    with manager_process(dsn, mprof) as m:
+    with manager_process(dsn, MANAGER_OVERRIDES, mprof) as m:
         logger.debug("drain %s: receivers", cfg.label)
         recv = start_receivers(cfg.receivers, m.url, "drain", cfg.credit, cfg.concurrency, profile_dir, library)
         try:
@@ -534,25 +167,12 @@ def run_drain(
         "receiver_errors": sum(r.get("error_count", 0) for r in results),
         "preload_s": round(load_s, 3),
         "cpu_pct_of_one_core": cpu_delta(snap0, snap1, groups),
-        "manager_db_calls": _counters(m.info.get("counters", {})),
+        "manager_db_calls": m.counters(),
     }
     if acked_db != n or timed_out:
         logger.warning(
             "drain %s: %d of %d events acked in the database (timed out: %s)", cfg.label, acked_db, n, timed_out
         )
-    return out
-
-
-def _counters(raw: dict[str, list[float]]) -> dict[str, Any]:
-    """{name: {calls, seconds, items, ms_per_call, items_per_call}} of the manager's timed calls."""
-    out = {}
-    for name, (calls, seconds, items) in sorted(raw.items()):
-        entry: dict[str, Any] = {"calls": int(calls), "items": int(items)}
-        if name != "deliver_frames":
-            entry["seconds"] = round(seconds, 3)
-            entry["ms_per_call"] = round(1000 * seconds / calls, 3) if calls else None
-        entry["items_per_call"] = round(items / calls, 1) if calls else None
-        out[name] = entry
     return out
 
 
@@ -651,29 +271,18 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int, library: b
     warmup = max(LATENCY_WARMUP, int(LATENCY_WARMUP * rate / 200))
     total = n + warmup
     reset(dsn)
-    with manager_process(dsn) as m:
+    with manager_process(dsn, MANAGER_OVERRIDES) as m:
         recv = start_receivers(1, m.url, "latency", LATENCY_CREDIT, LATENCY_CREDIT, library=library)
         try:
             recv.wait_ready()
-            ready, out_q = _CTX.Event(), _CTX.Queue()
-            prod = _CTX.Process(
-                target=procs.spawned,
-                args=(procs.produce, out_q, {}, dsn, n, warmup, rate, conns, seed, ready, recv.go, out_q),
-                name="e2e-producer",
-                daemon=True,
-            )
-            prod.start()
-            if not ready.wait(60):
-                raise RuntimeError("the producer did not become ready")
+            prod = start_producer(dsn, n, rate, recv.go, warmup=warmup, conns=conns, seed=seed, name="e2e-producer")
+            prod.wait_ready()
             time.sleep(1.0)  # the manager is idle and armed (waiting for a wake-up)
             m.reset_ev.set()
             recv.go.set()
             logger.debug("latency %g/s: go", rate)
-            res = out_q.get(timeout=n / rate + 120)
+            res = prod.result(timeout=n / rate + 120)
             logger.debug("latency %g/s: producer done", rate)
-            prod.join(timeout=10)
-            if "error" in res:
-                raise RuntimeError(f"producer failed: {res['error']}")
             deadline = time.monotonic() + 30
             while recv.handled_total() < total and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -714,7 +323,7 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int, library: b
         "db_states_at_end": db_after["states"],
         "not_received": lost_rows,
         "commit_to_receipt": summary_ms(commit_lat),
-        "manager_db_calls": _counters(m.info.get("counters", {})),
+        "manager_db_calls": m.counters(),
         "call_to_receipt": summary_ms(call_lat),
         "enqueue_call": summary_ms(enq),
     }
@@ -794,7 +403,7 @@ def bench_latency(dsn: str, plans: list[tuple[float, int, int]], reps: int) -> d
 
 def run_fire(dsn: str, n: int, spread: float, seed: int) -> dict[str, Any]:
     reset(dsn)
-    with manager_process(dsn) as m:
+    with manager_process(dsn, MANAGER_OVERRIDES) as m:
         recv = start_receivers(1, m.url, "fire", LATENCY_CREDIT, LATENCY_CREDIT)
         try:
             recv.wait_ready()
@@ -876,158 +485,6 @@ def bench_fire(dsn: str, n: int, spread: float, reps: int) -> dict[str, Any]:
         "late_over_100ms": sum(s["lateness"].get("over_100ms", 0) for s in samples),
         "samples": samples,
     }
-
-
-# --------------------------------------------------------------------------- peers
-
-
-def ensure_peers_venv() -> Path:
-    py = PEERS_VENV / "bin" / "python"
-    if not py.exists():
-        log("creating the peers' virtualenv %s with %s", PEERS_VENV, PEERS_DIR / "setup_venv.sh")
-        subprocess.run(
-            [str(PEERS_DIR / "setup_venv.sh")],
-            check=True,
-            stdout=sys.stderr,
-            env={**os.environ, "PEERS_VENV": str(PEERS_VENV)},
-        )
-    return py
-
-
-def run_peer(py: Path, admin_dsn: str, script: str, args: list[str], timeout: float = 300) -> dict[str, Any]:
-    cmd = [str(py), script, *args]
-    env = {**os.environ, "PEERS_DSN": admin_dsn, "PYTHONDONTWRITEBYTECODE": "1"}
-    t = time.monotonic()
-    snap0 = cpu_snapshot()
-    try:
-        proc = subprocess.run(cmd, cwd=PEERS_DIR, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s", "cmd": " ".join(cmd[1:])}
-    # the whole subprocess (setup, preload and test): what else ran on the machine meanwhile
-    cpu_whole_run = cpu_delta(snap0, cpu_snapshot(), {}, reaped_group="peer_processes")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = proc.stderr.strip().splitlines()[-5:]
-        return {"error": f"rc={proc.returncode}", "stderr_tail": tail, "cmd": " ".join(cmd[1:])}
-    out: dict[str, Any] = json.loads(lines[-1])
-    out["wall_s"] = round(time.monotonic() - t, 1)
-    out["cmd"] = " ".join(cmd[1:])
-    out["cpu_whole_run_pct_of_one_core"] = cpu_whole_run
-    return out
-
-
-def _peer_drain_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [s for s in samples if "error" not in s]
-    rates = [s["jobs_per_s"] for s in ok if not s.get("timed_out") and s.get("handled") == s.get("jobs")]
-    return {
-        "jobs_per_s": round(statistics.median(rates), 1) if rates else None,
-        "samples": [s.get("jobs_per_s") for s in ok],
-        "errors": [s for s in samples if "error" in s],
-        "cpu": ok[len(ok) // 2].get("cpu") if ok else None,
-        "rest_of_machine_pct": [s.get("cpu_whole_run_pct_of_one_core", {}).get("rest_of_machine") for s in ok],
-        "jobs": ok[0].get("jobs") if ok else None,
-    }
-
-
-def _peer_latency_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [s for s in samples if "error" not in s]
-    lat = [s["commit_to_handler_start"] for s in ok]
-    return {
-        "p50_ms": median_of(lat, "p50_ms"),
-        "p99_ms": median_of(lat, "p99_ms"),
-        "max_ms": median_of(lat, "max_ms"),
-        "samples": [{k: s[k] for k in ("p50_ms", "p99_ms", "max_ms")} for s in lat],
-        "missing": sum(s.get("missing", 0) for s in ok),
-        "rest_of_machine_pct": [s.get("cpu_whole_run_pct_of_one_core", {}).get("rest_of_machine") for s in ok],
-        "errors": [s for s in samples if "error" in s],
-    }
-
-
-def bench_peers(admin_dsn: str, args: argparse.Namespace) -> dict[str, Any]:
-    py = ensure_peers_venv()
-    drains: dict[str, dict[str, Any]] = {}
-    lats: dict[str, dict[str, Any]] = {}
-    # PgQueuer: 2 worker processes and a large dequeue batch are its best drain (README, reference results)
-    for bs in args.pgq_batch_sizes:
-        samples = []
-        for rep in range(args.reps):
-            r = run_peer(
-                py,
-                admin_dsn,
-                "bench_pgqueuer.py",
-                ["process", "--n", str(args.pgq_events), "--procs", "2", "--batch-size", str(bs)],
-            )
-            samples.append(r)
-            log(
-                "peer pgqueuer process p2 b%d rep=%d: %s jobs/s %s",
-                bs,
-                rep + 1,
-                r.get("jobs_per_s"),
-                r.get("error", ""),
-            )
-        drains[f"pgqueuer_p2_b{bs}"] = {"lib": "pgqueuer", "procs": 2, "batch_size": bs, **_peer_drain_summary(samples)}
-    # Procrastinate: 2 processes, concurrency 10, delete_jobs=always was its best (reference results)
-    samples = []
-    for rep in range(args.procr_reps):
-        r = run_peer(
-            py,
-            admin_dsn,
-            "bench_procrastinate.py",
-            [
-                "process",
-                "--n",
-                str(args.procr_events),
-                "--procs",
-                "2",
-                "--concurrency",
-                "10",
-                "--delete-jobs",
-                "always",
-            ],
-        )
-        samples.append(r)
-        log(
-            "peer procrastinate process p2 c10 delete=always rep=%d: %s jobs/s %s",
-            rep + 1,
-            r.get("jobs_per_s"),
-            r.get("error", ""),
-        )
-    drains["procrastinate_p2_c10_del-always"] = {
-        "lib": "procrastinate",
-        "procs": 2,
-        "concurrency": 10,
-        **_peer_drain_summary(samples),
-    }
-    for lib in ("pgqueuer", "procrastinate"):
-        samples = []
-        for rep in range(args.reps):
-            r = run_peer(py, admin_dsn, f"bench_{lib}.py", ["latency", "--n", "500", "--rate", "200", "--budget", "60"])
-            samples.append(r)
-            c = r.get("commit_to_handler_start", {})
-            log(
-                "peer %s latency 200/s rep=%d: p50=%s p99=%s ms %s",
-                lib,
-                rep + 1,
-                c.get("p50_ms"),
-                c.get("p99_ms"),
-                r.get("error", ""),
-            )
-        lats[lib] = {"lib": lib, "rate": 200, "events": 500, **_peer_latency_summary(samples)}
-    versions = {}
-    with contextlib.suppress(Exception):
-        v = subprocess.run(
-            [
-                str(py),
-                "-c",
-                "import importlib.metadata as m, json; "
-                "print(json.dumps({p: m.version(p) for p in ('pgqueuer', 'procrastinate', 'asyncpg', 'psycopg')}))",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        versions = json.loads(v.stdout)
-    return {"versions": versions, "drain": drains, "latency_200_per_s": lats}
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -1122,31 +579,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def code_version() -> dict[str, Any]:
-    """The commit measured, and whether the working tree differed from it."""
-    root = HERE.parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    import queue_manager
-
-    return {
-        "commit": commit or None,
-        "modified_files": sorted(line[3:] for line in status.splitlines() if line.strip()),
-        "queue_manager_imported_from": str(Path(queue_manager.__file__).resolve().parent),
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up (stop the embedded server) on kill
     args = parse_args(argv)
@@ -1155,6 +587,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(message)s",
     )
+    if args.peers:
+        peers_python()  # before any measurement: a missing virtualenv fails now, not in 5 minutes
     started = time.monotonic()
     code_at_start = code_version()
     configs = [DrainConfig(r, c, args.concurrency) for r in args.receivers for c in args.credit]
@@ -1162,8 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("benchmark database: %s", conninfo_to_dict(dsn).get("dbname"))
         one_shard_queue(dsn, QUEUE, QUEUE_SETTINGS)
         info = server_info(dsn)
-        global POSTMASTER
-        POSTMASTER = find_postmaster(dsn)
+        count_server(dsn)
         drain = bench_drain(dsn, configs, args.events, args.reps)
         latency = bench_latency(
             dsn, [(200.0, args.latency_events, 1), (2000.0, args.fast_latency_events, args.fast_producers)], args.reps
@@ -1183,7 +616,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.profile:
             b = drain["best"]
             profile = profile_drain(dsn, DrainConfig(b["receivers"], b["credit"], b["concurrency"]), args.events)
-        peers = bench_peers(admin_dsn, args) if args.peers else None
+        peers = None
+        if args.peers:
+            peers = bench_peers(
+                admin_dsn,
+                reps=args.reps,
+                pgq_events=args.pgq_events,
+                pgq_batch_sizes=args.pgq_batch_sizes,
+                procr_events=args.procr_events,
+                procr_reps=args.procr_reps,
+            )
     ours_drain = drain["best"]["events_per_s"]
     lat200 = latency["200_per_s"]
     comparison: dict[str, Any] = {"fire_lateness_p99_ms": fire["p99_ms"], "fire_early": fire["early"]}
@@ -1237,9 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     met["nothing_lost"] = not any(lost.values())
     met["all"] = all(v for v in met.values())
     report = {
-        "benchmark": "e2e",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        **header("e2e"),
         **info,
         "code": code_at_start,
         "params": {
@@ -1267,10 +707,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fire_early": 0,
         },
         "met": met,
-        "manager_stop_hangs": len(STOP_HANGS),
+        "manager_stop_hangs": len(fleet.stop_hangs),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    print(json.dumps(report, indent=2))
+    emit(report)
     best = max(drain["tried"], key=lambda t: t["events_per_s"])
     print(
         "manager database calls in the median drain run of the best configuration "

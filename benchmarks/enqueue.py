@@ -23,7 +23,7 @@ database there and drops it at the end.
 Targets (a measurement: the exit status is 0 even when one is missed, which is reported on stderr):
 single-row enqueue at least 0.7x the plain insert, batch enqueue at least 0.5x the plain COPY.
 
-    .venv/bin/python benchmarks/enqueue.py [--seconds 8] [--reps 3] [--clients 1,4,16]
+    .venv/bin/python -m benchmarks.enqueue [--seconds 8] [--reps 3] [--clients 1,4,16]
                                            [--batch-rows 200000] [--dsn URI] [--quick]
 """
 
@@ -44,9 +44,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from _bench_common import bench_server, machine_info, one_shard_queue, server_info
 from psycopg.conninfo import conninfo_to_dict
 
+from benchmarks.lib.machine import machine_info
+from benchmarks.lib.server import bench_server, one_shard_queue, server_info
 from queue_manager import producer
 from queue_manager.producer import Event, enqueue_batch
 

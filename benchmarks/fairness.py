@@ -25,7 +25,7 @@ producer ran, and its backlog left when the producer stopped (> 0: the receivers
 all along). Per case: the medians over the reps, their spread (min, max), and p99 beside / p99
 alone (target: at most 2).
 
-    .venv/bin/python benchmarks/fairness.py [--reps 3] [--overlaps 2,0] [--seconds 30] [--rate 20]
+    .venv/bin/python -m benchmarks.fairness [--reps 3] [--overlaps 2,0] [--seconds 30] [--rate 20]
                                             [--receivers 2] [--credit 50] [--service 0.05]
                                             [--noisy-events 100000] [--tenant-cap C] [--dsn URI]
                                             [--json-only]
@@ -41,26 +41,20 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # spawned children import the entry points from here
-    sys.path.insert(0, str(HERE))
-
-import _e2e_procs as procs  # noqa: E402
-import e2e  # noqa: E402
-from _bench_common import bench_server, machine_info, one_shard_queue, server_info  # noqa: E402
-
-from queue_manager.domain.routing import shuffle_set  # noqa: E402
-from queue_manager.producer import Event  # noqa: E402
+from benchmarks.lib.backlog import preload, reset
+from benchmarks.lib.fleet import manager_process, start_producer, start_receivers
+from benchmarks.lib.machine import code_version, count_server
+from benchmarks.lib.report import emit, header, pct_ms
+from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
+from queue_manager.domain.routing import shuffle_set
+from queue_manager.producer import Event
 
 logger = logging.getLogger("bench.fairness")
 
-QUEUE = procs.QUEUE
 PARTITIONS, SHUFFLE = 16, 4
 QUEUE_SETTINGS = {"partitions": PARTITIONS, "shuffle": SHUFFLE}
 NOISY = "noisy-0"
@@ -77,10 +71,6 @@ def quiet_tenant(overlap: int) -> str:
     raise RuntimeError(f"no quiet tenant shares {overlap} partitions with {NOISY}")
 
 
-def pct_ms(values: Sequence[float], p: float) -> float | None:
-    return round(e2e.percentile(sorted(values), p) * 1000, 3) if values else None
-
-
 def set_tenant_cap(dsn: str, cap: int | None) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT qm.alter_queue(%s, %s::jsonb)", (QUEUE, json.dumps({"tenant_max_in_flight": cap})))
@@ -91,35 +81,24 @@ def run_once(
 ) -> dict[str, Any]:
     """One run: the quiet tenant's trickle, with the noisy backlog when ``noisy_events`` > 0, and
     with the queue's per-tenant cap ``cap`` (the fair pick) when given."""
-    e2e.reset(dsn)
+    reset(dsn)
     set_tenant_cap(dsn, cap)
     if noisy_events:
-        e2e.preload(dsn, [Event(NOISY, {"n": i}) for i in range(noisy_events)])
+        preload(dsn, [Event(NOISY, {"n": i}) for i in range(noisy_events)])
     n = int(args.rate * args.seconds)
-    with e2e.manager_process(dsn) as m:
-        recv = e2e.start_receivers(args.receivers, m.url, "tenant", args.credit, args.credit, service=args.service)
+    with manager_process(dsn) as m:
+        recv = start_receivers(args.receivers, m.url, "tenant", args.credit, args.credit, service=args.service)
         try:
             recv.wait_ready()  # subscribed: with a backlog, every slot is busy from here on
-            ready, go, out_q = e2e._CTX.Event(), e2e._CTX.Event(), e2e._CTX.Queue()
-            prod = e2e._CTX.Process(
-                target=procs.spawned,
-                args=(procs.produce, out_q, {}, dsn, n, 0, args.rate, 1, seed, ready, go, out_q, quiet),
-                name="fair-producer",
-                daemon=True,
-            )
-            prod.start()
-            if not ready.wait(60):
-                raise RuntimeError("the producer did not become ready")
+            prod = start_producer(dsn, n, args.rate, seed=seed, tenant=quiet, name="fair-producer")
+            prod.wait_ready()
             recv.go.set()
             time.sleep(args.settle)
             m.reset_ev.set()  # the manager's call counters count from here
             t0 = time.time()
-            go.set()
-            res = out_q.get(timeout=args.seconds + 120)
+            prod.go.set()
+            prod.result(timeout=args.seconds + 120)
             t1 = time.time()
-            prod.join(timeout=10)
-            if "error" in res:
-                raise RuntimeError(f"producer failed: {res['error']}")
             with psycopg.connect(dsn, autocommit=True) as conn:
                 row = conn.execute(
                     f"SELECT count(*) FROM {QUEUE} WHERE tenant = %s AND state = 'to_be_fired'", (NOISY,)
@@ -172,7 +151,7 @@ def run_once(
         "max_ms": pct_ms(delays, 100),
         "until_fired_p50_ms": pct_ms(waits, 50),
         "until_fired_p99_ms": pct_ms(waits, 99),
-        "manager_db_calls": e2e._counters(m.info.get("counters", {})),
+        "manager_db_calls": m.counters(),
         "quiet_partitions_used": {str(k): int(v) for k, v in parts.items()},
         "noisy_received_per_s": round(noisy_in_window / (t1 - t0), 1) if noisy_events else 0.0,
         "noisy_backlog_left": noisy_left,
@@ -283,15 +262,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     with bench_server(args.dsn, "fair") as (_admin, dsn):
         one_shard_queue(dsn, QUEUE, QUEUE_SETTINGS)
-        e2e.POSTMASTER = e2e.find_postmaster(dsn)
+        count_server(dsn)
         info = server_info(dsn)
         cases = [run_case(dsn, o, args) for o in overlaps]
     report = {
-        "benchmark": "fairness",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        **header("fairness"),
         **info,
-        "code": e2e.code_version(),
+        "code": code_version(),
         "params": {
             "queue": {"name": QUEUE, **QUEUE_SETTINGS},
             "reps": args.reps,
@@ -309,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "met": all(c["met"] for c in cases if c["counts_for_target"]),
         "wall_s": round(time.time() - started, 1),
     }
-    print(json.dumps(report, indent=2))
+    emit(report)
     return 0
 
 

@@ -28,7 +28,7 @@ the queue depth does not grow (the held phase's depth p99 <= 2x clean's + rate/1
 its median in the phase's last third <= in its first third + rate/100); clean figures back within
 5 s of the release (p99 of everything committed from 5 s after the release on <= 2x clean p99).
 
-    .venv/bin/python benchmarks/held_snapshot.py [--rates 500,2000] [--clean 60] [--held 180]
+    .venv/bin/python -m benchmarks.held_snapshot [--rates 500,2000] [--clean 60] [--held 180]
                                                  [--recovery 60] [--long] [--dsn URI] [--json-only]
 
 ``--long`` runs 500/s only, with the snapshot held 600 s (the 10-minute run). Unless ``--dsn`` is
@@ -39,31 +39,25 @@ for the benchmark.
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
-import json
 import logging
 import statistics
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # spawned children import the entry points from here
-    sys.path.insert(0, str(HERE))
-
-import _e2e_procs as procs  # noqa: E402
-import e2e  # noqa: E402
-from _bench_common import bench_server, machine_info, one_shard_queue, server_info  # noqa: E402
+from benchmarks.lib.backlog import reset
+from benchmarks.lib.fleet import manager_process, start_producer, start_receivers
+from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_snapshot
+from benchmarks.lib.report import depth_series, emit, header
+from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
+from queue_manager.domain.stats import percentile
 
 logger = logging.getLogger("bench.held")
 
-QUEUE = procs.QUEUE
 QUEUE_SETTINGS = {"partitions": 16, "shuffle": 4}
 CREDIT = 32
 SERVER_SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
@@ -166,7 +160,7 @@ def checkpoints(dsn: str) -> int:
 
 
 def stalls(slow: list[tuple[str, float, float]], start: float, end: float) -> dict[str, Any]:
-    """The manager's slow database calls and event-loop stalls (see _e2e_procs.SLOW_CALL) in [start, end):
+    """The manager's slow database calls and event-loop stalls (see benchmarks.lib.procs.SLOW_CALL) in [start, end):
     per name, how many, the longest and their sum (ms); and the five longest with their time into the phase."""
     inside = [(n, t, d) for n, t, d in slow if start <= t < end]
     by_name: dict[str, dict[str, float]] = {}
@@ -185,7 +179,10 @@ def reset_statements(dsn: str) -> None:
 
 
 def pct(values: Sequence[float], p: float) -> float:
-    return e2e.percentile(sorted(values), p)
+    """The percentile of a non-empty list."""
+    v = percentile(values, p)
+    assert v is not None
+    return v
 
 
 def phase_report(
@@ -228,18 +225,6 @@ def phase_report(
     }
 
 
-def depth_series(commits: list[float], receipts: list[float], start: float, end: float) -> list[int]:
-    """Events committed and not yet received, sampled every 100 ms."""
-    commits = sorted(commits)
-    receipts = sorted(receipts)
-    out = []
-    t = start
-    while t <= end:
-        out.append(bisect.bisect_right(commits, t) - bisect.bisect_right(receipts, t))
-        t += 0.1
-    return out
-
-
 def recovered_after(
     sent: dict[int, tuple[float, float]], first: dict[int, float], released_at: float, clean_p99_ms: float
 ) -> float | None:
@@ -258,21 +243,13 @@ def recovered_after(
 def run_rate(dsn: str, rate: int, phases: list[tuple[str, float]], seed: int) -> dict[str, Any]:
     conns = CONNS.get(rate, max(1, rate // 250))
     total = int(rate * sum(d for _, d in phases))
-    e2e.reset(dsn)
-    with e2e.manager_process(dsn) as m:
-        recv = e2e.start_receivers(1, m.url, "latency", CREDIT, CREDIT)
+    reset(dsn)
+    with manager_process(dsn) as m:
+        recv = start_receivers(1, m.url, "latency", CREDIT, CREDIT)
         try:
             recv.wait_ready()
-            ready, out_q = e2e._CTX.Event(), e2e._CTX.Queue()
-            prod = e2e._CTX.Process(
-                target=procs.spawned,
-                args=(procs.produce, out_q, {}, dsn, total, 0, float(rate), conns, seed, ready, recv.go, out_q),
-                name="held-producer",
-                daemon=True,
-            )
-            prod.start()
-            if not ready.wait(60):
-                raise RuntimeError("the producer did not become ready")
+            prod = start_producer(dsn, total, rate, recv.go, conns=conns, seed=seed, name="held-producer")
+            prod.wait_ready()
             time.sleep(1.0)
             groups = {"manager": [int(m.proc.pid)], "receivers": recv.pids()}
             reset_statements(dsn)
@@ -282,7 +259,7 @@ def run_rate(dsn: str, rate: int, phases: list[tuple[str, float]], seed: int) ->
             released_at: float | None = None
             for name, seconds in phases:
                 t0 = time.time()
-                snap = e2e.cpu_snapshot()
+                snap = cpu_snapshot()
                 ckpt0 = checkpoints(dsn)
                 if name == "held":
                     holder = psycopg.connect(dsn)
@@ -295,14 +272,11 @@ def run_rate(dsn: str, rate: int, phases: list[tuple[str, float]], seed: int) ->
                     holder = None
                     released_at = time.time()
                     logger.info("%d/s: snapshot released", rate)
-                cpu = e2e.cpu_delta(snap, e2e.cpu_snapshot(), groups)
+                cpu = cpu_delta(snap, cpu_snapshot(), groups)
                 stmts = statement_stats(dsn)
                 reset_statements(dsn)
                 bounds.append((name, t0, time.time(), cpu, stmts, table_stats(dsn), checkpoints(dsn) - ckpt0))
-            res = out_q.get(timeout=120)
-            prod.join(timeout=10)
-            if "error" in res:
-                raise RuntimeError(f"producer failed: {res['error']}")
+            res = prod.result(timeout=120)
             deadline = time.monotonic() + 60
             while recv.handled_total() < total and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -322,7 +296,7 @@ def run_rate(dsn: str, rate: int, phases: list[tuple[str, float]], seed: int) ->
         "missing": sorted(set(sent) - set(first))[:20],
         "phases": [],
         # the manager's database calls over the whole run (count, seconds, ms and items per call)
-        "manager_db_calls": e2e._counters(m.info.get("counters", {})),
+        "manager_db_calls": m.counters(),
     }
     slow = [(str(n), float(t), float(d)) for n, t, d in m.info.get("slow", [])]
     for name, start, end, cpu, stmts, tables, ckpts in bounds:
@@ -398,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         one_shard_queue(dsn, QUEUE, QUEUE_SETTINGS)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        e2e.POSTMASTER = e2e.find_postmaster(dsn)
+        count_server(dsn)
         info = server_info(dsn)
         runs = []
         for rate in rates:
@@ -407,17 +381,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             run["targets"] = targets(run)
             runs.append(run)
     report = {
-        "benchmark": "held_snapshot",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        **header("held_snapshot"),
         **info,
-        "code": e2e.code_version(),
+        "code": code_version(),
         "params": {"phases": phases, "rates": rates, "credit": CREDIT, "queue": {"name": QUEUE, **QUEUE_SETTINGS}},
         "runs": runs,
         "met": all(all(r["targets"].get("met", {"x": False}).values()) for r in runs),
         "wall_s": round(time.time() - started, 1),
     }
-    print(json.dumps(report, indent=2))
+    emit(report)
     return 0
 
 

@@ -16,7 +16,7 @@ partitions, shuffle 4), on a dedicated embedded server with the default durabili
   ``slice_interval`` at most, 0.2 s by default, and reconciliation gets 20 % of those), two pairs:
   ack statement p50/p99/max per phase.
 
-    .venv/bin/python benchmarks/maintenance.py [--acked 160000] [--backlog 160000] [--slice-rows 500]
+    .venv/bin/python -m benchmarks.maintenance [--acked 160000] [--backlog 160000] [--slice-rows 500]
                                               [--phase 10] [--phase-events 100000] [--dsn URI]
 """
 
@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import logging
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,13 +33,10 @@ from typing import Any
 
 import psycopg
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from _bench_common import bench_server, machine_info, one_shard_queue, server_info  # noqa: E402
-
-from queue_manager.manager import store  # noqa: E402
+from benchmarks.lib.machine import machine_info
+from benchmarks.lib.report import pct_ms
+from benchmarks.lib.server import bench_server, one_shard_queue, server_info
+from queue_manager.manager import store
 
 logger = logging.getLogger("bench.maintenance")
 
@@ -49,16 +45,15 @@ PARTITIONS = 16
 ACK_BATCH = 100
 
 
-def _ms(values: list[float]) -> dict[str, float]:
+def _ms(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {}
-    s = sorted(values)
     return {
-        "n": len(s),
-        "p50_ms": round(statistics.median(s) * 1000, 3),
-        "p90_ms": round(s[int(0.9 * (len(s) - 1))] * 1000, 3),
-        "p99_ms": round(s[int(0.99 * (len(s) - 1))] * 1000, 3),
-        "max_ms": round(s[-1] * 1000, 3),
+        "n": len(values),
+        "p50_ms": pct_ms(values, 50),
+        "p90_ms": pct_ms(values, 90),
+        "p99_ms": pct_ms(values, 99),
+        "max_ms": pct_ms(values, 100),
     }
 
 

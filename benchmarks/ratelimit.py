@@ -18,7 +18,7 @@ they share one clock. Windows: every 10 s window and every 1 s window starting a
 the measurement (from the start of phase 1 to the end of phase 3); targets: the total within
 ``qps`` +/- 5 % over every 10 s window, never above ``qps`` * 1.05 in any 1 s window.
 
-    .venv/bin/python benchmarks/ratelimit.py [--qps 200] [--phase 30] [--stop kill|term]
+    .venv/bin/python -m benchmarks.ratelimit [--qps 200] [--phase 30] [--stop kill|term]
                                              [--rate-lease-ttl 0.6] [--json-only]
 """
 
@@ -46,18 +46,13 @@ from typing import Any
 
 import psycopg
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from _bench_common import machine_info, server_info  # noqa: E402
-
-from queue_manager import admin  # noqa: E402
-from queue_manager.db.migrate import migrate_topology  # noqa: E402
-from queue_manager.domain.topology import Shard, Topology, even_ranges  # noqa: E402
-from queue_manager.producer import Event, Router  # noqa: E402
-from receivers.testing import Delivery, MinimalClient  # noqa: E402
+from benchmarks.lib.machine import ROOT, machine_info
+from benchmarks.lib.server import server_info
+from queue_manager import admin
+from queue_manager.db.migrate import migrate_topology
+from queue_manager.domain.topology import Shard, Topology, even_ranges
+from queue_manager.producer import Event, Router
+from receivers.testing import Delivery, MinimalClient
 
 logger = logging.getLogger("bench.ratelimit")
 

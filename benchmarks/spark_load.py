@@ -39,13 +39,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import psycopg
 from psycopg.conninfo import make_conninfo
 from pyspark.sql import functions as F
 
-from benchmarks._bench_common import bench_server, server_info
+from benchmarks.lib.server import bench_server, server_info
 from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology

@@ -17,7 +17,7 @@ with the disk's flush time from one run to the next); this one is for a change t
 measured against the code before it: ``--other DIR`` names a checkout whose ``.venv`` sets up its
 side (``git worktree add DIR <commit>`` and ``make setup`` there).
 
-    .venv/bin/python benchmarks/trigger_cost.py [--other DIR] [--reps 21] [--rows 20000]
+    .venv/bin/python -m benchmarks.trigger_cost [--other DIR] [--reps 21] [--rows 20000]
                                                 [--single 3000] [--dsn URI]
 """
 
@@ -34,22 +34,27 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from _bench_common import bench_server, machine_info, server_info
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.lib.machine import ROOT, machine_info
+from benchmarks.lib.server import bench_server, server_info
+
 QUEUE = "bench_q"
 PLAIN = "bench_plain"
 #: run by each side's own interpreter, in its own checkout: migrate, make the only shard, create the
-#: queue (its code's way) and the plain table
+#: queue (its code's way) and the plain table; through queue_manager alone, which every checkout has
 SETUP = """
-import sys
-sys.path.insert(0, 'benchmarks')
+import json, sys
 import psycopg
-from _bench_common import one_shard_queue
-one_shard_queue(sys.argv[1], 'bench_q', {'partitions': 16, 'shuffle': 4})
-with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+from queue_manager.db.migrate import set_identity, upgrade
+from queue_manager.domain.topology import KeyRange, Shard, Topology
+dsn = sys.argv[1]
+upgrade(dsn)
+shard = Shard('s0', dsn, KeyRange.parse('-'))
+set_identity(dsn, shard, Topology((shard,)))
+with psycopg.connect(dsn, autocommit=True) as conn:
+    conn.execute("SELECT qm.create_queue('bench_q', %s::jsonb)", (json.dumps({'partitions': 16, 'shuffle': 4}),))
     conn.execute(
         "CREATE TABLE bench_plain (id bigserial PRIMARY KEY, tenant text NOT NULL, payload jsonb NOT NULL,"
         " partition smallint, state text NOT NULL DEFAULT 'to_be_fired', fire_at timestamptz NOT NULL DEFAULT now())"

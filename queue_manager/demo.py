@@ -49,6 +49,7 @@ import psycopg
 
 import queue_manager
 from queue_manager import admin
+from queue_manager.domain.stats import percentile
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import QueueManagerError
 from queue_manager.producer import Router, enqueue
@@ -363,12 +364,6 @@ class _Database:
         return sorted(rows, key=lambda r: -r[1])[:6]
 
 
-def _quantile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f} ms"
 
@@ -614,7 +609,7 @@ def run_demo(
                 children.append(_Child(f"receiver-{i + 1}", argv, log_dir, env))
 
             web_port = _free_port()
-            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port)]
+            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port), *urls]
             children.append(_Child("web", web_argv, log_dir, env))
             if _answers(f"http://127.0.0.1:{web_port}/health", 20):
                 say(f"== dashboard: http://127.0.0.1:{web_port}/  (qm web; log in with the token {web_secret})")
@@ -743,8 +738,8 @@ def _watch(
                 enqueued=enq,
                 enqueued_rate=(enq - prev_enq) / dt,
                 acked_rate=(acked - prev_acked) / dt,
-                p50=_quantile(delays, 0.5),
-                p99=_quantile(delays, 0.99),
+                p50=percentile(delays, 50),
+                p99=percentile(delays, 99),
                 tenants=db.tenants(),
                 leaders=leaders,
             )

@@ -54,7 +54,7 @@ from pyspark.sql.types import (
 
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.topology import Shard, Topology
-from queue_manager.errors import ArchiveError, ConfigurationError, UnknownQueueError
+from queue_manager.errors import ArchiveError, ConfigurationError, TopologyError, UnknownQueueError
 from spark_jobs.archive_plan import (
     DEFAULT_DELETE_SLICE,
     DEFAULT_ROWS_PER_PARTITION,
@@ -268,7 +268,7 @@ def archive_events(
     check_sizes(delete_slice=delete_slice, rows_per_partition=rows_per_partition)
     rid = check_run_id(run_id) if run_id is not None else new_run_id(datetime.now(UTC), secrets.token_hex(2))
     layout = ArchiveLayout(root, rid)
-    report = _Reporter(rid, progress)
+    report = _Reporter(rid, progress, topology)
 
     root.mkdir(parents=True, exist_ok=True)
     with _output_lock(layout.lock_file):
@@ -283,17 +283,38 @@ def archive_events(
 
 
 class _Reporter:
-    """Sends progress to the callback and to the log."""
+    """Sends progress to the callback, to the log and to the shard's ledger (``qm.archive_runs``:
+    what ``qm web``'s health page shows)."""
 
-    def __init__(self, run_id: str, callback: ProgressCallback | None) -> None:
+    def __init__(self, run_id: str, callback: ProgressCallback | None, topology: Topology | None = None) -> None:
         self.run_id = run_id
         self.callback = callback
+        self.topology = topology
 
     def __call__(self, stage: str, shard: str, rows: int, *, queue: str | None = None, detail: str = "") -> None:
         event = ArchiveProgress(self.run_id, stage, shard, rows, queue, detail)
         logger.info(event.line(), extra={"action": f"archive.{stage}", "shard": shard, "rows": rows})
+        self._ledger(event)
         if self.callback is not None:
             self.callback(event)
+
+    def _ledger(self, event: ArchiveProgress) -> None:
+        """The step in the shard's ledger row. Only a trace for people: a failed write is logged,
+        never a reason to stop the run (its truth is in the output directory)."""
+        if self.topology is None:
+            return
+        try:
+            shard = self.topology.by_name(event.shard)
+            with psycopg.connect(shard.dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(
+                    _q("archive_ledger"),
+                    {"run_id": event.run_id, "stage": event.stage, "rows": event.rows, "detail": event.detail[:500]},
+                )
+        except (psycopg.Error, TopologyError) as exc:
+            logger.warning(
+                "could not record an archive step in the shard's ledger",
+                extra={"action": "archive.ledger_failed", "shard": event.shard, "error": str(exc)},
+            )
 
 
 # --- step 1: plan ---------------------------------------------------------------------------------

@@ -16,6 +16,13 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
     p.add_argument("--root-path", default="", help="serve under this sub-path, e.g. /qm (behind a reverse proxy)")
     p.add_argument("--secure-cookie", action="store_true", help="send the session cookie over HTTPS only")
+    p.add_argument(
+        "--manager",
+        action="append",
+        metavar="SHARD=URL",
+        help="a manager of a shard, e.g. s0=ws://mgr-a:8765/ (repeat for each; the overview shows their roles, "
+        "standbys and connected receivers)",
+    )
     p.set_defaults(func=cmd_web)
 
 
@@ -23,6 +30,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     try:
         from queue_manager.web.access import WebTokens
         from queue_manager.web.app import WebConfig
+        from queue_manager.web.managers import parse_managers
         from queue_manager.web.server import serve
     except ImportError as exc:
         raise ConfigurationError(f"qm web needs the web extra: pip install 'queue-manager[web]' ({exc})") from None
@@ -30,9 +38,11 @@ def cmd_web(args: argparse.Namespace) -> int:
     tokens_path = args.tokens or os.environ.get("QM_TOKENS")
     if not tokens_path:
         raise ConfigurationError("no tokens: pass --tokens FILE or set QM_TOKENS, with [[web_token]] tables")
+    shards = topology(args)
     config = WebConfig(
-        topology=topology(args),
+        topology=shards,
         tokens=WebTokens.load(tokens_path),
+        managers=parse_managers(args.manager or [], tuple(s.name for s in shards.shards)),
         session_secret=os.environ.get("QM_WEB_SESSION_SECRET") or None,
         root_path=args.root_path.rstrip("/"),
         secure_cookie=args.secure_cookie,

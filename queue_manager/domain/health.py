@@ -230,7 +230,7 @@ def tables_to_vacuum(h: ShardHealth, after: float, max_bytes: int = VACUUM_MAX_B
 
     Autovacuum visits a database once per ``autovacuum_naptime`` (60 s by default), and a queue
     table under churn passes its trigger within a second or two: at 500 events/s the dead tuples
-    reached 90 000 between two visits, and the table grew by what they took (docs/benchmarks.md,
+    reached 90 000 between two visits, and the table grew by what they took (docs/benchmarks-history.md,
     "Churn"). Left out: tables with autovacuum turned off (an operator's choice), tables over
     ``max_bytes``, and tables whose last vacuum ran under the horizon still held (a session or
     prepared transaction older than that vacuum: another one would remove nothing more).

@@ -71,6 +71,23 @@ class ReceiverConnection:
         #: the ping of a Probe, until its pong (kept apart from _pending: it is no frame's work)
         self._probe: asyncio.Task[None] | None = None
 
+    def describe(self) -> dict[str, Any]:
+        """This connection as ``/health`` lists it: its queue, token, credit, events in hand, tenant
+        filter size and whether it went silent or lapsed (the dashboard shows them)."""
+        s = self.session
+        peer = self.ws.remote_address
+        return {
+            "id": self.id,
+            "token": s.scope.name,
+            "peer": f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else None,
+            "queue": s.queue,
+            "credit": s.credit,
+            "in_hand": s.ledger.held_by(self.id) if s.ledger is not None else 0,
+            "tenants": None if s.tenants is None else len(s.tenants),
+            "silent": s.silent,
+            "lapsed": s.lapsed,
+        }
+
     # the dispatcher's view (queues.Subscriber)
 
     @property

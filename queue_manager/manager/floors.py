@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 #: how often the holders of a disarmed queue's wake-up lock are read, seconds
 HOLDER_CHECK = 0.01
 #: the most of the dispatcher's time holder readings may take (holder_interval): at a fixed
-#: HOLDER_CHECK on a saturated server they took more of it than the fires (docs/benchmarks.md,
+#: HOLDER_CHECK on a saturated server they took more of it than the fires (docs/benchmarks-history.md,
 #: "Held snapshot", runs of 2026-11-25 on `540711d`)
 HOLDER_SHARE = 0.1
 #: and readings are never further apart than this, seconds (a late commit's rows are found by then)

@@ -14,7 +14,7 @@ empty until the next one; it never fails the session.
 **Vacuum when autovacuum is late.** Autovacuum visits a database once per ``autovacuum_naptime``
 (60 s by default), a server-wide setting a table's storage parameters cannot change; a queue table
 under churn passes its vacuum trigger within seconds, so between two visits its dead rows take new
-pages and the table grows (docs/benchmarks.md, "Churn"). After each reading the leader therefore
+pages and the table grows (docs/benchmarks-history.md, "Churn"). After each reading the leader therefore
 vacuums, on the same connection, every queue table that has been past autovacuum's trigger and
 unvacuumed for ``vacuum_after`` seconds (5 by default; ``queue_manager.domain.health.tables_to_vacuum``
 has the rule and what it leaves to autovacuum). ``VACUUM (SKIP_LOCKED)``: a table another vacuum

@@ -156,7 +156,7 @@ def credit_bound(queues: Sequence[IdleState]) -> bool:
     only until the next ack. Such a moment is not spare for maintenance slices: on a saturated
     machine (2 000 events/s on two slow cores, one receiver of 32 credits) the leader went idle
     between every fire and the next ack and enlisted about 8 slices a second, 5 of every 60 s of
-    database time (docs/benchmarks.md, "Held snapshot", runs of 2026-11-26 on `d00f5c5` and `7b4316e`).
+    database time (docs/benchmarks-history.md, "Held snapshot", runs of 2026-11-26 on `d00f5c5` and `7b4316e`).
     The floor still serves every partition (slices.py)."""
     return any((q.backlog or q.has_due) and not q.has_free for q in queues)
 

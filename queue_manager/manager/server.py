@@ -34,6 +34,8 @@ from queue_manager.manager.term import TermSession
 from queue_manager.wire import frames
 
 logger = logging.getLogger(__name__)
+#: connections listed one by one on /health (the count covers them all)
+MAX_LISTED = 200
 
 
 class Manager:
@@ -105,6 +107,8 @@ class Manager:
             "shard": self.shard_name,
             "holder": self.config.holder,
             "receivers": len(self.connections),
+            #: the first MAX_LISTED connections by id, each with its credit (the dashboard shows them)
+            "connections": [c.describe() for c in sorted(self.connections, key=lambda c: c.id)[:MAX_LISTED]],
             "queues": {
                 q.name: {
                     "cache": len(q.cache),

@@ -111,7 +111,7 @@ class PassResult:
 #: process takes none for this long (seconds), doubled at each further one up to RECONCILE_REST_MAX,
 #: back to this after one finishes. Under a held snapshot every count walks dead index entries and
 #: every try fails, spending its whole bound in the server: 135 of them in 3 minutes at 2 000
-#: events/s before the rest (docs/benchmarks.md).
+#: events/s before the rest (docs/benchmarks-history.md).
 RECONCILE_REST_MIN = 10.0
 RECONCILE_REST_MAX = 300.0
 #: a reconciliation slice that finished but took longer than this in the server (seconds) rests the
@@ -119,7 +119,7 @@ RECONCILE_REST_MAX = 300.0
 #: snapshot it walks its partition's dead index entries, and each such count takes the server's CPU
 #: that dispatch needs: at 500 events/s on 2 cores, without this rule 41 to 59 counts of 20 to 113 ms
 #: ran in a 90 s held phase (8 to 10 with it), and the held phase's p99 rose to 2.3-2.8x the clean
-#: phase's in 2 runs of 4 (docs/benchmarks.md, "Held snapshot").
+#: phase's in 2 runs of 4 (docs/benchmarks-history.md, "Held snapshot").
 RECONCILE_SLOW = 0.020
 
 

@@ -456,7 +456,7 @@ async def slice_reconcile(conn: AsyncConn, q: QueueSettings, partition: int) -> 
     The count takes no lock and holds up no producer or ack, but it may run at most
     RECONCILE_SLICE_TIMEOUT_MS and gives up (statement timeout: counted aborted) beyond: under a
     held snapshot every count walks its partition's dead index entries (100-400 ms at 2 000
-    events/s, docs/benchmarks.md, "Held snapshot"). A partition is reconciled again once its count
+    events/s, docs/benchmarks-history.md, "Held snapshot"). A partition is reconciled again once its count
     is cheap (vacuum has run)."""
     # the connection's own timeout for this one statement (no transaction block around it)
     reset = f"SET statement_timeout = {SLICE_STATEMENT_TIMEOUT_MS}"

@@ -18,8 +18,10 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,7 @@ from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS, Setting
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import ConfigurationError, InvalidNameError, QueueManagerError, UnknownQueueError
-from queue_manager.web import data
+from queue_manager.web import data, managers
 from queue_manager.web.access import Sessions, WebTokens, WebUser
 from queue_manager.web.filters import (
     STATES,
@@ -50,6 +52,8 @@ from queue_manager.web.filters import (
     parse_filter,
     parse_time,
 )
+from queue_manager.web.monitor import Monitor
+from queue_manager.web.readings import History, sparkline
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +82,17 @@ class WebConfig:
     refresh_seconds: float = 1.0
     #: a live stream ends after this long, seconds (the browser opens a new one at once)
     stream_seconds: float = 300.0
-    #: readings of the overview are shared by every open tab for this long, seconds
-    cache_seconds: float = 1.0
-    #: the shared reading is taken again only after 1/db_share times as long as the last one took
-    #: (a reading can use more CPU than its wall time: PostgreSQL scans large tables in parallel)
+    #: the overview's reading is taken at least this often, seconds, notified of a change or not
+    #: (a manager's own acks send no notification); it is also the charts' sample interval
+    idle_seconds: float = 5.0
+    #: the health page's reading is shared by every open tab for this long, seconds
+    cache_seconds: float = 5.0
+    #: the health page's reading is taken again only after 1/db_share times as long as the last one took
     db_share: float = 0.015
+    #: each shard's managers (``ws://host:port/``), whose /health the overview reads
+    managers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: how long the overview waits for a manager's /health, seconds
+    manager_timeout: float = 1.0
     #: the session cookie is sent over HTTPS only
     secure_cookie: bool = False
 
@@ -93,6 +103,16 @@ class WebConfig:
             raise ConfigurationError("db_share is a fraction of the time: give 0 < db_share <= 1")
         if self.refresh_seconds < 1:
             raise ConfigurationError("the live refresh is at most once a second: give refresh_seconds >= 1")
+        if self.idle_seconds < self.refresh_seconds:
+            raise ConfigurationError(
+                "idle_seconds is the longest wait between readings: give idle_seconds >= refresh_seconds"
+            )
+        known = {s.name for s in self.topology.shards}
+        for shard, urls in self.managers.items():
+            if shard not in known:
+                raise ConfigurationError(f"managers: no shard named {shard!r} (shards: {', '.join(sorted(known))})")
+            for url in urls:
+                managers.health_url(url)
 
 
 class Refused(Exception):
@@ -160,8 +180,17 @@ class Shared:
 
 def create_app(config: WebConfig) -> Starlette:
     """The dashboard application for ``config``."""
-    topology = data.guarded(config.topology, config.limits)
+    limits = config.limits
+    topology = data.Shards(data.guarded(config.topology, limits), limits)
     shard_names = tuple(s.name for s in topology.shards)
+    monitor = Monitor(
+        lambda: {**data.live(topology, limits), "managers": managers.read_all(config.managers, config.manager_timeout)},
+        [partial(data.listen, shard) for shard in topology.shards],
+        history=History(every_seconds=config.idle_seconds),
+        refresh=config.refresh_seconds,
+        idle=config.idle_seconds,
+    )
+    database_cache = Shared(config.cache_seconds, lambda: data.database(topology), config.db_share)
     sessions = Sessions(config.tokens, config.session_secret)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(
@@ -169,13 +198,16 @@ def create_app(config: WebConfig) -> Starlette:
         shard_names=shard_names,
         refresh=config.refresh_seconds,
         db_share=config.db_share,
+        cache_seconds=config.cache_seconds,
         queue_settings=SETTINGS,
         tenant_settings=TENANT_SETTINGS,
+        history=monitor.history,
+        sparkline=sparkline,
+        idle=config.idle_seconds,
+        has_managers=bool(config.managers),
     )
     templates.env.filters["age"] = _age
     templates.env.filters["clock"] = _clock
-    overview_cache = Shared(config.cache_seconds, lambda: data.overview(topology), config.db_share)
-    limits = config.limits
 
     def base(request: Request) -> str:
         return str(request.scope.get("root_path", "")).rstrip("/")
@@ -291,41 +323,61 @@ def create_app(config: WebConfig) -> Starlette:
         response.delete_cookie(COOKIE, path=base(request) or "/")
         return response
 
-    def snapshot_page(template: str) -> Callable[[Request], Awaitable[Response]]:
-        """A page that renders the shared reading of every shard (the overview, its live part, the
-        database health)."""
+    def snapshot_page(template: str, read: Callable[[], dict[str, Any]]) -> Callable[[Request], Awaitable[Response]]:
+        """A page that renders a shared reading of every shard (the overview and its live part: the
+        monitor's; the database health: its own)."""
 
         async def handler(request: Request) -> Response:
             user, _ = await require(request)
-            snapshot = await run_in_threadpool(overview_cache.get)
+            snapshot = await run_in_threadpool(read)
             return page(request, template, user, snap=snapshot)
 
         return handler
 
-    overview = snapshot_page("overview.html")
-    overview_live = snapshot_page("overview_live.html")
-    database = snapshot_page("database.html")
+    async def overview(request: Request) -> Response:
+        user, _ = await require(request)
+        snapshot = await run_in_threadpool(monitor.get)
+        health = await run_in_threadpool(database_cache.get)
+        return page(request, "overview.html", user, snap=snapshot, health=health)
+
+    overview_live = snapshot_page("overview_live.html", monitor.get)
+    database = snapshot_page("database.html", database_cache.get)
 
     async def overview_stream(request: Request) -> Response:
         user, _ = await require(request)
-        fragment = templates.get_template("overview_live.html")
-        context = {"base": base(request), "user": user, "csrf": user.csrf or ""}
+        return stream(request, user, "overview_live.html")
+
+    async def queue_stream(request: Request) -> Response:
+        user, _ = await require(request)
+        queue = check_queue_name(request.path_params["queue"])
+        return stream(request, user, "queue_live.html", queue=queue)
+
+    def stream(request: Request, user: WebUser, template: str, **extra: Any) -> Response:
+        """A page's live part (``template`` over the monitor's reading) as server-sent events."""
+        fragment = templates.get_template(template)
+        context = {"base": base(request), "user": user, "csrf": user.csrf or "", **extra}
 
         async def events() -> AsyncIterator[str]:
-            """The overview's live part whenever the shared reading changes, at most once per
-            refresh; the stream ends after ``stream_seconds`` (the browser reconnects)."""
+            """The overview's live part at each new reading that changes it (a notification on
+            qm_wake brings one within a second, else one comes every ``idle_seconds``); at most
+            once per refresh. The stream ends after ``stream_seconds`` (the browser reconnects)."""
             yield f"retry: {int(config.refresh_seconds * 1000)}\n\n"
             sent = None
+            version = -1
             deadline = time.monotonic() + config.stream_seconds
             while True:
-                snapshot = await run_in_threadpool(overview_cache.get)
-                html = fragment.render(snap=snapshot, now=time.time(), **context)
-                if html != sent:
-                    sent = html
-                    yield "event: live\n" + "".join(f"data: {line}\n" for line in html.splitlines()) + "\n"
+                pushed = False
+                if monitor.version != version:
+                    snapshot = await run_in_threadpool(monitor.get)
+                    version = monitor.version
+                    html = fragment.render(snap=snapshot, now=time.time(), **context)
+                    if html != sent:
+                        sent, pushed = html, True
+                        yield "event: live\n" + "".join(f"data: {line}\n" for line in html.splitlines()) + "\n"
                 if time.monotonic() >= deadline:
                     return
-                await asyncio.sleep(config.refresh_seconds)
+                monitor.watch()
+                await asyncio.sleep(config.refresh_seconds if pushed else 0.2)
 
         headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
@@ -333,9 +385,12 @@ def create_app(config: WebConfig) -> Starlette:
     async def queue_page(request: Request) -> Response:
         user, _ = await require(request)
         queue = check_queue_name(request.path_params["queue"])
-        snapshot = await run_in_threadpool(overview_cache.get)
+        snapshot = await run_in_threadpool(monitor.get)
         detail = await run_in_threadpool(data.queue_detail, topology, queue, limits, snapshot)
-        return page(request, "queue.html", user, q=detail, notice=request.query_params.get("notice"))
+        exact = None
+        if request.query_params.get("exact"):
+            exact = await run_in_threadpool(data.exact_counts, topology, queue)
+        return page(request, "queue.html", user, q=detail, exact=exact, notice=request.query_params.get("notice"))
 
     async def set_paused(request: Request, paused: bool) -> Response:
         user, _ = await require(request, action=True)
@@ -565,6 +620,7 @@ def create_app(config: WebConfig) -> Starlette:
         Route("/", guard(overview), methods=["GET"]),
         Route("/partials/overview", guard(overview_live), methods=["GET"]),
         Route("/live/overview", guard(overview_stream), methods=["GET"]),
+        Route("/live/queues/{queue}", guard(queue_stream), methods=["GET"]),
         Route("/database", guard(database), methods=["GET"]),
         Route("/audit", guard(audit_page), methods=["GET"]),
         Route("/queues/{queue}", guard(queue_page), methods=["GET"]),
@@ -580,14 +636,30 @@ def create_app(config: WebConfig) -> Starlette:
         Route("/queues/{queue}/bulk/confirm", guard(bulk_run), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    inner = Starlette(routes=routes)
+
+    def close() -> None:
+        """Stop the monitor's threads and close the pools (the application's shutdown does it)."""
+        monitor.close()
+        topology.close()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(close)
+
     if not config.root_path:
-        return inner
+        app = Starlette(routes=routes, lifespan=lifespan)
+    else:
 
-    async def to_root(request: Request) -> Response:
-        return RedirectResponse(f"{config.root_path}/", status_code=307)
+        async def to_root(request: Request) -> Response:
+            return RedirectResponse(f"{config.root_path}/", status_code=307)
 
-    return Starlette(routes=[Route("/", to_root), Mount(config.root_path, app=inner)])
+        app = Starlette(
+            routes=[Route("/", to_root), Mount(config.root_path, app=Starlette(routes=routes))], lifespan=lifespan
+        )
+    app.state.close = close
+    app.state.monitor = monitor
+    return app
 
 
 _UNSET: Any = object()

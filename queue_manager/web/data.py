@@ -1,9 +1,13 @@
 """What the dashboard reads from and does to the shards: the only module of the web package that
 touches PostgreSQL.
 
-Every connection runs under a statement timeout (:func:`guarded`), and the admin functions
-(``queue_manager.admin``) are reused through that guarded topology: the overview's counts and
-database health are ``qm status``'s. Queries are the named blocks of ``db/sql/web.sql``.
+Every shard has a connection pool (:class:`Shards`, psycopg_pool) whose connections run under a
+statement timeout (:func:`guarded`); the admin functions (``queue_manager.admin``) are reused
+through the guarded topology. Queries are the named blocks of ``db/sql/web.sql``.
+
+The overview's reading (:func:`live`) scans no queue table: live events come from the
+partitions' load counters, the rest from bounded reads of the partial indexes and from the index
+statistics (labelled as estimates), so its cost does not grow with the tables.
 
 Bulk actions are safe against a running manager: they change only rows in a state no manager
 holds in hand (``failed``), with UPDATEs whose WHERE clause states that state, in slices of their
@@ -14,9 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,14 +31,19 @@ from psycopg import errors as pg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from queue_manager import admin
+from queue_manager.db.health import read_health
 from queue_manager.db.sqlfiles import query
+from queue_manager.domain.health import as_data as health_data
+from queue_manager.domain.health import warnings as health_warnings
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import QueueManagerError, UnknownQueueError
 from queue_manager.web.browse import MergedPage, ShardPage, merge
 from queue_manager.web.filters import EventFilter
+from queue_manager.web.readings import live_counts
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +66,18 @@ class Limits:
     bulk_cap: int = 10_000
     #: events changed per transaction of a bulk action
     bulk_slice: int = 500
+    #: connections each shard's pool keeps open at most
+    pool_size: int = 4
+    #: how long a request waits for a pooled connection before it opens one of its own, seconds
+    pool_wait_seconds: float = 1.0
+    #: events in hand and dead letters are counted exactly up to this many per queue and shard
+    count_cap: int = 10_000
+    #: due events are counted up to this many per queue and shard (shared among its partitions)
+    due_cap: int = 10_000
+    #: the pickup delay is read from at most this many of the newest acked events per partition...
+    pickup_sample: int = 16
+    #: ...acked within this many seconds
+    pickup_window_seconds: float = 300.0
 
 
 def guarded(topology: Topology, limits: Limits) -> Topology:
@@ -83,10 +106,77 @@ def _q(name: str) -> Any:
     return text
 
 
-@contextmanager
-def _connect(shard: Shard, autocommit: bool = True) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    with psycopg.connect(shard.dsn, autocommit=autocommit, row_factory=dict_row, connect_timeout=5) as conn:
-        yield conn
+class Shards:
+    """The shards of the guarded topology, each with a connection pool (psycopg_pool; opened at
+    the first use, closed by :meth:`close`). A pooled connection is in autocommit mode with
+    ``dict_row`` rows and the statement timeout of its DSN. A request that gets none within
+    ``pool_wait_seconds`` (the pool busy, or the shard unreachable) opens one of its own, so it is
+    never stuck behind the pool, and a shard that is down fails with the driver's own reason."""
+
+    def __init__(self, topology: Topology, limits: Limits) -> None:
+        #: the guarded topology (what the admin functions are given)
+        self.topology = topology
+        self.limits = limits
+        self.shards = topology.shards
+        self._lock = threading.Lock()
+        self._pools: dict[str, ConnectionPool[psycopg.Connection[dict[str, Any]]]] = {}
+        self._closed = False
+
+    def by_name(self, name: str) -> Shard:
+        return self.topology.by_name(name)
+
+    def shard_for(self, tenant: str) -> Shard:
+        return self.topology.shard_for(tenant)
+
+    def _pool(self, shard: Shard) -> ConnectionPool[psycopg.Connection[dict[str, Any]]] | None:
+        with self._lock:
+            if self._closed:
+                return None
+            pool = self._pools.get(shard.name)
+            if pool is None:
+                pool = ConnectionPool(
+                    shard.dsn,
+                    connection_class=psycopg.Connection[dict[str, Any]],
+                    kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": 5},
+                    min_size=1,
+                    max_size=self.limits.pool_size,
+                    open=False,
+                    check=ConnectionPool.check_connection,
+                    name=f"qm-web-{shard.name}",
+                )
+                pool.open(wait=False)
+                self._pools[shard.name] = pool
+            return pool
+
+    @contextmanager
+    def connect(self, shard: Shard) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A connection to ``shard`` (by name: always with the guarded DSN): a pooled one, or one of
+        its own when the pool has none to give."""
+        shard = self.topology.by_name(shard.name)
+        pool = self._pool(shard)
+        if pool is not None:
+            # a pool with no connection at all is still connecting, or its shard is down: don't wait for it
+            wait = self.limits.pool_wait_seconds if pool.get_stats().get("pool_size", 0) else 0.1
+            try:
+                conn = pool.getconn(timeout=wait)
+            except PoolTimeout:
+                pass
+            else:
+                try:
+                    yield conn
+                finally:
+                    pool.putconn(conn)
+                return
+        with psycopg.connect(shard.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5) as own:
+            yield own
+
+    def close(self) -> None:
+        """Close every pool (later requests open connections of their own)."""
+        with self._lock:
+            self._closed = True
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close(timeout=5)
 
 
 def _on(shard: Shard, queue: str, exc: psycopg.Error) -> QueueManagerError:
@@ -103,39 +193,120 @@ def _on(shard: Shard, queue: str, exc: psycopg.Error) -> QueueManagerError:
 # ------------------------------------------------------------------------------------ reading
 
 
-def overview(topology: Topology) -> dict[str, Any]:
-    """``qm status`` (counts by state, depth, oldest due age, database health), each shard's lease,
-    its newest Spark enqueue runs and the transactions left prepared."""
-    data = admin.status(topology)
-    for entry in data["shards"]:
-        if "error" in entry:
-            continue
+def live(db: Shards, limits: Limits) -> dict[str, Any]:
+    """The overview's reading of every shard, without a scan of a queue table (web.sql,
+    ``web_live_queues`` and ``web_live_queue``): per queue, live events from the load counters
+    (enqueued - done, per partition: approximate by design, docs/design.md "Shuffle sharding"),
+    events in hand and dead letters counted up to ``count_cap``, due events up to ``due_cap``, the
+    oldest due event's age, the pickup delay of the newest acked events, and acked (and dead
+    letters past the cap) as estimates from the index statistics; per shard, the leader's lease.
+    A shard that cannot be read gets ``error``."""
+    shards: list[dict[str, Any]] = []
+    for shard in db.shards:
+        entry: dict[str, Any] = {"shard": shard.name, "range": str(shard.key_range)}
         try:
-            with _connect(topology.by_name(entry["shard"])) as conn:
+            with db.connect(shard) as conn:
                 entry["leader"] = conn.execute(_q("web_leader")).fetchone()
+                entry["queues"] = [_live_queue(conn, row, limits) for row in conn.execute(_q("web_live_queues"))]
+        except psycopg.Error as exc:
+            entry["error"] = f"unreachable: {str(exc).strip() or type(exc).__name__}"
+        shards.append(entry)
+    return {"shards": shards, "cap": limits.count_cap}
+
+
+def _live_queue(conn: psycopg.Connection[dict[str, Any]], row: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    parts = int(row["partitions_physical"])
+    bounded = conn.execute(
+        sql.SQL(_q("web_live_queue")).format(queue=sql.Identifier(row["name"])),
+        {
+            "cap": limits.count_cap,
+            "parts": parts,
+            "due_cap": max(1, limits.due_cap // parts),
+            "recent": limits.pickup_sample,
+            "recent_seconds": limits.pickup_window_seconds,
+        },
+    ).fetchone()
+    assert bounded is not None
+    enq = [int(v) for v in row["enq"] or []]
+    done = [int(v) for v in row["done"] or []]
+    return live_counts(
+        row["name"],
+        paused=bool(row["paused"]),
+        partitions=int(row["partitions"]),
+        enq=enq,
+        done=done,
+        fired=int(bounded["fired"]),
+        failed=int(bounded["failed"]),
+        cap=limits.count_cap,
+        due_now=int(bounded["due_now"]),
+        due_capped=bool(bounded["due_capped"]),
+        oldest_due_age_seconds=bounded["oldest_due_age_seconds"],
+        pickup_delays=list(bounded["pickup_delays"] or []),
+        acked_estimate=row["acked_estimate"],
+        failed_estimate=row["failed_estimate"],
+    )
+
+
+def database(db: Shards) -> dict[str, Any]:
+    """The health page's reading of every shard: ``qm status``'s database health (catalog and
+    statistics reads only: no queue table is scanned) and warnings, the maintenance slices, the
+    newest Spark enqueue and archive runs and the transactions left prepared."""
+    shards: list[dict[str, Any]] = []
+    for shard in db.shards:
+        entry: dict[str, Any] = {"shard": shard.name, "range": str(shard.key_range)}
+        try:
+            with db.connect(shard) as conn:
+                reading = read_health(conn)
+                entry["maintenance"] = {
+                    str(r["job"]): {k: int(r[k]) for k in ("recruited", "finished", "aborted", "events")}
+                    for r in conn.execute(query("maintenance_counts"))
+                }
                 entry["spark_runs"] = conn.execute(_q("web_spark_runs"), {"limit": 10}).fetchall()
                 entry["prepared"] = conn.execute(_q("web_prepared"), {"limit": 10}).fetchall()
+                entry["archive_runs"] = conn.execute(_q("web_archive_runs"), {"limit": 10}).fetchall()
         except psycopg.Error as exc:
-            entry["leader"] = None
-            entry["leader_error"] = str(exc).strip()
-    return data
+            entry["error"] = f"unreachable: {str(exc).strip() or type(exc).__name__}"
+            shards.append(entry)
+            continue
+        entry["xmin_horizon"] = None if reading.horizon is None else asdict(reading.horizon)
+        entry["health"] = health_data(reading)
+        entry["warnings"] = health_warnings(reading)
+        shards.append(entry)
+    return {"shards": shards}
 
 
-def queue_detail(topology: Topology, queue: str, limits: Limits, snapshot: dict[str, Any]) -> dict[str, Any]:
+def exact_counts(db: Shards, queue: str) -> dict[str, dict[str, int] | str]:
+    """A queue's exact counts by state per shard: a scan of each table (on demand), or why not."""
+    check_queue_name(queue)
+    out: dict[str, dict[str, int] | str] = {}
+    for shard in db.shards:
+        try:
+            with db.connect(shard) as conn:
+                rows = conn.execute(sql.SQL(_q("web_exact_counts")).format(queue=sql.Identifier(queue))).fetchall()
+        except psycopg.Error as exc:
+            out[shard.name] = str(_on(shard, queue, exc))
+            continue
+        counts = {state: 0 for state in ("to_be_fired", "fired", "acked", "failed")}
+        counts.update({r["state"]: int(r["n"]) for r in rows})
+        out[shard.name] = counts
+    return out
+
+
+def queue_detail(db: Shards, queue: str, limits: Limits, snapshot: dict[str, Any]) -> dict[str, Any]:
     """A queue's settings, status per shard (from ``snapshot``, the shared overview reading),
     top tenants per shard and tenant overrides."""
     check_queue_name(queue)
-    registry = admin.list_queues(topology)
+    registry = admin.list_queues(db.topology)
     settings = {name: next((r for r in rows if r["name"] == queue), None) for name, rows in registry.items()}
     if all(v is None for v in settings.values()):
         raise UnknownQueueError(f"no queue named {queue!r} on any shard")
     shards: list[dict[str, Any]] = []
-    for shard in topology.shards:
+    for shard in db.shards:
         entry: dict[str, Any] = {"shard": shard.name, "settings": settings.get(shard.name)}
         read: dict[str, Any] = next((e for e in snapshot.get("shards", []) if e["shard"] == shard.name), {})
         entry["status"] = next((q for q in read.get("queues", []) if q["queue"] == queue), None)
         try:
-            with _connect(shard) as conn:
+            with db.connect(shard) as conn:
                 entry["tenants"] = conn.execute(
                     sql.SQL(_q("web_top_tenants")).format(queue=sql.Identifier(queue)),
                     {"scan": limits.tenant_scan_rows, "limit": 10},
@@ -148,28 +319,26 @@ def queue_detail(topology: Topology, queue: str, limits: Limits, snapshot: dict[
         "queue": queue,
         "settings": first,
         "shards": shards,
-        "overrides": admin.list_tenants(topology, queue),
-        "audit": audit(topology, limit=10, queue=queue),
+        "overrides": admin.list_tenants(db.topology, queue),
+        "audit": audit(db, limit=10, queue=queue),
         "snapshot": snapshot,
         "tenant_scan": limits.tenant_scan_rows,
     }
 
 
-def events_page(
-    topology: Topology, queue: str, flt: EventFilter, cursor: dict[str, int | None], limits: Limits
-) -> MergedPage:
+def events_page(db: Shards, queue: str, flt: EventFilter, cursor: dict[str, int | None], limits: Limits) -> MergedPage:
     """One page of the event browser: newest first across the shards, keyset-paged (browse.py)."""
     check_queue_name(queue)
     table = sql.Identifier(queue)
     base = flt.params()
     pages: dict[str, ShardPage] = {}
-    for shard in topology.shards:
+    for shard in db.shards:
         position = cursor.get(shard.name)
         if position is None or (flt.shard is not None and flt.shard != shard.name):
             continue
         before = position or None
         try:
-            with _connect(shard) as conn:
+            with db.connect(shard) as conn:
                 if flt.event_id is not None:
                     rows = conn.execute(sql.SQL(_q("web_events_by_id")).format(queue=table), base).fetchall()
                     rows = [r for r in rows if before is None or r["id"] < before]
@@ -191,12 +360,12 @@ def events_page(
     return merge(cursor, pages, limits.page_size)
 
 
-def event(topology: Topology, queue: str, shard_name: str, event_id: int) -> dict[str, Any] | None:
+def event(db: Shards, queue: str, shard_name: str, event_id: int) -> dict[str, Any] | None:
     """One event, whole, or None."""
     check_queue_name(queue)
-    shard = topology.by_name(shard_name)
+    shard = db.by_name(shard_name)
     try:
-        with _connect(shard) as conn:
+        with db.connect(shard) as conn:
             return conn.execute(
                 sql.SQL(_q("web_event")).format(queue=sql.Identifier(queue)), {"id": event_id}
             ).fetchone()
@@ -204,23 +373,18 @@ def event(topology: Topology, queue: str, shard_name: str, event_id: int) -> dic
         raise _on(shard, queue, exc) from None
 
 
-def audit(topology: Topology, limit: int = 50, queue: str | None = None) -> list[dict[str, Any]]:
+def audit(db: Shards, limit: int = 50, queue: str | None = None) -> list[dict[str, Any]]:
     """The newest audit rows of every shard, newest first."""
     out: list[dict[str, Any]] = []
-    for shard in topology.shards:
+    for shard in db.shards:
         try:
-            with _connect(shard) as conn:
+            with db.connect(shard) as conn:
                 rows = conn.execute(_q("web_audit_recent"), {"limit": limit}).fetchall()
         except psycopg.Error:
             continue
         out += [{"shard": shard.name, **r} for r in rows if queue is None or r["queue"] == queue]
     out.sort(key=lambda r: r["at"], reverse=True)
     return out[:limit]
-
-
-def health(topology: Topology) -> dict[str, Any]:
-    """Database health per shard, as ``qm status`` computes it."""
-    return admin.status(topology)
 
 
 # ------------------------------------------------------------------------------------ actions
@@ -292,16 +456,16 @@ def _action_params(action: BulkAction, flt: EventFilter | None, ids: Sequence[in
     return params
 
 
-def _targets(topology: Topology, flt: EventFilter | None, selection: Selection | None) -> list[Shard]:
+def _targets(db: Shards, flt: EventFilter | None, selection: Selection | None) -> list[Shard]:
     if selection is not None:
-        return [s for s in topology.shards if selection.get(s.name)]
+        return [s for s in db.shards if selection.get(s.name)]
     if flt is not None and flt.shard is not None:
-        return [topology.by_name(flt.shard)]
-    return list(topology.shards)
+        return [db.by_name(flt.shard)]
+    return list(db.shards)
 
 
 def count_targets(
-    topology: Topology,
+    db: Shards,
     queue: str,
     action: BulkAction,
     flt: EventFilter | None,
@@ -313,11 +477,11 @@ def count_targets(
     check_queue_name(queue)
     table = sql.Identifier(queue)
     out: dict[str, int] = {}
-    for shard in _targets(topology, flt, selection):
+    for shard in _targets(db, flt, selection):
         params = _action_params(action, flt, None if selection is None else selection[shard.name])
         params.update(below=None, limit=cap + 1)
         try:
-            with _connect(shard) as conn:
+            with db.connect(shard) as conn:
                 found = conn.execute(sql.SQL(_q("web_action_ids")).format(queue=table), params).fetchall()
         except psycopg.Error as exc:
             raise _on(shard, queue, exc) from None
@@ -358,7 +522,7 @@ def _change(
 
 
 def run_action(
-    topology: Topology,
+    db: Shards,
     queue: str,
     action: BulkAction,
     flt: EventFilter | None,
@@ -382,12 +546,12 @@ def run_action(
     table = sql.Identifier(queue)
     remaining = cap
     changed: dict[str, int] = {}
-    for shard in _targets(topology, flt, selection):
+    for shard in _targets(db, flt, selection):
         ids = None if selection is None else selection[shard.name]
         changed[shard.name] = 0
         audit_filter = description if fire_at is None else f"{description}; fire_at {fire_at.isoformat()}"
         try:
-            with _connect(shard) as conn:
+            with db.connect(shard) as conn:
                 row = conn.execute(
                     _q("web_audit_start"),
                     {
@@ -427,11 +591,13 @@ def run_action(
     return changed
 
 
-def _record(shards: Sequence[Shard], *, actor: str, action: str, queue: str, detail: dict[str, Any]) -> None:
+def _record(
+    db: Shards, shards: Sequence[Shard], *, actor: str, action: str, queue: str, detail: dict[str, Any]
+) -> None:
     """One finished audit row for a settings change on each of ``shards``."""
     for shard in shards:
         try:
-            with _connect(shard) as conn:
+            with db.connect(shard) as conn:
                 row = conn.execute(
                     _q("web_audit_start"),
                     {
@@ -451,49 +617,81 @@ def _record(shards: Sequence[Shard], *, actor: str, action: str, queue: str, det
             )
 
 
-def alter_queue(topology: Topology, queue: str, settings: dict[str, Any], *, actor: str, action: str) -> None:
+def alter_queue(db: Shards, queue: str, settings: dict[str, Any], *, actor: str, action: str) -> None:
     """Change a queue's settings on every shard (``admin.alter_queue``: the managers hear it at
     once), and record it in each shard's audit table."""
-    admin.alter_queue(topology, queue, settings)
-    _record(topology.shards, actor=actor, action=action, queue=queue, detail=settings)
+    admin.alter_queue(db.topology, queue, settings)
+    _record(db, db.shards, actor=actor, action=action, queue=queue, detail=settings)
 
 
-def set_tenant(topology: Topology, queue: str, tenant: str, settings: dict[str, Any], *, actor: str) -> dict[str, Any]:
+def set_tenant(db: Shards, queue: str, tenant: str, settings: dict[str, Any], *, actor: str) -> dict[str, Any]:
     """Set a tenant's overrides (``admin.set_tenant``, as ``qm queue tenant set``) on the tenant's
     shard, the one that holds them, and record it in that shard's audit table."""
-    row = admin.set_tenant(topology, queue, tenant, settings)
-    shard = topology.by_name(row["shard"])
-    _record([shard], actor=actor, action="tenant_set", queue=queue, detail={"tenant": tenant, **settings})
+    row = admin.set_tenant(db.topology, queue, tenant, settings)
+    shard = db.by_name(row["shard"])
+    _record(db, [shard], actor=actor, action="tenant_set", queue=queue, detail={"tenant": tenant, **settings})
     return row
 
 
-def unset_tenant(topology: Topology, queue: str, tenant: str, *, actor: str) -> bool:
+def unset_tenant(db: Shards, queue: str, tenant: str, *, actor: str) -> bool:
     """Drop a tenant's overrides (``admin.unset_tenant``, as ``qm queue tenant unset``) and record
     it in the tenant's shard's audit table; True when it had some."""
-    removed = admin.unset_tenant(topology, queue, tenant)
+    removed = admin.unset_tenant(db.topology, queue, tenant)
     detail = {"tenant": tenant, "removed": removed}
-    _record([topology.shard_for(tenant)], actor=actor, action="tenant_unset", queue=queue, detail=detail)
+    _record(db, [db.shard_for(tenant)], actor=actor, action="tenant_unset", queue=queue, detail=detail)
     return removed
 
 
-def queue_settings(topology: Topology, queue: str) -> dict[str, Any]:
+def queue_settings(db: Shards, queue: str) -> dict[str, Any]:
     """A queue's registry row (as the first shard that has it stores it)."""
     check_queue_name(queue)
-    for rows in admin.list_queues(topology).values():
+    for rows in admin.list_queues(db.topology).values():
         for row in rows:
             if row["name"] == queue:
                 return dict(row)
     raise UnknownQueueError(f"no queue named {queue!r} on any shard")
 
 
-def ping(topology: Topology) -> dict[str, str | None]:
+def ping(db: Shards) -> dict[str, str | None]:
     """Each shard: None when it answers ``SELECT 1``, else why not."""
     out: dict[str, str | None] = {}
-    for shard in topology.shards:
+    for shard in db.shards:
         try:
-            with _connect(shard) as conn:
+            with db.connect(shard) as conn:
                 conn.execute("SELECT 1")
             out[shard.name] = None
         except psycopg.Error as exc:
             out[shard.name] = str(exc).strip() or type(exc).__name__
     return out
+
+
+def listen(shard: Shard, stop: threading.Event, heard: Callable[[], None], retry_seconds: float = 2.0) -> None:
+    """LISTEN on ``qm_wake`` on ``shard`` until ``stop`` is set: ``heard()`` at each notification,
+    and once after each connection (notifications sent while it was away are lost). The connection
+    is checked every 30 s and opened again after a failure, ``retry_seconds`` later."""
+    while not stop.is_set():
+        try:
+            with psycopg.connect(
+                shard.dsn,
+                autocommit=True,
+                application_name="qm-web-listen",
+                connect_timeout=5,
+                keepalives_idle=10,
+                keepalives_interval=5,
+                keepalives_count=3,
+            ) as conn:
+                conn.execute(_q("web_listen"))
+                heard()
+                checked = time.monotonic()
+                while not stop.is_set():
+                    for _ in conn.notifies(timeout=0.5):
+                        heard()
+                    if time.monotonic() - checked >= 30:
+                        conn.execute(_q("web_alive"))
+                        checked = time.monotonic()
+        except psycopg.Error as exc:
+            logger.info(
+                "dashboard listener lost its shard",
+                extra={"action": "web_listen_lost", "shard": shard.name, "error": str(exc)},
+            )
+            stop.wait(retry_seconds)

@@ -363,6 +363,10 @@ async def test_metrics_and_health_endpoints(shard: Shard, queue: str) -> None:
     assert "qm_pickup_delay_seconds_bucket" in text and "qm_ack_latency_seconds_count" in text
     assert "qm_leader 1" in text and "qm_receivers_connected 1" in text
     assert health["role"] == "leader" and health["shard"] == "s0"
+    # each receiver connection is listed with its credit and the events it holds (the dashboard shows them)
+    [conn] = health["connections"]
+    assert conn["queue"] == "orders" and conn["credit"] > 0 and conn["in_hand"] == 0
+    assert conn["silent"] is False and conn["peer"].startswith("127.0.0.1:")
 
 
 async def test_every_plain_http_answer_has_one_content_type(shard: Shard, queue: str) -> None:

@@ -25,9 +25,9 @@ from queue_manager.local.embedded import pg_bin_dir
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0003_web_audit"
+HEAD = "0004_archive_ledger"
 #: tables the revisions after the baseline add
-ADDED_TABLES = ("qm.web_audit",)
+ADDED_TABLES = ("qm.web_audit", "qm.archive_runs")
 ADDED_SEQUENCES = ("web_audit_id_seq",)
 #: a shard at revision 0013_enqueue_lock of the squashed history, with queues and events in every
 #: state (made by tests/fixtures/make_old_head_dump.py)

@@ -78,6 +78,7 @@ def spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     from spark_jobs.session import require_jdbc_driver, spark_session
+
     for k, v in json.loads(os.environ.get("QM_TEST_SPARK_CONF", "{}")).items():
         SparkSession.builder.config(k, v)
     session = spark_session("qm-tests")

@@ -193,6 +193,11 @@ def test_archive_moves_settled_old_events_to_parquet_and_deletes_exactly_those(
         slices = [p for p in seen if p.shard == shard.name and p.stage == "delete_slice"]
         assert all(p.rows <= 100 for p in slices)
         assert sum(p.rows for p in slices) == len({k for k in expected if k[0] == shard.name})
+        # the shard's ledger (what qm web's health page shows): the run finished, with its rows
+        n = len({k for k in expected if k[0] == shard.name})
+        with psycopg.connect(shard.dsn) as conn:
+            ledger = conn.execute("SELECT stage, planned, archived, deleted FROM qm.archive_runs WHERE run_id = 'r1'")
+            assert ledger.fetchall() == [("deleted", n, n, n)]
 
 
 def test_a_run_interrupted_before_its_commit_is_rewritten_and_nothing_is_deleted_meanwhile(

@@ -53,6 +53,7 @@ def app_for(topology: Topology) -> Iterator[Callable[..., TestClient]]:
     yield make
     for c in clients:
         c.close()
+        c.app.state.close()  # type: ignore[attr-defined]  # the monitor's threads and the pools
 
 
 @pytest.fixture

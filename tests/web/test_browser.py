@@ -79,6 +79,8 @@ class Live:
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self.error: BaseException | None = None
+        #: the manager's URL (the dashboard reads its /health)
+        self.url = ""
 
     async def _main(self) -> None:
         from tests.managerkit import running_manager, running_receiver, url, wait_leader
@@ -89,6 +91,7 @@ class Live:
             # maintenance at a relaxed pace: these tests watch dispatch, not the sweeps
             async with running_manager(self.dsn, purge_interval=5.0, reconcile_interval=5.0) as manager:
                 await wait_leader(manager)
+                self.url = url(manager)
                 async with running_receiver(url(manager)) as (_, recorder):
                     recorder_events = recorder.events
                     self.ready.set()
@@ -128,7 +131,7 @@ def live(topology: Topology) -> Iterator[Live]:
 
 
 @pytest.fixture(scope="module")
-def server(topology: Topology) -> Iterator[str]:
+def server(topology: Topology, live: Live) -> Iterator[str]:
     import uvicorn
 
     from queue_manager.web.app import WebConfig, create_app
@@ -136,8 +139,16 @@ def server(topology: Topology) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # readings as often as every other moment (db_share): the tests wait for live changes
-    config = WebConfig(topology=topology, tokens=web_tokens(), root_path="/qm", db_share=0.5)
+    # a reading every 2 s even without a notice (s1 has no manager to send one): the tests wait for live changes
+    config = WebConfig(
+        topology=topology,
+        tokens=web_tokens(),
+        root_path="/qm",
+        db_share=0.5,
+        idle_seconds=2.0,
+        managers={"s0": (live.url,)},
+        manager_timeout=5.0,  # a loaded machine
+    )
     app = create_app(config)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none")
     srv = uvicorn.Server(config)
@@ -150,6 +161,7 @@ def server(topology: Topology) -> Iterator[str]:
     yield f"http://127.0.0.1:{port}/qm"
     srv.should_exit = True
     thread.join(20)
+    app.state.close()
 
 
 @pytest.fixture(scope="module")
@@ -234,11 +246,26 @@ def test_every_page_loads_and_the_payload_filter_finds_events(
     assert page.locator("#shards").inner_text().count("s1") == 1
     s0_row, s1_row = page.locator("#shards tbody tr").all_inner_texts()
     assert "no live leader" not in s0_row and "no live leader" in s1_row  # a manager runs on s0 only
+    # the manager of s0, read from its /health: leader, with the test's receiver and its credit
+    page.wait_for_selector("#managers tr[data-manager] td.role-leader")  # live: a reading may still come
+    manager = page.locator("#managers tr[data-manager]")
+    assert manager.count() == 1 and "leader" in manager.inner_text()
+    page.wait_for_selector("#receivers tr[data-receiver]")
+    receiver = page.locator("#receivers tr[data-receiver]")
+    assert receiver.count() == 1 and "orders" in receiver.inner_text()
+    assert int(receiver.locator("td.credit").inner_text()) > 0
+    # rates once the history spans two samples (4 s here), and each row's chart of the last hour
+    page.wait_for_function(
+        "() => /^[0-9.]+$/.test(document.querySelector('#queues tr[data-shard=s0] td.rate-enq').textContent)",
+        timeout=30_000,
+    )
+    assert page.locator("#queues td.chart svg.spark").count() == 2
     _shot(page, "overview")
     page.click("text=orders >> nth=0")
     page.wait_for_url(f"{server}/queues/orders")
     assert page.locator("#partitions tbody tr").count() == 2 and page.locator("#pause").is_visible()
     assert t1 in page.locator("#tenants").inner_text()
+    assert page.locator("#charts svg.spark").count() == 8
     _shot(page, "queue")
     page.click("text=Browse events")
     page.fill("input[name=payload]", "payload.order.id = 42")

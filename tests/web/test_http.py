@@ -311,7 +311,7 @@ def test_the_overview_streams_its_live_part_as_server_sent_events(
     lines = event.rstrip("\n").split("\n")
     assert lines[0] == "event: live" and all(line.startswith("data: ") for line in lines[1:])
     html = "\n".join(line[len("data: ") :] for line in lines[1:])
-    assert '<tr data-queue="orders" data-shard="s1">' in html and "Counts as of" in html
+    assert '<tr data-queue="orders" data-shard="s1">' in html and "Read at" in html
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -597,6 +597,10 @@ def test_the_health_page_shows_spark_runs_and_transactions_left_prepared(
         c.execute(
             "INSERT INTO qm.spark_runs (run_id, queue, state, staged_rows) VALUES ('run-7', 'orders', 'staged', 12)"
         )
+        c.execute(
+            "INSERT INTO qm.archive_runs (run_id, stage, planned, archived, deleted) "
+            "VALUES ('archive-20261127-ab12', 'deleted', 40, 40, 39)"
+        )
     prepared = psycopg.connect(s1.dsn)
     try:
         prepared.execute("SELECT 1")
@@ -606,6 +610,8 @@ def test_the_health_page_shows_spark_runs_and_transactions_left_prepared(
         assert page.status_code == 200
         assert "run-7" in page.text and ">staged<" in page.text and gid in page.text
         assert "qm spark recover" in page.text
+        archive = page.text.split('class="grid archive"', 1)[1].split("</table>", 1)[0]
+        assert "archive-20261127-ab12" in archive and ">deleted<" in archive and '<td class="n">39</td>' in archive
     finally:
         prepared.close()
         with psycopg.connect(s1.dsn, autocommit=True) as c:

@@ -46,3 +46,23 @@ DELETE FROM {queue} q
 -- archive_kept --
 -- Which of these ids are still in the table (after archive_delete: the rows its guard kept).
 SELECT id FROM {queue} WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id
+
+-- archive_ledger --
+-- One step of a run on this shard, in its ledger row (qm.archive_runs, revision 0004): the stage,
+-- and the rows where the stage counts them (planned, committed; a delete slice adds its rows, the
+-- final deleted sets the total).
+INSERT INTO qm.archive_runs AS r (run_id, stage, planned, archived, deleted, detail)
+VALUES (%(run_id)s, %(stage)s,
+        CASE WHEN %(stage)s = 'planned' THEN %(rows)s::bigint END,
+        CASE WHEN %(stage)s = 'committed' THEN %(rows)s::bigint END,
+        CASE WHEN %(stage)s IN ('delete_slice', 'deleted') THEN %(rows)s::bigint ELSE 0 END,
+        %(detail)s)
+ON CONFLICT (run_id) DO UPDATE
+   SET stage = CASE WHEN excluded.stage = 'delete_slice' AND r.stage = 'deleted' THEN r.stage ELSE excluded.stage END,
+       planned = coalesce(excluded.planned, r.planned),
+       archived = coalesce(excluded.archived, r.archived),
+       deleted = CASE excluded.stage WHEN 'delete_slice' THEN r.deleted + excluded.deleted
+                                     WHEN 'deleted' THEN excluded.deleted
+                                     ELSE r.deleted END,
+       detail = CASE WHEN excluded.detail = '' THEN r.detail ELSE excluded.detail END,
+       updated_at = now()

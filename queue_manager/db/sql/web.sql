@@ -159,3 +159,76 @@ SELECT gid, owner, prepared, extract(epoch FROM now() - prepared)::double precis
  WHERE database = current_database()
  ORDER BY prepared
  LIMIT %(limit)s
+
+-- web_live_queues --
+-- The overview's reading of every queue on this shard, without a scan of any queue table: the
+-- registry row, each partition's load counters (enqueued and done, from sequences: what the
+-- routing trigger reads; docs/design.md, "Shuffle sharding") and, as estimates, the entries of the
+-- acked and failed partial indexes as of their last vacuum or analyze (pg_class.reltuples; -1:
+-- never counted).
+SELECT q.name, q.partitions, q.partitions_physical, q.paused, q.max_qps, q.max_concurrency,
+       (SELECT array_agg(coalesce(pg_sequence_last_value(u.s), 0) ORDER BY u.o)
+          FROM unnest(q.enq_seqs) WITH ORDINALITY AS u(s, o)) AS enq,
+       (SELECT array_agg(coalesce(pg_sequence_last_value(u.s), 0) ORDER BY u.o)
+          FROM unnest(q.done_seqs) WITH ORDINALITY AS u(s, o)) AS done,
+       (SELECT c.reltuples FROM pg_class c WHERE c.oid = to_regclass(format('public.%I', q.name || '_acked')))
+           AS acked_estimate,
+       (SELECT c.reltuples FROM pg_class c WHERE c.oid = to_regclass(format('public.%I', q.name || '_failed')))
+           AS failed_estimate
+  FROM qm.queues q
+ ORDER BY q.name
+
+-- web_live_queue --
+-- The bounded reads of one queue's overview row, each through a partial index: events in hand
+-- (<queue>_fired) and dead letters (<queue>_failed), each counted up to %(cap)s; per partition,
+-- the first due event (the first entry of <queue>_due) and the due events counted up to
+-- %(due_cap)s; and the pickup delay (fire_at to the last fire) of the newest acked events, at most
+-- %(recent)s per partition and acked within the last %(recent_seconds)s seconds (<queue>_acked).
+WITH parts AS (
+    SELECT p.part, first.fire_at AS first_fire_at, due.n AS due
+      FROM generate_series(0, %(parts)s - 1) AS p(part)
+      LEFT JOIN LATERAL (SELECT e.fire_at FROM {queue} e
+                          WHERE e.state = 'to_be_fired' AND e.partition = p.part
+                          ORDER BY e.fire_at LIMIT 1) first ON true
+     CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM {queue} e
+                          WHERE e.state = 'to_be_fired' AND e.partition = p.part AND e.fire_at <= now()
+                          LIMIT %(due_cap)s) x) due
+)
+SELECT (SELECT count(*) FROM (SELECT 1 FROM {queue} WHERE state = 'fired' LIMIT %(cap)s) f) AS fired,
+       (SELECT count(*) FROM (SELECT 1 FROM {queue} WHERE state = 'failed' LIMIT %(cap)s) d) AS failed,
+       (SELECT extract(epoch FROM now() - min(first_fire_at))::double precision FROM parts
+         WHERE first_fire_at <= now()) AS oldest_due_age_seconds,
+       (SELECT coalesce(sum(due), 0)::bigint FROM parts) AS due_now,
+       (SELECT coalesce(bool_or(due >= %(due_cap)s), false) FROM parts) AS due_capped,
+       (SELECT array_agg(r.delay ORDER BY r.delay)
+          FROM generate_series(0, %(parts)s - 1) AS p(part)
+         CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM e.fired_at - e.fire_at), 0)::double precision AS delay
+                               FROM {queue} e
+                              WHERE e.state = 'acked' AND e.partition = p.part
+                                AND e.acked_at > now() - make_interval(secs => %(recent_seconds)s)
+                              ORDER BY e.acked_at DESC LIMIT %(recent)s) r
+         WHERE r.delay IS NOT NULL) AS pickup_delays
+
+-- web_exact_counts --
+-- A queue's exact counts by state on this shard: a scan of its table (on demand only, under the
+-- statement timeout).
+SELECT state::text AS state, count(*) AS n
+  FROM {queue}
+ GROUP BY state
+
+-- web_listen --
+-- The live reading's listener: every notification on qm_wake (queue_manager/manager/notices.py
+-- lists who sends them) brings the next reading forward.
+LISTEN qm_wake
+
+-- web_alive --
+-- The listener's periodic check that its connection still works (a listener on a half-open
+-- connection would hear nothing, silently).
+SELECT 1
+
+-- web_archive_runs --
+-- The newest Spark archive runs on this shard (qm.archive_runs, revision 0004; docs/spark-archive.md).
+SELECT run_id, stage, planned, archived, deleted, detail, started_at, updated_at
+  FROM qm.archive_runs
+ ORDER BY updated_at DESC
+ LIMIT %(limit)s

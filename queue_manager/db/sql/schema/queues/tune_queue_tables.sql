@@ -2,7 +2,7 @@
 -- qm.apply_queue, so that qm queue alter and qm migrate leave a table's parameters as an operator
 -- set them. Safe on a live table: ALTER TABLE SET of these parameters takes a SHARE UPDATE EXCLUSIVE
 -- lock, which blocks neither reads nor writes (only another vacuum or DDL), and changes no stored row.
--- The values, from measurements (docs/benchmarks.md, "Churn"; docs/operations.md, "Tuning
+-- The values, from measurements (docs/benchmarks-history.md, "Churn"; docs/operations.md, "Tuning
 -- PostgreSQL for queue churn"):
 --   autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02
 --       vacuum after 2 % of the table changed, not PostgreSQL's 20 % (analyze: 10 %). On a churned

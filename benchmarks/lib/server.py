@@ -1,4 +1,4 @@
-"""What the benchmarks share: a throw-away database on a given or embedded server, a one-shard
+"""The benchmark's server: a throw-away database on a given or embedded server, a one-shard
 queue in it, and the server facts every JSON report carries."""
 
 from __future__ import annotations
@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import platform
 import secrets
 import shutil
 import tempfile
@@ -23,6 +21,9 @@ from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 
 logger = logging.getLogger("bench")
+
+#: the queue of the one-shard benchmarks (e2e, held snapshot, churn, fairness)
+QUEUE = "bench_q"
 
 
 @contextlib.contextmanager
@@ -76,23 +77,3 @@ def server_info(dsn: str) -> dict[str, Any]:
             row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
             settings[name] = row[0] if row else None
     return {"postgres": version[0] if version else None, "settings": settings}
-
-
-def machine_info() -> dict[str, Any]:
-    """The machine facts every benchmark report carries."""
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
-def cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None

@@ -1,4 +1,5 @@
-"""Process entry points of ``benchmarks/e2e.py`` (importable, so ``multiprocessing`` spawn can start them).
+"""Process entry points of the one-shard benchmarks (importable, so ``multiprocessing`` spawn can
+start them; the parent's side is :mod:`benchmarks.lib.fleet`).
 
 Three kinds of process, each with its own asyncio loop:
 
@@ -26,10 +27,11 @@ import os
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-QUEUE = "bench_q"
+from benchmarks.lib.server import QUEUE
+
 SECRET = "e2e-benchmark-secret-0001"
 TENANTS = tuple(f"tenant-{i:04d}" for i in range(1000))
 #: how often a receiver publishes its ack count to the parent (seconds)
@@ -215,12 +217,12 @@ async def _manager(
     done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT)
     hung = not done
     if done and not task.cancelled() and task.exception() is not None:
-        logging.getLogger("bench.e2e").warning("manager.run() raised %r", task.exception())
+        logging.getLogger("bench.manager").warning("manager.run() raised %r", task.exception())
     status_q.put(("done", {"counters": snapshot, "slow": slow[-SLOW_KEEP:], "role": manager.role, "stop_hung": hung}))
     if hung:
         # Manager.run() did not return after request_stop(): report, then leave without waiting
         # for its tasks (asyncio.run would wait for them again at exit).
-        logging.getLogger("bench.e2e").warning(
+        logging.getLogger("bench.manager").warning(
             "the manager did not stop within %.0f s of request_stop() (role %s); exiting its process",
             STOP_TIMEOUT,
             manager.role,
@@ -234,7 +236,7 @@ async def _manager(
 # --------------------------------------------------------------------------- receivers
 
 
-def spawned(main: Callable[..., Awaitable[None]], out_q: Any, tag: dict[str, Any], *args: Any) -> None:
+def spawned(main: Callable[..., Coroutine[Any, Any, None]], out_q: Any, tag: dict[str, Any], *args: Any) -> None:
     """Entry point of a receiver or producer process: ``main(*args)`` in its own event loop.
 
     A failure is put on ``out_q`` as ``{**tag, "error": ...}`` (the parent reads results there) and
