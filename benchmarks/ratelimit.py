@@ -52,8 +52,7 @@ from queue_manager import admin
 from queue_manager.db.migrate import migrate_topology
 from queue_manager.domain.topology import Shard, Topology, even_ranges
 from queue_manager.producer import Event, Router
-from receivers.client import Event as Delivery
-from receivers.client import Receiver
+from receivers.testing import Delivery, MinimalClient
 
 logger = logging.getLogger("bench.ratelimit")
 
@@ -191,7 +190,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cluster = LocalCluster(work / "cluster", 2)
     managers: list[ManagerProc] = []
     receipts: dict[str, list[float]] = {"s0": [], "s1": []}
-    receivers: list[Receiver] = []
+    receivers: list[MinimalClient] = []
     tasks: list[asyncio.Task[None]] = []
     load: list[tuple[float, float]] = []
     try:
@@ -239,7 +238,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             return handle
 
         for i, m in enumerate(managers):
-            r = Receiver(
+            r = MinimalClient(
                 f"ws://127.0.0.1:{m.port}/", SECRET, QUEUE, on_event(f"s{i}"), credit=1000, reconnect_delay=0.05
             )
             receivers.append(r)

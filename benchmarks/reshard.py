@@ -47,8 +47,7 @@ from queue_manager.manager import Manager, ManagerConfig
 from queue_manager.manager.auth import TokenStore
 from queue_manager.producer import Event, Router
 from queue_manager.reshard.workflow import Reshard
-from receivers.client import Event as Delivery
-from receivers.client import Receiver
+from receivers.testing import Delivery, MinimalClient
 
 logger = logging.getLogger("bench.reshard")
 QUEUE = "bench_q"
@@ -193,7 +192,7 @@ class Fleet:
     def __init__(self) -> None:
         self.tokens = TokenStore.from_entries([{"name": "bench", "secret": SECRET, "queues": [QUEUE]}])
         self.managers: dict[str, tuple[Manager, asyncio.Task[None]]] = {}
-        self.receivers: dict[str, tuple[Receiver, asyncio.Task[None]]] = {}
+        self.receivers: dict[str, tuple[MinimalClient, asyncio.Task[None]]] = {}
         #: (seq, attempt, received at, fire_at, shard)
         self.deliveries: list[tuple[int, int, float, float, str]] = []
 
@@ -209,7 +208,7 @@ class Fleet:
             payload = event.payload if isinstance(event.payload, dict) else {}
             self.deliveries.append((int(payload.get("seq", -1)), event.attempt, time.time(), event.fire_at, name))
 
-        r = Receiver(f"ws://127.0.0.1:{m.port}/", SECRET, QUEUE, handle, credit=200, reconnect_delay=0.1)
+        r = MinimalClient(f"ws://127.0.0.1:{m.port}/", SECRET, QUEUE, handle, credit=200, reconnect_delay=0.1)
         self.receivers[shard.name] = (r, asyncio.create_task(r.run()))
 
     async def leading(self, names: Sequence[str], timeout: float = 30) -> None:

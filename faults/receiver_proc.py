@@ -30,11 +30,12 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from faults.history import HistoryWriter, now
+from queue_manager.wire.client import ClientSession
 from queue_manager.wire.frames import PROTOCOL
 from receivers import Receiver, Retry
 from receivers.backoff import Backoff
 from receivers.errors import EventNotFiredError
-from receivers.receiver import Event, _Link
+from receivers.receiver import Event
 from receivers.sql import ack_in_transaction_async
 
 
@@ -69,27 +70,30 @@ class Lib:
         self._patch_frames()
 
     def _patch_frames(self) -> None:
-        """Record confirmed socket acks: the library keeps them to itself, so read its frames."""
-        original = _Link._on_frame
+        """Record confirmed socket acks: the library keeps them to itself, so read the ack results its
+        client session receives (each id's attempt from the ack frame the result answers)."""
+        original = ClientSession._ack_result
         me = self
 
-        def on_frame(link: _Link, frame: dict[str, Any]) -> None:
-            if frame.get("type") == "ack_result":
-                for ident in frame.get("acked", []):
-                    attempt = link.book.in_hand.get(ident, 0)
-                    me.h.write(
-                        "ack",
-                        r=me.name,
-                        shard=link.shard,
-                        id=ident,
-                        attempt=attempt,
-                        k=me.keys.get((link.shard, ident, attempt)),
-                        via="socket",
-                        outcome="ok",
-                    )
-            original(link, frame)
+        def ack_result(session: ClientSession[Any], frame: dict[str, Any]) -> None:
+            ref = frame.get("ref")
+            entry = session.outstanding.get(ref) if isinstance(ref, int) else None
+            sent: dict[int, int] = dict(entry[1]) if entry is not None and entry[0] == "ack" else {}
+            for ident in frame.get("acked", []):
+                attempt = sent.get(ident, session.book.in_hand.get(ident, 0))
+                me.h.write(
+                    "ack",
+                    r=me.name,
+                    shard=session.shard,
+                    id=ident,
+                    attempt=attempt,
+                    k=me.keys.get((session.shard, ident, attempt)),
+                    via="socket",
+                    outcome="ok",
+                )
+            original(session, frame)
 
-        _Link._on_frame = on_frame  # type: ignore[method-assign,assignment]
+        ClientSession._ack_result = ack_result  # type: ignore[method-assign,assignment]
 
     async def handle(self, event: Event) -> None:
         k = event.payload.get("k") if isinstance(event.payload, dict) else None

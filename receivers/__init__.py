@@ -3,11 +3,11 @@
 - :class:`Receiver` / :func:`run_receiver`: the library (leader discovery and failover, credit
   from free handler slots, acks, nacks, lease extensions, handler timeouts, drain);
 - :func:`ack_in_transaction`: ack an event in the handler's own database transaction;
-- :mod:`receivers.client`: the minimal client the tests and benchmarks use.
+- :mod:`receivers.testing`: the minimal client the tests and benchmarks use (``MinimalClient``).
 """
 
+from queue_manager.wire.credit import CreditBook
 from receivers.backoff import Backoff
-from receivers.credit import CreditBook
 from receivers.errors import EventNotFiredError, HandlerImportError, ReceiverError
 from receivers.loading import load_handler
 from receivers.receiver import Event, Handler, Receiver, ReceiverStats, Retry, run_receiver

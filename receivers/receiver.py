@@ -13,7 +13,7 @@ connection ends (the manager drains, loses leadership, crashes or the network dr
 again with a jittered exponential back-off until it finds the new active manager.
 
 Per shard it runs at most ``concurrency`` handlers at once and grants credit so that the manager
-sends an event only when a handler slot is free for it (:mod:`receivers.credit`). Handlers may be
+sends an event only when a handler slot is free for it (:mod:`queue_manager.wire.credit`). Handlers may be
 coroutine functions or plain functions (run in a thread pool). A handler that runs longer than
 ``extend_after`` seconds gets its ack deadline extended (``extend`` frames, every ``extend_by / 2``
 seconds); one that runs longer than ``handler_timeout`` is nacked. :meth:`Receiver.stop` drains: credit 0, the
@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
-import itertools
 import json
 import logging
 import signal
@@ -46,19 +45,27 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from queue_manager.wire.frames import MAX_ERROR_TEXT, MAX_EXTEND_SECONDS, MAX_ITEMS_PER_FRAME, PROTOCOL
+from queue_manager.wire.client import (
+    ACK,
+    SETTLED,
+    ClientSession,
+    Effect,
+    Outcome,
+    Refused,
+    RetryLater,
+    Send,
+    ServerFrameError,
+    Start,
+    Subscribed,
+)
+from queue_manager.wire.frames import MAX_ERROR_TEXT, MAX_EXTEND_SECONDS, PROTOCOL
 from receivers.backoff import Backoff
-from receivers.credit import CreditBook
 from receivers.errors import ReceiverError
 
 logger = logging.getLogger("receivers")
 
 #: a handler: ``async def handler(event) -> None`` or ``def handler(event) -> None``
 Handler = Callable[["Event"], Awaitable[None]] | Callable[["Event"], None]
-
-#: per-item result codes that mean "retry this item on the same connection"
-_RETRY = "unavailable"
-
 
 class Retry(Exception):
     """Raise it from a handler to nack the event and have it due again after ``delay`` seconds
@@ -200,25 +207,26 @@ class _Running:
     extended_at: float | None = None
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    """What a handler's run asks for: ack, nack (with delay and error text) or nothing (settled by SQL)."""
-
-    kind: str  # "ack", "nack", "settled"
-    delay: float | None = None
-    error: str | None = None
-
-
 class _Link:
-    """The receiver's side of one shard: leader discovery, one connection at a time, its handlers."""
+    """The receiver's side of one shard: leader discovery, one connection at a time, its handlers.
+
+    The asyncio adapter of the shard's :class:`~queue_manager.wire.client.ClientSession`, which
+    keeps the protocol's state: this class moves its frames over the websocket, runs the handlers
+    it starts and keeps the clocks (lease extensions, drain, retries)."""
 
     def __init__(self, receiver: Receiver, shard: str, urls: Sequence[str]) -> None:
         self.r = receiver
         self.shard = shard
         self.urls = list(urls)
-        self.book = CreditBook(receiver.concurrency)
+        self.session: ClientSession[Event] = ClientSession(
+            shard,
+            receiver.queue,
+            slots=receiver.concurrency,
+            make_event=self._event,
+            stats=receiver.stats,
+            tenants=receiver.tenants,
+        )
         self.backoff = receiver.backoff_factory()
-        self.gen = 0
         self.ws: ClientConnection | None = None
         self.url: str | None = None
         #: the manager to try first on the next connection (the one a leader check found leading)
@@ -226,16 +234,14 @@ class _Link:
         self.term: int | None = None
         self.subscribed = asyncio.Event()
         self.running: dict[asyncio.Future[Any], _Running] = {}
-        self.waitq: deque[Event] = deque()
-        self.acks: list[tuple[int, int]] = []
-        self.nacks: list[dict[str, Any]] = []
-        self.extends: dict[int, tuple[int, float]] = {}
-        #: ref -> (kind, items) of frames whose reply has not come yet
-        self.outstanding: dict[int, tuple[str, list[Any]]] = {}
+        #: the writer should look at the session's frames
         self.wake = asyncio.Event()
+        #: something was settled or a connection ended (the drain waits on it)
         self.changed = asyncio.Event()
-        self.last_credit: int | None = None
-        self.refs = itertools.count(1)
+
+    def _event(self, queue: str, raw: Mapping[str, Any]) -> Event:
+        r = raw
+        return Event(queue, self.shard, r["id"], r["attempt"], r["tenant"], r["partition"], r["fire_at"], r["payload"])
 
     # ------------------------------------------------------------------ the connection loop
 
@@ -297,24 +303,18 @@ class _Link:
             logger.info("manager %s refused the connection: HTTP %s", url, status, extra={"shard": self.shard})
         except (OSError, TimeoutError, ConnectionClosed, InvalidURI, InvalidHandshake) as exc:
             logger.info("connection to %s ended: %r", url, exc, extra={"shard": self.shard})
-        except (ValueError, KeyError, TypeError) as exc:  # a frame this client cannot read
+        except ServerFrameError as exc:  # a frame this client cannot read
             logger.warning(
                 "protocol error from %s, reconnecting: %r", url, exc, extra={"shard": self.shard}, exc_info=True
             )
 
     async def _session(self, ws: ClientConnection) -> None:
+        self.session.connected(draining=self.r.stopping.is_set())
         async with asyncio.timeout(self.r.probe_timeout * 5):
-            welcome = json.loads(await ws.recv())
-        if welcome.get("type") != "welcome":
-            raise ConnectionError(f"expected a welcome frame, got {str(welcome)[:200]}")
-        self.term = welcome.get("term")
-        self.gen += 1
-        self.book.draining = self.r.stopping.is_set()
-        sub: dict[str, Any] = {"type": "subscribe", "ref": "subscribe", "queue": self.r.queue}
-        sub["credit"] = self.last_credit = self.book.credit
-        if self.r.tenants is not None:
-            sub["tenants"] = self.r.tenants
-        await ws.send(json.dumps(sub))
+            welcome = await ws.recv()
+        for effect in self.session.receive(welcome):  # the subscribe
+            if isinstance(effect, Send):
+                await ws.send(effect.text)
         tasks = [
             asyncio.create_task(self._writer(ws)),
             asyncio.create_task(self._extender()),
@@ -324,7 +324,7 @@ class _Link:
             tasks.append(asyncio.create_task(self._watch_leader(ws, self.r.leader_check)))
         try:
             async for message in ws:
-                self._on_frame(json.loads(message))
+                self._apply(self.session.receive(message))
         finally:
             for t in tasks:
                 t.cancel()
@@ -371,165 +371,63 @@ class _Link:
                 ws.transport.abort()  # a close handshake would wait for the frozen peer
                 return
 
+    def _apply(self, effects: list[Effect[Event]]) -> None:
+        for effect in effects:
+            if isinstance(effect, Start):
+                self._start(effect)
+            elif isinstance(effect, RetryLater):
+                asyncio.get_running_loop().call_later(effect.seconds, self.wake.set)
+            elif isinstance(effect, Subscribed):
+                self.term = effect.term
+                self.backoff.reset()
+                self.subscribed.set()
+                self.r.any_subscribed.set()
+                logger.info(
+                    "subscribed to %s on shard %s at %s (term %s)",
+                    self.r.queue,
+                    self.shard,
+                    self.url,
+                    effect.term,
+                    extra={"shard": self.shard, "term": effect.term},
+                )
+            elif isinstance(effect, Refused):
+                if effect.fatal:
+                    raise ReceiverError(f"shard {self.shard}: subscribe to {self.r.queue!r} refused: {effect.message}")
+                # unknown_queue (maybe created in a moment), draining: try again after the back-off
+                logger.warning(
+                    "shard %s: subscribe refused: %s: %s",
+                    self.shard,
+                    effect.code,
+                    effect.message,
+                    extra={"shard": self.shard},
+                )
+                raise ConnectionError(f"subscribe refused: {effect.code}")
+        self.wake.set()
+        self.changed.set()
+
     def _lost(self) -> None:
         """The connection is gone: forget what it held; the manager re-fires it."""
-        if self.book.in_hand:
+        held = self.session.connection_lost()
+        if held:
             logger.info(
                 "connection of shard %s ended with %d event(s) in hand: they will be fired again",
                 self.shard,
-                len(self.book.in_hand),
+                held,
                 extra={"shard": self.shard},
             )
-        self.book.connection_lost(len(self.waitq))
-        self.waitq.clear()
-        self.acks.clear()
-        self.nacks.clear()
-        self.extends.clear()
-        self.outstanding.clear()
-        self.last_credit = None
         self.ws = None
         self.subscribed.clear()
         self.changed.set()
 
-    # ------------------------------------------------------------------ frames in
-
-    def _on_frame(self, frame: dict[str, Any]) -> None:
-        kind = frame.get("type")
-        if kind == "deliver":
-            for e in frame["events"]:
-                event = Event(
-                    frame["queue"],
-                    self.shard,
-                    e["id"],
-                    e["attempt"],
-                    e["tenant"],
-                    e["partition"],
-                    e["fire_at"],
-                    e["payload"],
-                )
-                self.r.stats.delivered += 1
-                if self.book.delivered(event.id, event.attempt):
-                    self._start(event, from_waiting=False)
-                else:
-                    self.waitq.append(event)
-        elif kind == "ack_result":
-            items = dict(self._reply_items(frame))
-            for ident in frame.get("acked", []):
-                self.r.stats.acked += 1
-                self.book.settled(ident, items.get(ident, self.book.in_hand.get(ident, 0)))
-            self._item_errors(frame, "ack", items)
-        elif kind == "nack_result":
-            items = dict(self._reply_items(frame))
-            for ident in frame.get("requeued", []):
-                self.r.stats.nacked += 1
-                self.book.settled(ident, items.get(ident, {}).get("attempt", 0))
-            for ident in frame.get("failed", []):
-                self.r.stats.dead_lettered += 1
-                self.book.settled(ident, items.get(ident, {}).get("attempt", 0))
-            self._item_errors(frame, "nack", items)
-        elif kind == "extend_result":
-            self._reply_items(frame)
-            self.r.stats.extended += len(frame.get("extended", []))
-            for err in frame.get("errors", []):
-                self._record(err)
-                if err.get("code") != _RETRY:  # the event is gone from this connection
-                    self._drop(err["id"], err["attempt"])
-        elif kind == "subscribed":
-            self.backoff.reset()
-            self.r.stats.connects += 1
-            self.subscribed.set()
-            self.r.any_subscribed.set()
-            logger.info(
-                "subscribed to %s on shard %s at %s (term %s)",
-                self.r.queue,
-                self.shard,
-                self.url,
-                self.term,
-                extra={"shard": self.shard, "term": self.term},
-            )
-        elif kind == "error":
-            self._on_error(frame)
-        self.wake.set()
-        self.changed.set()
-
-    def _reply_items(self, frame: dict[str, Any]) -> list[Any]:
-        ref = frame.get("ref")
-        entry = self.outstanding.pop(ref, None) if isinstance(ref, int) else None
-        if entry is None:
-            return []
-        kind, items = entry
-        if kind == "ack":
-            return [(i, a) for i, a in items]
-        if kind == "nack":
-            return [(it["id"], it) for it in items]
-        return []
-
-    def _item_errors(self, frame: dict[str, Any], kind: str, items: dict[int, Any]) -> None:
-        for err in frame.get("errors", []):
-            self._record(err)
-            ident, attempt = err["id"], err["attempt"]
-            if err.get("code") == _RETRY:  # not recorded: retry on this connection, a little later
-                if kind == "ack":
-                    self.acks.append((ident, attempt))
-                elif ident in items:
-                    self.nacks.append(items[ident])
-                asyncio.get_running_loop().call_later(0.1, self.wake.set)
-            elif err.get("code") != "duplicate":  # stale, unknown_id: no longer ours
-                self._drop(ident, attempt)
-
-    def _on_error(self, frame: dict[str, Any]) -> None:
-        self._record(frame)
-        code, ref = frame.get("code"), frame.get("ref")
-        if ref == "subscribe":
-            if code == "forbidden":
-                raise ReceiverError(
-                    f"shard {self.shard}: subscribe to {self.r.queue!r} refused: {frame.get('message')}"
-                )
-            # unknown_queue (maybe created in a moment), draining: try again after the back-off
-            logger.warning(
-                "shard %s: subscribe refused: %s: %s",
-                self.shard,
-                code,
-                frame.get("message"),
-                extra={"shard": self.shard},
-            )
-            raise ConnectionError(f"subscribe refused: {code}")
-        entry = self.outstanding.pop(ref, None) if isinstance(ref, int) else None
-        if entry is None:
-            logger.warning("shard %s: error frame: %s", self.shard, frame, extra={"shard": self.shard})
-            return
-        kind, items = entry
-        if code == _RETRY:
-            if kind == "ack":
-                self.acks.extend(items)
-            elif kind == "nack":
-                self.nacks.extend(items)
-            asyncio.get_running_loop().call_later(0.1, self.wake.set)
-            return
-        logger.error("shard %s: %s frame refused: %s", self.shard, kind, frame, extra={"shard": self.shard})
-        if kind in ("ack", "nack"):
-            for it in items:
-                self._drop(*((it[0], it[1]) if kind == "ack" else (it["id"], it["attempt"])))
-
-    def _record(self, err: dict[str, Any]) -> None:
-        self.r.stats.errors.append({"shard": self.shard, **err})
-
-    def _drop(self, ident: int, attempt: int) -> None:
-        if self.book.holds(ident, attempt):
-            self.r.stats.dropped += 1
-        self.book.settled(ident, attempt)
-
     # ------------------------------------------------------------------ handlers
 
-    def _start(self, event: Event, from_waiting: bool) -> None:
-        self.book.started(event.id, event.attempt, from_waiting)
-        task = asyncio.ensure_future(self._handle(event, self.gen))
-        self.running[task] = _Running(event, self.gen)
+    def _start(self, start: Start[Event]) -> None:
+        task = asyncio.ensure_future(self._handle(start.event, start.gen))
+        self.running[task] = _Running(start.event, start.gen)
 
     def _slot_freed(self, event: Event) -> None:
-        self.book.handler_returned(event.id, event.attempt)
-        while self.book.can_start_waiting() and self.waitq:
-            self._start(self.waitq.popleft(), from_waiting=True)
+        for start in self.session.slot_freed(event):
+            self._start(start)
         self.wake.set()
         self.changed.set()
 
@@ -546,9 +444,11 @@ class _Link:
                 self.running.pop(me, None)
             if not slot_kept:
                 self._slot_freed(event)
-        self._report(event, gen, outcome)
+        self.session.completed(event, gen, outcome)
+        self.wake.set()
+        self.changed.set()
 
-    async def _invoke(self, event: Event) -> tuple[_Outcome, bool]:
+    async def _invoke(self, event: Event) -> tuple[Outcome, bool]:
         """Run the handler; (what to answer, whether the slot stays taken by a thread still running)."""
         timeout = self.r.handler_timeout
         try:
@@ -572,47 +472,25 @@ class _Link:
                     return self._timed_out(event), True
                 fut.result()
         except Retry as exc:
-            return _Outcome("nack", exc.delay, str(exc)[:MAX_ERROR_TEXT]), False
+            return Outcome("nack", exc.delay, str(exc)[:MAX_ERROR_TEXT]), False
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             logger.info("handler failed on event %s (attempt %s): %s", event.id, event.attempt, text)
-            return _Outcome("nack", None, text[:MAX_ERROR_TEXT]), False
+            return Outcome("nack", None, text[:MAX_ERROR_TEXT]), False
         if event.settled_by_sql:
-            return _Outcome("settled"), False
-        return _Outcome("ack"), False
+            return SETTLED, False
+        return ACK, False
 
-    def _timed_out(self, event: Event) -> _Outcome:
+    def _timed_out(self, event: Event) -> Outcome:
         self.r.stats.timeouts += 1
         text = f"handler timed out after {self.r.handler_timeout:g} s"
         logger.warning("event %s (attempt %s): %s", event.id, event.attempt, text, extra={"shard": self.shard})
-        return _Outcome("nack", None, text)
+        return Outcome("nack", None, text)
 
     def _thread_returned(self, fut: asyncio.Future[Any], event: Event) -> None:
         if not fut.cancelled():
             fut.exception()  # retrieved: a late failure of a timed-out handler is not reported
         self._slot_freed(event)
-
-    def _report(self, event: Event, gen: int, outcome: _Outcome) -> None:
-        self.changed.set()
-        if outcome.kind == "settled":
-            self.r.stats.settled_by_sql += 1
-            if gen == self.gen:
-                self.book.settled(event.id, event.attempt)
-            self.wake.set()
-            return
-        if gen != self.gen or self.ws is None or not self.book.holds(event.id, event.attempt):
-            # delivered on a connection that has ended, or taken back meanwhile: the manager re-fires it
-            self.r.stats.dropped += 1
-            return
-        if outcome.kind == "ack":
-            self.acks.append((event.id, event.attempt))
-        else:
-            item: dict[str, Any] = {"id": event.id, "attempt": event.attempt, "error": outcome.error}
-            if outcome.delay is not None:
-                item["delay"] = outcome.delay
-            self.nacks.append(item)
-        self.extends.pop(event.id, None)
-        self.wake.set()
 
     async def _finish_handlers(self) -> None:
         """The link ends: let running handlers finish (their results cannot be sent), up to the drain timeout."""
@@ -628,31 +506,12 @@ class _Link:
     # ------------------------------------------------------------------ frames out
 
     async def _writer(self, ws: ClientConnection) -> None:
-        """The one task that sends: a changed credit first, then acks, nacks and extends, in batches."""
+        """The one task that sends: whatever frames the session has, whenever it may have some."""
         while True:
             await self.wake.wait()
             self.wake.clear()
-            credit = self.book.credit
-            if credit != self.last_credit and self.subscribed.is_set():
-                self.last_credit = credit
-                await ws.send(json.dumps({"type": "credit", "ref": self._ref("credit", []), "credit": credit}))
-            while self.acks:
-                batch, self.acks[:] = self.acks[:MAX_ITEMS_PER_FRAME], self.acks[MAX_ITEMS_PER_FRAME:]
-                await ws.send(json.dumps({"type": "ack", "ref": self._ref("ack", batch), "events": batch}))
-            while self.nacks:
-                nbatch, self.nacks[:] = self.nacks[:MAX_ITEMS_PER_FRAME], self.nacks[MAX_ITEMS_PER_FRAME:]
-                await ws.send(json.dumps({"type": "nack", "ref": self._ref("nack", nbatch), "events": nbatch}))
-            if self.extends:
-                ext = [{"id": i, "attempt": a, "seconds": s} for i, (a, s) in self.extends.items()]
-                self.extends.clear()
-                for k in range(0, len(ext), MAX_ITEMS_PER_FRAME):
-                    part = ext[k : k + MAX_ITEMS_PER_FRAME]
-                    await ws.send(json.dumps({"type": "extend", "ref": self._ref("extend", part), "events": part}))
-
-    def _ref(self, kind: str, items: list[Any]) -> int:
-        ref = next(self.refs)
-        self.outstanding[ref] = (kind, items)
-        return ref
+            for text in self.session.frames():
+                await ws.send(text)
 
     async def _extender(self) -> None:
         """Extend the ack deadline of handlers that run long: first after ``extend_after`` seconds
@@ -666,32 +525,32 @@ class _Link:
             now = time.monotonic()
             for run in list(self.running.values()):
                 ev = run.event
-                if run.gen != self.gen or not self.book.holds(ev.id, ev.attempt):
+                if not self.session.holds(ev, run.gen):
                     continue
                 due = ev.received_at + after if run.extended_at is None else run.extended_at + by / 2
                 if now >= due:
                     run.extended_at = now
-                    self.extends[ev.id] = (ev.attempt, by)
+                    self.session.extend(ev, run.gen, by)
                     self.wake.set()
 
     async def _drainer(self, ws: ClientConnection) -> None:
         """On stop: credit 0, wait until nothing is in hand and every result came back, then close."""
         await self.r.stopping.wait()
-        self.book.draining = True
+        self.session.drain()
         self.wake.set()
         logger.info(
-            "draining shard %s: %d event(s) in hand", self.shard, len(self.book.in_hand), extra={"shard": self.shard}
+            "draining shard %s: %d event(s) in hand", self.shard, self.session.in_hand, extra={"shard": self.shard}
         )
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.r.drain_timeout):
-                while self.book.in_hand or self.waitq or self.acks or self.nacks:
+                while self.session.busy:
                     self.changed.clear()
                     await self.changed.wait()
-        if self.book.in_hand:
+        if self.session.in_hand:
             logger.warning(
                 "drain timeout on shard %s: %d event(s) still in hand will be fired again",
                 self.shard,
-                len(self.book.in_hand),
+                self.session.in_hand,
                 extra={"shard": self.shard},
             )
         await ws.close()
@@ -803,12 +662,12 @@ class Receiver:
     def in_hand(self, shard: str) -> int:
         """Events in hand on the shard's current connection."""
         link = self._links.get(shard)
-        return len(link.book.in_hand) if link is not None else 0
+        return link.session.in_hand if link is not None else 0
 
     def credit(self, shard: str) -> int | None:
         """The credit last granted on the shard's current connection."""
         link = self._links.get(shard)
-        return link.last_credit if link is not None else None
+        return link.session.last_credit if link is not None else None
 
     async def wait_subscribed(self, timeout: float = 10.0, shards: Sequence[str] | None = None) -> None:
         """Wait until the connections of these shards (all by default) are subscribed."""

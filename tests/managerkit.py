@@ -15,7 +15,8 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from queue_manager.manager import Manager, ManagerConfig
 from queue_manager.manager.auth import TokenStore
-from receivers.client import Event, Receiver
+from receivers.testing import Delivery as Event
+from receivers.testing import MinimalClient
 
 SECRET_ALL = "secret-all-queues-0001"
 SECRET_ORDERS = "secret-orders-only-01"
@@ -119,9 +120,9 @@ class Recorder:
 @contextlib.asynccontextmanager
 async def running_receiver(
     urls: str | list[str], queue: str = "orders", secret: str = SECRET_ALL, **kwargs: Any
-) -> AsyncIterator[tuple[Receiver, Recorder]]:
+) -> AsyncIterator[tuple[MinimalClient, Recorder]]:
     recorder = kwargs.pop("recorder", None) or Recorder(kwargs.pop("mode", "ack"))
-    receiver = Receiver(urls, secret, queue, recorder, reconnect_delay=0.05, **kwargs)
+    receiver = MinimalClient(urls, secret, queue, recorder, reconnect_delay=0.05, **kwargs)
     task = asyncio.create_task(receiver.run())
     try:
         await asyncio.wait_for(receiver.connected.wait(), 10)

@@ -5,7 +5,7 @@ Three kinds of process, each with its own asyncio loop:
 
 * :func:`manager_main`: one :class:`queue_manager.manager.Manager` serving the benchmark shard,
   with timing counters around its database calls (and cProfile when asked);
-* :func:`receiver`: one :class:`receivers.client.Receiver` with a no-op handler that
+* :func:`receiver`: one :class:`receivers.testing.MinimalClient` with a no-op handler that
   records what the test needs (nothing, the producer's sequence number, or the event's fire_at);
 * :func:`produce`: an open-loop paced producer, one transaction (autocommit INSERT) per event.
 
@@ -278,7 +278,8 @@ async def receiver(
     seconds: a handler of fixed service time, which keeps the receiver's slots busy).
     ``handled``/``acked`` are shared counters; ``last_ack`` the time.time() the ack count last moved.
     """
-    from receivers.client import Event, Receiver
+    from receivers.testing import Delivery as Event
+    from receivers.testing import MinimalClient
 
     records: list[tuple[Any, ...]] = []
     now = time.time
@@ -319,7 +320,7 @@ async def receiver(
             from receivers import Receiver as LibraryReceiver
 
             return LibraryReceiver({"s0": [url]}, QUEUE, handler, concurrency=credit, token=SECRET)
-        return Receiver(url, SECRET, QUEUE, handler, credit=credit, concurrency=concurrency, reconnect_delay=0.05)
+        return MinimalClient(url, SECRET, QUEUE, handler, credit=credit, concurrency=concurrency, reconnect_delay=0.05)
 
     receiver: Any = None
     task: asyncio.Task[None] | None = None

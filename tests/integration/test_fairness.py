@@ -14,7 +14,7 @@ import pytest
 from queue_manager import admin
 from queue_manager.domain.routing import shuffle_set
 from queue_manager.domain.topology import Shard, Topology
-from receivers.client import Event
+from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
 from tests.managerkit import insert, rescanned, running_manager, running_receiver, url, wait_for, wait_leader
 

@@ -21,7 +21,7 @@ import pytest
 from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.manager import Manager
-from receivers.client import Event
+from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
 from tests.managerkit import Recorder, running_manager, running_receiver, url, wait_for, wait_leader
 from tests.processkit import ManagerProcess, write_config

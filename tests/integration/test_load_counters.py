@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from queue_manager.domain.topology import Shard
-from receivers.client import Event
+from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
 from tests.managerkit import Recorder, running_manager, running_receiver, url, wait_for, wait_leader
 

@@ -14,7 +14,7 @@ from websockets.exceptions import InvalidStatus
 from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.manager.term import TermSession
-from receivers.client import Event
+from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
 from tests.managerkit import (
     SECRET_ORDERS,

@@ -23,7 +23,7 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.errors import ConfigurationError, TenantMovedError
 from queue_manager.producer import Router, enqueue
 from queue_manager.reshard.workflow import Reshard, load_state
-from receivers.client import Receiver
+from receivers.testing import MinimalClient
 from tests.conftest import DatabaseFactory, tenants_of
 from tests.managerkit import (
     ACK_BY_SQL,
@@ -320,7 +320,7 @@ def test_cancel_before_the_switch_drops_the_copy(
         enqueue(c, "orders", tenants_of(s0, 1)[0], {"n": "still served"})
 
 
-async def _stopped(receiver: Receiver, task: asyncio.Task[None]) -> None:
+async def _stopped(receiver: MinimalClient, task: asyncio.Task[None]) -> None:
     receiver.stop()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(task, 10)
@@ -394,7 +394,7 @@ async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires
         # 503 from a standby) until their managers take over at the switch
         recorder = Recorder()
         for m in (m0, m1, m2, m3):
-            receiver = Receiver(url(m), SECRET_ALL, "orders", recorder, reconnect_delay=0.05)
+            receiver = MinimalClient(url(m), SECRET_ALL, "orders", recorder, reconnect_delay=0.05)
             task = asyncio.create_task(receiver.run())
             stack.push_async_callback(_stopped, receiver, task)
         router = Router.from_file(topo)

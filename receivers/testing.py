@@ -1,10 +1,11 @@
-"""A minimal receiver for protocol ``qm.v1`` (docs/protocol.md): connect, subscribe, handle, ack.
+"""A minimal client of protocol ``qm.v1`` (docs/protocol.md), for tests and benchmarks of the manager:
+connect, subscribe, handle, ack. Applications use :class:`receivers.Receiver` (the library).
 
-    async def handle(event: Event) -> None:
+    async def handle(event: Delivery) -> None:
         ...                      # raise to nack (the event is re-fired after the back-off)
 
-    receiver = Receiver(["ws://127.0.0.1:8765/"], token="...", queue="orders", handler=handle)
-    await receiver.run()         # until receiver.stop()
+    client = MinimalClient(["ws://127.0.0.1:8765/"], token="...", queue="orders", handler=handle)
+    await client.run()           # until client.stop()
 
 It connects to the first manager URL that accepts (standbys answer 503), reconnects with a short
 pause when the connection drops or the manager loses leadership, keeps at most ``credit`` events
@@ -32,7 +33,7 @@ logger = logging.getLogger("receivers")
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class Delivery:
     """One delivered event."""
 
     queue: str
@@ -45,7 +46,7 @@ class Event:
 
 
 @dataclass
-class ReceiverStats:
+class MinimalStats:
     delivered: int = 0
     acked: int = 0
     nacked: int = 0
@@ -54,7 +55,7 @@ class ReceiverStats:
     errors: list[dict[str, Any]] = field(default_factory=list)  # error frames and per-item errors
 
 
-class Receiver:
+class MinimalClient:
     """Receive events of one queue from a shard's manager(s)."""
 
     def __init__(
@@ -62,7 +63,7 @@ class Receiver:
         urls: str | Sequence[str],
         token: str,
         queue: str,
-        handler: Callable[[Event], Awaitable[None]],
+        handler: Callable[[Delivery], Awaitable[None]],
         *,
         credit: int = 100,
         concurrency: int | None = None,
@@ -83,7 +84,7 @@ class Receiver:
         self.tenants = list(tenants) if tenants is not None else None
         self.reconnect_delay = reconnect_delay
         self.max_size = max_size
-        self.stats = ReceiverStats()
+        self.stats = MinimalStats()
         self.connected = asyncio.Event()
         self.welcome: dict[str, Any] | None = None
         self._stop = asyncio.Event()
@@ -123,7 +124,7 @@ class Receiver:
                 await asyncio.wait_for(self._stop.wait(), self.reconnect_delay)
 
     async def _session(self, ws: ClientConnection) -> None:
-        work: asyncio.Queue[Event] = asyncio.Queue()
+        work: asyncio.Queue[Delivery] = asyncio.Queue()
         acks: list[list[int]] = []
         nacks: list[dict[str, Any]] = []
         flush = asyncio.Event()
@@ -176,7 +177,9 @@ class Receiver:
                     for e in frame["events"]:
                         self.stats.delivered += 1
                         work.put_nowait(
-                            Event(queue, e["id"], e["attempt"], e["tenant"], e["partition"], e["fire_at"], e["payload"])
+                            Delivery(
+                                queue, e["id"], e["attempt"], e["tenant"], e["partition"], e["fire_at"], e["payload"]
+                            )
                         )
                 elif kind == "ack_result":
                     self.stats.acked += len(frame["acked"])
