@@ -32,43 +32,7 @@ def register(sub: Subparsers) -> None:
         help=f"websocket, metrics and health port (default {DEFAULT_PORT}; 0 = any)",
     )
     p.add_argument("--allow-origin", action="append", help="allowed Origin header (repeat; default: any)")
-    p.add_argument(
-        "--lease-ttl",
-        type=float,
-        default=_d("lease_ttl"),
-        help=f"leadership lease, seconds (default {_d('lease_ttl'):g})",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=_d("drain_timeout"),
-        help=f"on SIGTERM, wait this long for acks (default {_d('drain_timeout'):g})",
-    )
-    p.add_argument(
-        "--sweep-interval",
-        type=float,
-        default=_d("sweep_interval"),
-        help=f"old-event collector period, seconds (default {_d('sweep_interval'):g})",
-    )
-    p.add_argument(
-        "--purge-interval",
-        type=float,
-        default=_d("purge_interval"),
-        help=f"the retention purge's baseline pass period, s (default {_d('purge_interval'):g})",
-    )
-    p.add_argument(
-        "--reconcile-interval",
-        type=float,
-        default=_d("reconcile_interval"),
-        help=f"the load counter reconciliation's baseline pass period, s (default {_d('reconcile_interval'):g})",
-    )
-    p.add_argument(
-        "--slice-interval",
-        type=float,
-        default=_d("slice_interval"),
-        help="least time between two maintenance slices this manager recruits itself for, s "
-        f"(default {_d('slice_interval'):g})",
-    )
+    _seconds(p, FIRST_SECONDS)
     p.add_argument(
         "--slice-rows",
         type=int,
@@ -87,26 +51,7 @@ def register(sub: Subparsers) -> None:
         default=_d("standby_slices"),
         help=f"take maintenance slices while a standby (default {_on(_d('standby_slices'))})",
     )
-    p.add_argument(
-        "--rate-lease-ttl",
-        type=float,
-        default=_d("rate_lease_ttl"),
-        help="a shard's slice of a queue's max_qps/max_concurrency lives this long unrenewed; a down shard's share "
-        f"is taken after about this long, s (default {_d('rate_lease_ttl'):g})",
-    )
-    p.add_argument(
-        "--health-interval",
-        type=float,
-        default=_d("health_interval"),
-        help=f"database health reading period for the metrics, seconds (default {_d('health_interval'):g})",
-    )
-    p.add_argument(
-        "--vacuum-after",
-        type=float,
-        default=_d("vacuum_after"),
-        help="vacuum a queue table autovacuum leaves past its trigger this long, seconds "
-        f"(default {_d('vacuum_after'):g}; 0: never)",
-    )
+    _seconds(p, LAST_SECONDS)
     p.add_argument(
         "--async-fires",
         action="store_true",
@@ -115,6 +60,34 @@ def register(sub: Subparsers) -> None:
         "see docs/manager.md)",
     )
     p.set_defaults(func=cmd_manager)
+
+
+#: the flags that take seconds, in the order of ``--help``: (flag, help, after the default); the
+#: flag names ManagerConfig's field, whose default each one shows
+FIRST_SECONDS = (
+    ("--lease-ttl", "leadership lease, seconds", ""),
+    ("--drain-timeout", "on SIGTERM, wait this long for acks", ""),
+    ("--sweep-interval", "old-event collector period, seconds", ""),
+    ("--purge-interval", "the retention purge's baseline pass period, s", ""),
+    ("--reconcile-interval", "the load counter reconciliation's baseline pass period, s", ""),
+    ("--slice-interval", "least time between two maintenance slices this manager recruits itself for, s", ""),
+)
+LAST_SECONDS = (
+    (
+        "--rate-lease-ttl",
+        "a shard's slice of a queue's max_qps/max_concurrency lives this long unrenewed; a down shard's share "
+        "is taken after about this long, s",
+        "",
+    ),
+    ("--health-interval", "database health reading period for the metrics, seconds", ""),
+    ("--vacuum-after", "vacuum a queue table autovacuum leaves past its trigger this long, seconds", "; 0: never"),
+)
+
+
+def _seconds(p: argparse.ArgumentParser, flags: tuple[tuple[str, str, str], ...]) -> None:
+    for flag, text, after in flags:
+        field = flag.removeprefix("--").replace("-", "_")
+        p.add_argument(flag, type=float, default=_d(field), help=f"{text} (default {_d(field):g}{after})")
 
 
 def _on(flag: bool) -> str:
