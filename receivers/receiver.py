@@ -743,7 +743,7 @@ class Receiver:
 
     async def _follow(self) -> None:
         """Every ``topology_check`` seconds: if the file changed, open and close links to match it."""
-        while True:
+        while not self.stopping.is_set():
             await asyncio.sleep(self.topology_check)
             seen = self._stat()
             if seen == self._seen:

@@ -416,6 +416,37 @@ async def test_sigterm_drains_qm_receive_without_losing_or_duplicating_acks(  # 
         assert "receiver stopped: 3 delivered, 3 acked" in log.read_text()
 
 
+async def test_qm_receive_finds_the_managers_in_the_topology_file(  # type: ignore[no-untyped-def]
+    tmp_path: Path, shard: Shard, make_queue
+) -> None:
+    """``qm receive --topology FILE`` without ``--manager``: the file's ``managers`` are used."""
+    make_queue("orders", partitions=2, shuffle=1)
+    (tmp_path / "release").touch()
+    path = tmp_path / "topology.toml"
+    log = tmp_path / "receiver.log"
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        write_topology(path, replace(shard, key_range=KeyRange.parse("-"), managers=(url(m),)))
+        ids = await insert(shard.dsn, [(t, {}) for t in tenants_of(shard, 2)])
+        with log.open("w") as log_file:
+            proc = _qm_receive(
+                "--queue", "orders", "--topology", str(path), "--token", SECRET_ALL,
+                "tests.receiver_handlers:blocking",
+                env={"QM_TEST_HANDLER_DIR": str(tmp_path)}, stdout=subprocess.DEVNULL, stderr=log_file,
+            )  # fmt: skip
+            try:
+                done = tmp_path / "done"
+                await wait_for(lambda: done.exists() and len(list(done.iterdir())) == 2, 20, "2 handled")
+                proc.send_signal(signal.SIGTERM)
+                rc = await asyncio.to_thread(proc.wait, 20)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert rc == 0, log.read_text()
+        assert {v[:2] for i, v in (await rows(shard.dsn)).items() if i in ids} == {("acked", 1)}
+
+
 # ---------------------------------------------------------------- failover
 
 
