@@ -39,12 +39,15 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from queue_manager.domain.topology import Topology
+from queue_manager.errors import TopologyError
 from queue_manager.wire.client import (
     ACK,
     SETTLED,
@@ -66,6 +69,7 @@ logger = logging.getLogger("receivers")
 
 #: a handler: ``async def handler(event) -> None`` or ``def handler(event) -> None``
 Handler = Callable[["Event"], Awaitable[None]] | Callable[["Event"], None]
+
 
 class Retry(Exception):
     """Raise it from a handler to nack the event and have it due again after ``delay`` seconds
@@ -227,6 +231,16 @@ class _Link:
             tenants=receiver.tenants,
         )
         self.backoff = receiver.backoff_factory()
+        #: set when the receiver stops or the shard leaves the topology file: drain, then close
+        self.stopping = asyncio.Event()
+        if receiver.stopping.is_set():
+            self.stopping.set()
+        #: the threads of a plain function handler
+        self.pool = (
+            None
+            if receiver.handler_is_async
+            else ThreadPoolExecutor(receiver.concurrency, thread_name_prefix=f"qm-handler-{shard}")
+        )
         self.ws: ClientConnection | None = None
         self.url: str | None = None
         #: the manager to try first on the next connection (the one a leader check found leading)
@@ -247,18 +261,20 @@ class _Link:
 
     async def run(self) -> None:
         try:
-            while not self.r.stopping.is_set():
+            while not self.stopping.is_set():
                 url, self.hint = self.hint or await self._find_leader(), None
-                if url is not None and not self.r.stopping.is_set():
+                if url is not None and not self.stopping.is_set():
                     try:
                         await self._connect(url)
                     finally:
                         self._lost()
-                if self.r.stopping.is_set():
+                if self.stopping.is_set():
                     break
                 await self._pause()
         finally:
             await self._finish_handlers()
+            if self.pool is not None:
+                self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def _find_leader(self) -> str | None:
         answers = await asyncio.gather(*(probe_leader(u, self.r.probe_timeout) for u in self.urls))
@@ -277,7 +293,7 @@ class _Link:
         delay = self.backoff.next()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
-                await self.r.stopping.wait()
+                await self.stopping.wait()
 
     async def _connect(self, url: str) -> None:
         headers = {"Authorization": f"Bearer {self.r.token}"} if self.r.token else None
@@ -309,7 +325,7 @@ class _Link:
             )
 
     async def _session(self, ws: ClientConnection) -> None:
-        self.session.connected(draining=self.r.stopping.is_set())
+        self.session.connected(draining=self.stopping.is_set())
         async with asyncio.timeout(self.r.probe_timeout * 5):
             welcome = await ws.recv()
         for effect in self.session.receive(welcome):  # the subscribe
@@ -464,7 +480,7 @@ class _Link:
             else:
                 loop = asyncio.get_running_loop()
                 ctx = contextvars.copy_context()
-                fut = loop.run_in_executor(self.r.pool, ctx.run, self.r.handler, event)
+                fut = loop.run_in_executor(self.pool, ctx.run, self.r.handler, event)
                 done, _ = await asyncio.wait({fut}, timeout=timeout)
                 if not done:
                     # a thread cannot be stopped: it keeps its slot until it returns, its result ignored
@@ -535,7 +551,7 @@ class _Link:
 
     async def _drainer(self, ws: ClientConnection) -> None:
         """On stop: credit 0, wait until nothing is in hand and every result came back, then close."""
-        await self.r.stopping.wait()
+        await self.stopping.wait()
         self.session.drain()
         self.wake.set()
         logger.info(
@@ -580,7 +596,13 @@ class Receiver:
     - ``probe_timeout``: seconds for one ``/health/leader`` probe (the handshake gets 5 times that);
     - ``leader_check``: while connected, probe the shard's other URLs this often (seconds) and leave
       the connection when one leads under a newer term (a frozen leader cannot say it was deposed);
-      ``None`` turns it off.
+      ``None`` turns it off;
+    - ``topology_file``: follow this topology file (docs/operations.md, "Topology file"): the shards
+      are the file's, their managers its ``managers`` keys, which ``urls_by_shard`` overrides (it may
+      then be empty). The file is looked at (a ``stat``) every ``topology_check`` seconds; when it
+      changed, a link opens for each new shard and the link of each shard no longer in it drains and
+      closes, as on :meth:`stop`. A file that cannot be read or names a shard without managers is
+      logged and the shards stay as they are. See also :meth:`from_topology`.
     """
 
     def __init__(
@@ -600,6 +622,8 @@ class Receiver:
         probe_timeout: float = 1.0,
         leader_check: float | None = 1.0,
         max_size: int = 16 << 20,
+        topology_file: str | Path | None = None,
+        topology_check: float = 1.0,
     ) -> None:
         if isinstance(urls_by_shard, str):
             shards: dict[str, list[str]] = {"default": [urls_by_shard]}
@@ -607,13 +631,29 @@ class Receiver:
             shards = {str(k): [v] if isinstance(v, str) else list(v) for k, v in urls_by_shard.items()}
         else:
             shards = {"default": list(urls_by_shard)}
-        if not shards:
+        if not shards and topology_file is None:
             raise ValueError("give the manager URLs of at least one shard")
         for name, urls in shards.items():
             if not urls:
                 raise ValueError(f"shard {name!r}: give at least one manager URL")
             for u in urls:
                 ws_url(u)  # ValueError for a URL of another kind
+        if not topology_check > 0:
+            raise ValueError(f"topology_check must be positive, got {topology_check!r}")
+        self.topology_file = Path(topology_file) if topology_file is not None else None
+        self.topology_check = topology_check
+        #: the URLs given for shards, which win over the file's ``managers``
+        self.overrides = shards
+        self._seen: tuple[int, int, int] | None = None
+        if self.topology_file is not None:
+            self._seen = self._stat()
+            shards = self._read_topology()
+            unknown = sorted(set(self.overrides) - set(shards))
+            if unknown:
+                raise ValueError(
+                    f"manager URLs given for shard(s) the topology file {self.topology_file} does not have: "
+                    f"{', '.join(unknown)} (shards: {', '.join(shards)})"
+                )
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         if handler_timeout is not None and not handler_timeout > 0:
@@ -645,14 +685,92 @@ class Receiver:
         self.stopping = asyncio.Event()
         #: set once any shard's connection has subscribed
         self.any_subscribed = asyncio.Event()
-        self.pool: ThreadPoolExecutor | None = None
+        #: the link of each shard (one leaving the topology stays until it has drained)
         self._links: dict[str, _Link] = {}
+        #: every link still running, and its task
+        self._tasks: dict[asyncio.Task[None], _Link] = {}
+        #: set when ``_tasks`` gains a link
+        self._opened = asyncio.Event()
+
+    @classmethod
+    def from_topology(
+        cls,
+        path: str | Path,
+        queue: str,
+        handler: Handler,
+        *,
+        managers: Mapping[str, Sequence[str]] | None = None,
+        **options: Any,
+    ) -> Receiver:
+        """A receiver of the shards of the topology file at ``path``, following its changes
+        (``topology_file``); ``managers`` overrides the file's manager URLs of some shards."""
+        return cls(managers or {}, queue, handler, topology_file=path, **options)
 
     def stop(self) -> None:
         """Drain and stop: no new events; the handlers in hand finish and are acked; then close."""
         if not self.stopping.is_set():
             logger.info("receiver stopping: draining")
         self.stopping.set()
+        for link in self._tasks.values():
+            link.stopping.set()
+
+    # ------------------------------------------------------------------ following the topology file
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        assert self.topology_file is not None
+        try:
+            st = self.topology_file.stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def _read_topology(self) -> dict[str, list[str]]:
+        """The shards of the topology file and their managers (the overrides first); raises
+        TopologyError or ValueError saying what is wrong."""
+        assert self.topology_file is not None
+        topology = Topology.load(self.topology_file)
+        out = {s.name: self.overrides.get(s.name) or list(s.managers) for s in topology.shards}
+        missing = sorted(name for name, urls in out.items() if not urls)
+        if missing:
+            raise ValueError(
+                f"the topology file {self.topology_file} names no managers for shard(s) {', '.join(missing)}: "
+                'add managers = ["ws://host:port/", ...] to them, or give their URLs (--manager SHARD=URL)'
+            )
+        for urls in out.values():
+            for u in urls:
+                ws_url(u)
+        return out
+
+    async def _follow(self) -> None:
+        """Every ``topology_check`` seconds: if the file changed, open and close links to match it."""
+        while not self.stopping.is_set():
+            await asyncio.sleep(self.topology_check)
+            seen = self._stat()
+            if seen == self._seen:
+                continue
+            self._seen = seen
+            try:
+                shards = self._read_topology()
+            except (TopologyError, ValueError, OSError) as exc:
+                logger.warning("topology file changed but cannot be used, the shards stay as they are: %s", exc)
+                continue
+            for name in [n for n in self.shards if n not in shards]:
+                logger.info("shard %s left the topology file: draining its link", name, extra={"shard": name})
+                self._links[name].stopping.set()
+            for name in [n for n in shards if n not in self.shards]:
+                logger.info("shard %s joined the topology file: opening its link", name, extra={"shard": name})
+                self._open(name, shards[name])
+            for name, urls in shards.items():
+                if name in self.shards and urls != self._links[name].urls:
+                    logger.info("shard %s: managers now %s", name, ", ".join(urls), extra={"shard": name})
+                    self._links[name].urls = list(urls)
+            self.shards = shards
+
+    def _open(self, name: str, urls: Sequence[str]) -> None:
+        link = _Link(self, name, urls)
+        self._links[name] = link
+        self._tasks[asyncio.create_task(link.run(), name=f"receiver-{name}")] = link
+        self._opened.set()
 
     def leader(self, shard: str) -> str | None:
         """The manager URL the shard's connection is on (None while disconnected)."""
@@ -672,9 +790,9 @@ class Receiver:
     async def wait_subscribed(self, timeout: float = 10.0, shards: Sequence[str] | None = None) -> None:
         """Wait until the connections of these shards (all by default) are subscribed."""
         async with asyncio.timeout(timeout):
-            while len(self._links) < len(self.shards):
-                await asyncio.sleep(0.01)
             for name in shards or list(self.shards):
+                while name not in self._links:
+                    await asyncio.sleep(0.01)
                 await self._links[name].subscribed.wait()
 
     async def run(self, *, handle_signals: bool = False) -> None:
@@ -685,25 +803,39 @@ class Receiver:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        if not self.handler_is_async:
-            self.pool = ThreadPoolExecutor(self.concurrency * len(self.shards), thread_name_prefix="qm-handler")
-        self._links = {name: _Link(self, name, urls) for name, urls in self.shards.items()}
-        tasks = [asyncio.create_task(link.run(), name=f"receiver-{name}") for name, link in self._links.items()]
+        for name, urls in self.shards.items():
+            self._open(name, urls)
+        follower = asyncio.create_task(self._follow()) if self.topology_file is not None else None
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for t in done:
-                if t.exception() is not None:
-                    self.stop()
-                    raise t.exception()  # type: ignore[misc]
+            while self._tasks:  # a link ends when it has drained (stop, or its shard left the file)
+                self._opened.clear()
+                opened = asyncio.create_task(_wait(self._opened))
+                try:
+                    done, _ = await asyncio.wait([*self._tasks, opened], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    opened.cancel()
+                for t in done:
+                    if t is opened:
+                        continue
+                    link = self._tasks.pop(t)
+                    if t.exception() is not None:
+                        self.stop()
+                        raise t.exception()  # type: ignore[misc]
+                    if link.shard not in self.shards and self._links.get(link.shard) is link:
+                        del self._links[link.shard]
         finally:
+            tasks = [*self._tasks, *([follower] if follower is not None else [])]
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.clear()
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
-            if self.pool is not None:
-                self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _wait(event: asyncio.Event) -> None:
+    await event.wait()
 
 
 def run_receiver(

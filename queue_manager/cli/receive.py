@@ -1,4 +1,7 @@
-"""``qm receive``: run a handler on a queue's events, received from every shard's managers (:mod:`receivers`)."""
+"""``qm receive``: run a handler on a queue's events, received from every shard's managers (:mod:`receivers`).
+
+Given a topology file (``--topology`` or ``$QM_TOPOLOGY``) it follows it: shards added by a reshard
+are received from without a restart, and removed ones are drained and left."""
 
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ def register(sub: Subparsers) -> None:
 
 
 def managers_by_shard(entries: Sequence[str], topology: Topology | None) -> dict[str, list[str]]:
-    """``--manager shard=url`` options by shard; a bare URL belongs to the topology's only shard."""
+    """``--manager shard=url`` options by shard; a bare URL belongs to the topology's only shard.
+    With a topology, a shard may go without ``--manager`` when the file names its managers."""
     out: dict[str, list[str]] = {}
     for entry in entries:
         name, sep, address = entry.partition("=")
@@ -56,7 +60,7 @@ def managers_by_shard(entries: Sequence[str], topology: Topology | None) -> dict
         if not name or not address:
             raise ConfigurationError(f"--manager {entry!r}: give SHARD=URL, e.g. s0=ws://mgr-a:8765/")
         out.setdefault(name, []).append(address)
-    if not out:
+    if not out and topology is None:
         raise ConfigurationError("qm receive: give the managers of every shard: --manager SHARD=URL (repeat)")
     if topology is not None:
         known = {s.name for s in topology.shards}
@@ -66,10 +70,11 @@ def managers_by_shard(entries: Sequence[str], topology: Topology | None) -> dict
                 f"--manager names shards the topology does not have: {', '.join(unknown)} "
                 f"(shards: {', '.join(sorted(known))})"
             )
-        missing = sorted(known - set(out))
+        missing = sorted(s.name for s in topology.shards if s.name not in out and not s.managers)
         if missing:
             raise ConfigurationError(
-                f"no --manager for shard(s) {', '.join(missing)}: their events would never be received"
+                f"no --manager for shard(s) {', '.join(missing)} and the topology file names none of their "
+                'managers (managers = ["ws://host:port/", ...]): their events would never be received'
             )
     return out
 
@@ -95,6 +100,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
             extend_after=None if args.extend_after == 0 else args.extend_after,
             extend_by=args.extend_by,
             drain_timeout=args.drain_timeout,
+            topology_file=path or None,
         )
     except ValueError as exc:
         raise ConfigurationError(f"qm receive: {exc}") from None

@@ -19,8 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from queue_manager.domain.names import check_shard_name
-from queue_manager.domain.topology import KeyRange, Shard
+from queue_manager.domain.topology import Shard, shard_from_dict
 from queue_manager.errors import ConfigurationError
 from queue_manager.reshard.workflow import Reshard
 
@@ -33,10 +32,18 @@ def _path(args: argparse.Namespace) -> Path:
 
 
 def _targets(args: argparse.Namespace) -> list[Shard]:
+    managers: dict[str, list[str]] = {}
+    for entry in args.target_manager or []:
+        name, sep, url = entry.partition("=")
+        if not sep or not name or not url:
+            raise ConfigurationError(f"--target-manager {entry!r}: give NAME=URL, e.g. s2=ws://mgr-e:8765/")
+        managers.setdefault(name, []).append(url)
     out = []
     for name, spec, dsn in args.target or []:
-        check_shard_name(name)
-        out.append(Shard(name, dsn, KeyRange.parse(spec)))
+        urls = managers.pop(name, [])
+        out.append(shard_from_dict({"name": name, "dsn": dsn, "range": spec, "managers": urls}, where="--target"))
+    if managers:
+        raise ConfigurationError(f"--target-manager names no --target: {', '.join(sorted(managers))}")
     return out
 
 
@@ -134,6 +141,12 @@ def register(sub: Any) -> None:
             action="append",
             metavar=("NAME", "RANGE", "DSN"),
             help="a new shard: its name, key range (e.g. -40) and DSN; repeat for each",
+        )
+        p.add_argument(
+            "--target-manager",
+            action="append",
+            metavar="NAME=URL",
+            help="a manager of a target, written to the topology file at the switch for receivers (repeat)",
         )
 
     p = verb("plan", "what moves where (nothing changes)")

@@ -11,6 +11,7 @@ A topology file is TOML::
     name = "s1"
     dsn = "postgresql://postgres@127.0.0.1:5433/qm"
     range = "80-"
+    managers = ["ws://mgr-c:8765/", "ws://mgr-d:8765/"]   # optional: where receivers find it
 
 Loading validates that the ranges cover the whole keyspace exactly once and says precisely
 what is wrong otherwise (which gap, which overlap, which shard).
@@ -23,6 +24,7 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from queue_manager.domain import routing
 from queue_manager.domain.names import check_shard_name
@@ -99,6 +101,8 @@ class Shard:
     dsn: str
     #: the keyspace range the shard owns
     key_range: KeyRange
+    #: base URLs of the shard's managers (``ws://host:port/``), for receivers; may be empty
+    managers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,19 +136,7 @@ class Topology:
         raw = data.get("shards")
         if not isinstance(raw, list) or not raw:
             raise TopologyError(f"{source}: expected a non-empty [[shards]] array")
-        shards = []
-        for i, entry in enumerate(raw):
-            if not isinstance(entry, dict):
-                raise TopologyError(f"{source}: shards[{i}] must be a table")
-            missing = [key for key in ("name", "dsn", "range") if not isinstance(entry.get(key), str)]
-            if missing:
-                raise TopologyError(f"{source}: shards[{i}] needs string keys {', '.join(missing)}")
-            unknown = sorted(set(entry) - {"name", "dsn", "range"})
-            if unknown:
-                raise TopologyError(f"{source}: shards[{i}] has unknown keys {', '.join(unknown)}")
-            name = str(entry["name"])
-            check_shard_name(name)
-            shards.append(Shard(name, str(entry["dsn"]), KeyRange.parse(str(entry["range"]))))
+        shards = [shard_from_dict(entry, where=f"{source}: shards[{i}]") for i, entry in enumerate(raw)]
         try:
             return cls(tuple(shards))
         except TopologyError as exc:
@@ -174,8 +166,50 @@ class Topology:
         """Serialise back to the TOML form ``load`` reads."""
         out = []
         for s in self.shards:
-            out.append(f'[[shards]]\nname = "{s.name}"\ndsn = "{s.dsn}"\nrange = "{s.key_range}"\n')
+            text = f'[[shards]]\nname = "{s.name}"\ndsn = "{s.dsn}"\nrange = "{s.key_range}"\n'
+            if s.managers:
+                text += "managers = [" + ", ".join(f'"{u}"' for u in s.managers) + "]\n"
+            out.append(text)
         return "\n".join(out)
+
+
+def shard_from_dict(entry: object, *, where: str) -> Shard:
+    """One ``[[shards]]`` table: string keys name, dsn, range; optional ``managers``, a list of URLs."""
+    if not isinstance(entry, dict):
+        raise TopologyError(f"{where} must be a table")
+    missing = [key for key in ("name", "dsn", "range") if not isinstance(entry.get(key), str)]
+    if missing:
+        raise TopologyError(f"{where} needs string keys {', '.join(missing)}")
+    unknown = sorted(set(entry) - {"name", "dsn", "range", "managers"})
+    if unknown:
+        raise TopologyError(f"{where} has unknown keys {', '.join(unknown)}")
+    name = str(entry["name"])
+    check_shard_name(name)
+    managers = _managers(entry.get("managers", []), where=f"{where} ({name})")
+    return Shard(name, str(entry["dsn"]), KeyRange.parse(str(entry["range"])), managers)
+
+
+def _managers(raw: object, *, where: str) -> tuple[str, ...]:
+    """The ``managers`` of a shard: a list of distinct manager URLs (``ws``, ``wss``, ``http``, ``https``)."""
+    if not isinstance(raw, list) or not all(isinstance(u, str) for u in raw):
+        raise TopologyError(f'{where}: managers must be a list of URLs, e.g. managers = ["ws://mgr-a:8765/"]')
+    for url in raw:
+        check_manager_url(url, where=where)
+    dupes = sorted({u for u in raw if raw.count(u) > 1})
+    if dupes:
+        raise TopologyError(f"{where}: managers repeats {', '.join(dupes)}")
+    return tuple(raw)
+
+
+def check_manager_url(url: str, *, where: str) -> None:
+    """TopologyError unless ``url`` is a manager's base URL: ``ws://host:port/`` (or wss, http, https)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a bad port raises ValueError
+    except ValueError as exc:
+        raise TopologyError(f"{where}: manager URL {url!r} is malformed: {exc}") from None
+    if parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname or '"' in url or "\\" in url:
+        raise TopologyError(f"{where}: manager URL {url!r}: use ws://host:port/ (or wss://, http://, https://)")
 
 
 def validate_coverage(shards: Sequence[Shard]) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.domain.topology import KeyRange, Shard, Topology, shard_from_dict
 from queue_manager.errors import ConfigurationError, TopologyError
 
 Phase = Literal["copying", "cutover", "switched", "done", "cancelled"]
@@ -107,12 +107,18 @@ class ReshardPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReshardPlan:
         old = Topology.from_dict({"shards": data["old"]}, source="reshard state (old topology)")
-        targets = tuple(Shard(str(e["name"]), str(e["dsn"]), KeyRange.parse(str(e["range"]))) for e in data["targets"])
+        targets = tuple(
+            shard_from_dict(e, where=f"reshard state (targets[{i}])") for i, e in enumerate(data["targets"])
+        )
         return make_plan(old, targets)
 
 
-def _shards_dict(shards: Sequence[Shard]) -> list[dict[str, str]]:
-    return [{"name": s.name, "dsn": s.dsn, "range": str(s.key_range)} for s in shards]
+def _shards_dict(shards: Sequence[Shard]) -> list[dict[str, Any]]:
+    return [
+        {"name": s.name, "dsn": s.dsn, "range": str(s.key_range)}
+        | ({"managers": list(s.managers)} if s.managers else {})
+        for s in shards
+    ]
 
 
 def make_plan(old: Topology, targets: Sequence[Shard]) -> ReshardPlan:

@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from queue_manager.domain.topology import Shard, Topology
+from queue_manager.domain.topology import KeyRange, Shard, Topology
 from receivers import (
     Backoff,
     Event,
@@ -415,6 +416,37 @@ async def test_sigterm_drains_qm_receive_without_losing_or_duplicating_acks(  # 
         assert "receiver stopped: 3 delivered, 3 acked" in log.read_text()
 
 
+async def test_qm_receive_finds_the_managers_in_the_topology_file(  # type: ignore[no-untyped-def]
+    tmp_path: Path, shard: Shard, make_queue
+) -> None:
+    """``qm receive --topology FILE`` without ``--manager``: the file's ``managers`` are used."""
+    make_queue("orders", partitions=2, shuffle=1)
+    (tmp_path / "release").touch()
+    path = tmp_path / "topology.toml"
+    log = tmp_path / "receiver.log"
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        write_topology(path, replace(shard, key_range=KeyRange.parse("-"), managers=(url(m),)))
+        ids = await insert(shard.dsn, [(t, {}) for t in tenants_of(shard, 2)])
+        with log.open("w") as log_file:
+            proc = _qm_receive(
+                "--queue", "orders", "--topology", str(path), "--token", SECRET_ALL,
+                "tests.receiver_handlers:blocking",
+                env={"QM_TEST_HANDLER_DIR": str(tmp_path)}, stdout=subprocess.DEVNULL, stderr=log_file,
+            )  # fmt: skip
+            try:
+                done = tmp_path / "done"
+                await wait_for(lambda: done.exists() and len(list(done.iterdir())) == 2, 20, "2 handled")
+                proc.send_signal(signal.SIGTERM)
+                rc = await asyncio.to_thread(proc.wait, 20)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert rc == 0, log.read_text()
+        assert {v[:2] for i, v in (await rows(shard.dsn)).items() if i in ids} == {("acked", 1)}
+
+
 # ---------------------------------------------------------------- failover
 
 
@@ -548,3 +580,61 @@ async def test_one_receiver_takes_every_shard_and_honours_a_tenant_filter(shards
             await rescanned(m0)
             await rescanned(m1)
         assert sorted(e.tenant for e in seen) == sorted(wanted)
+
+
+def write_topology(path: Path, *shards: Shard) -> None:
+    """Replace the topology file as ``qm reshard`` does: a temporary file renamed over it."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(Topology(shards).to_toml())
+    os.replace(tmp, path)
+
+
+async def test_a_receiver_following_the_topology_file_opens_and_drains_links_as_it_changes(  # type: ignore[no-untyped-def]
+    tmp_path: Path, shards: Topology, make_queue
+) -> None:
+    """A shard added to the file is received from without a restart; a shard removed from it has
+    its link drained (the event in hand is acked first) and closed; a file it cannot use changes nothing."""
+    make_queue("orders", partitions=2, shuffle=1)
+    s0, s1 = shards.shards
+    seen: list[Event] = []
+    hold = asyncio.Event()
+
+    async def handle(event: Event) -> None:
+        seen.append(event)
+        if event.payload.get("hold"):
+            await hold.wait()
+
+    path = tmp_path / "topology.toml"
+    async with running_manager(s0.dsn) as m0, running_manager(s1.dsn) as m1:
+        await wait_leader(m0)
+        await wait_leader(m1)
+        whole = KeyRange.parse("-")
+        write_topology(path, replace(s0, key_range=whole, managers=(url(m0),)))
+        async with receiving({}, handle, topology_file=path, topology_check=0.1) as r:
+            assert list(r.shards) == ["s0"]
+            write_topology(path, replace(s0, managers=(url(m0),)), replace(s1, managers=(url(m1),)))
+            await r.wait_subscribed(10, ["s1"])
+            [id1] = await insert(s1.dsn, [(tenants_of(s1, 1)[0], {})])
+            await wait_for(lambda: ("s1", id1) in {(e.shard, e.id) for e in seen}, what="the new shard's event")
+
+            # a shard without managers (and no override): the file is not used, the links stay
+            write_topology(path, replace(s0, key_range=whole))
+            await asyncio.sleep(0.5)
+            assert sorted(r.shards) == ["s0", "s1"] and r.leader("s0") == url(m0) and r.leader("s1") == url(m1)
+
+            [held] = await insert(s0.dsn, [(tenants_of(s0, 1)[0], {"hold": True})])
+            await wait_for(lambda: r.in_hand("s0") == 1, what="the held event in hand")
+            write_topology(path, replace(s1, key_range=whole, managers=(url(m1),)))
+            await wait_for(lambda: list(r.shards) == ["s1"], what="s0 leaving the receiver")
+            await asyncio.sleep(0.3)
+            assert r.leader("s0") == url(m0), "the link drains before it closes"
+            hold.set()
+            await wait_for(lambda: r.leader("s0") is None, what="the link of s0 closed")
+            assert (await rows(s0.dsn))[held][:2] == ("acked", 1)
+
+            # no subscriber left on s0: its new events wait there
+            [after] = await insert(s0.dsn, [(tenants_of(s0, 1)[0], {})])
+            await asyncio.sleep(0.5)
+            assert after not in {e.id for e in seen if e.shard == "s0"}
+            assert (await rows(s0.dsn))[after][0] == "to_be_fired"
+            assert r.leader("s1") == url(m1)

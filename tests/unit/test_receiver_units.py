@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from queue_manager.errors import TopologyError
 from receivers import Backoff, CreditBook, Event, Retry
 from receivers.receiver import http_url, is_async_handler, ws_url
 
@@ -232,3 +234,30 @@ def test_qm_receive_reads_its_manager_options_against_the_topology() -> None:
         _managers(["ws://a:1/"], two)
     with pytest.raises(ConfigurationError, match="give the managers"):
         _managers([], None)
+    # a shard whose managers the topology file names needs no --manager (the file's are used)
+    named = Topology((two.shards[0], Shard("s1", "dsn1", KeyRange.parse("80-"), ("ws://d:1/",))))
+    assert _managers(["s0=ws://a:1/"], named) == {"s0": ["ws://a:1/"]}
+    with pytest.raises(ConfigurationError, match=r"no --manager for shard\(s\) s0 and the topology file names"):
+        _managers([], named)
+
+
+def test_a_receiver_following_a_topology_file_takes_its_managers(tmp_path: Path) -> None:
+    from receivers import Receiver
+
+    async def handle(event: Event) -> None: ...
+
+    path = tmp_path / "topology.toml"
+    path.write_text(
+        '[[shards]]\nname = "s0"\ndsn = "a"\nrange = "-80"\nmanagers = ["ws://a:1/", "ws://b:1/"]\n'
+        '[[shards]]\nname = "s1"\ndsn = "b"\nrange = "80-"\n'
+    )
+    with pytest.raises(ValueError, match=r"names no managers for shard\(s\) s1"):
+        Receiver.from_topology(path, "orders", handle)
+    r = Receiver.from_topology(path, "orders", handle, managers={"s1": ["ws://c:1/"]})
+    assert r.shards == {"s0": ["ws://a:1/", "ws://b:1/"], "s1": ["ws://c:1/"]}
+    r = Receiver.from_topology(path, "orders", handle, managers={"s0": ["ws://x:1/"], "s1": ["ws://c:1/"]})
+    assert r.shards["s0"] == ["ws://x:1/"]
+    with pytest.raises(ValueError, match="does not have: s9"):
+        Receiver.from_topology(path, "orders", handle, managers={"s1": ["ws://c:1/"], "s9": ["ws://c:1/"]})
+    with pytest.raises(TopologyError, match="does not exist"):
+        Receiver.from_topology(tmp_path / "missing.toml", "orders", handle)

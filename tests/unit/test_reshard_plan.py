@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -112,9 +113,29 @@ def test_what_each_phase_allows() -> None:
 
 
 def test_the_state_survives_its_json() -> None:
-    state = step_done(
-        begin_cutover(ReshardState(make_plan(FOUR, [shard("ab", "-80")]), copied=True), "targets"), "freeze", "t"
-    )
+    # a target's managers too: the switch writes them to the topology file, for receivers
+    target = replace(shard("ab", "-80"), managers=("ws://mgr-e:8765/",))
+    state = step_done(begin_cutover(ReshardState(make_plan(FOUR, [target]), copied=True), "targets"), "freeze", "t")
     state.cursors["a/orders"] = 42
     again = ReshardState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert again == state
+
+
+def test_reshard_targets_take_their_managers_from_the_command_line() -> None:
+    import argparse
+
+    from queue_manager.cli.reshard import _targets
+
+    def args(*managers: str) -> argparse.Namespace:
+        return argparse.Namespace(
+            target=[["s2", "-40", "dbname=s2"], ["s3", "40-80", "dbname=s3"]], target_manager=list(managers)
+        )
+
+    s2, s3 = _targets(args("s2=ws://e:1/", "s2=ws://f:1/"))
+    assert s2.managers == ("ws://e:1/", "ws://f:1/") and s3.managers == ()
+    with pytest.raises(ConfigurationError, match="names no --target: s9"):
+        _targets(args("s9=ws://e:1/"))
+    with pytest.raises(ConfigurationError, match="give NAME=URL"):
+        _targets(args("ws://e:1/"))
+    with pytest.raises(ConfigurationError, match="use ws://host:port/"):
+        _targets(args("s2=postgresql://e/qm"))

@@ -302,6 +302,46 @@ def test_from_dict_round_trip() -> None:
     assert 'range = "-80"' in topo.to_toml()
 
 
+def test_managers_are_optional_parsed_and_written_back(tmp_path: Path) -> None:
+    text = """
+[[shards]]
+name = "s0"
+dsn = "postgresql://a/qm"
+range = "-80"
+managers = ["ws://mgr-a:8765/", "wss://mgr-b:8765/"]
+
+[[shards]]
+name = "s1"
+dsn = "postgresql://b/qm"
+range = "80-"
+"""
+    path = tmp_path / "topology.toml"
+    path.write_text(text)
+    topo = Topology.load(path)
+    assert topo.by_name("s0").managers == ("ws://mgr-a:8765/", "wss://mgr-b:8765/")
+    assert topo.by_name("s1").managers == ()
+    path.write_text(topo.to_toml())
+    assert Topology.load(path) == topo
+    assert topo.to_toml().count("managers") == 1
+
+
+@pytest.mark.parametrize(
+    ("managers", "needle"),
+    [
+        ("ws://a:1/", "must be a list of URLs"),
+        ([1], "must be a list of URLs"),
+        (["postgresql://a/qm"], "use ws://host:port/"),
+        (["ws:///nohost"], "use ws://host:port/"),
+        (["ws://a:99999/"], "malformed"),
+        (["ws://a:1/", "ws://a:1/"], "repeats ws://a:1/"),
+    ],
+)
+def test_bad_managers_are_refused_naming_the_shard(managers: object, needle: str) -> None:
+    data: dict[str, object] = {"shards": [{"name": "s0", "dsn": "x", "range": "-", "managers": managers}]}
+    with pytest.raises(TopologyError, match=rf"shards\[0\] \(s0\).*{needle}"):
+        Topology.from_dict(data)
+
+
 def test_from_dict_rejects_unknown_keys() -> None:
     data: dict[str, object] = {"shards": [{"name": "s0", "dsn": "x", "range": "-", "weight": 1}]}
     with pytest.raises(TopologyError, match="unknown keys weight"):
