@@ -38,8 +38,8 @@ test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark; ends
 test-fast: setup ## the suite without the Spark tests
 	$(PYTEST) -m "not spark"
 
-test-reshard-faults: setup ## the reshard process SIGKILLed after each recorded step, then rerun; the targets' server restarted mid-copy and mid-switch (about a minute)
-	QM_RESHARD_FAULTS=1 $(BIN)/python -m pytest -q -n 0 tests/integration/test_reshard_faults.py
+test-reshard-faults: setup ## the reshard process SIGKILLed after each recorded step, then rerun; the targets' server restarted and a manager SIGKILLed mid-copy and mid-switch (in make test too; about 25 s)
+	$(BIN)/python -m pytest -q -n 0 tests/integration/test_reshard_faults.py
 
 lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
 	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks faults

@@ -1,7 +1,7 @@
 """The reshard process killed (SIGKILL) right after each step it records, then run again: the rerun
 finishes the step list (or, for a cut-over stopped before its 'serve' step, cancel rolls it back),
-and nothing is lost. Run by ``make test-reshard-faults`` (QM_RESHARD_FAULTS=1): each round starts
-the ``qm`` command line a dozen times."""
+and nothing is lost; the targets' server restarted, and a manager SIGKILLed, during the copy and the
+switch. In ``make test``; alone: ``make test-reshard-faults``."""
 
 from __future__ import annotations
 
@@ -9,21 +9,18 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.reshard.plan import CUTOVER_STEPS
 from queue_manager.reshard.workflow import CRASH_AFTER_ENV, Reshard, load_state
 from tests.conftest import DatabaseFactory, tenants_of
 from tests.integration.test_reshard import events, expected_on, seed, shard_state, split_targets, write_topology
-
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("QM_RESHARD_FAULTS"), reason="fault rounds: run with make test-reshard-faults"
-)
+from tests.processkit import ManagerProcess, write_config
 
 
 def qm(topo: Path, *args: str, crash_after: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -152,3 +149,80 @@ def test_a_target_server_restart_during_the_copy_and_during_the_switch(
             assert shard_state(t.dsn) == (t.name, "serving", True)
     finally:
         server.stop("immediate")
+
+
+LEASE = 2.0
+
+
+def _role_within(proc: ManagerProcess, role: str, seconds: float) -> float:
+    """Wait until the manager's /health says ``role`` (or, for "not leader", any other role); the
+    time it took. Fails after ``seconds``."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            now = proc.health()[1].get("role")
+        except OSError:
+            now = None
+        if (now == role) if role != "not leader" else (now is not None and now != "leader"):
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < seconds, f"{role!r} not reached in {seconds} s (role {now!r})"
+        time.sleep(0.1)
+
+
+def test_a_manager_killed_during_the_copy_and_during_the_switch(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    """The source's manager SIGKILLed while the copy runs, and a target's manager SIGKILLed right
+    after the freeze: the reshard finishes by itself; the restarted source manager leads again
+    while its shard serves, the deposed one stops leading at the switch, the restarted target
+    manager leads within its lease and a poll; every event is on its target, the acked still acked."""
+    make_queue("orders", partitions=4, shuffle=2)
+    s0 = shards.by_name("s0")
+    tenants = tenants_of(s0, 6)
+    seed(s0.dsn, tenants, 0, 150)
+    topo, tokens = write_config(tmp_path, shards)
+    targets = split_targets(new_database)
+    procs = {"s0": ManagerProcess(topo, tokens, "s0", LEASE)}
+    killed: list[str] = []
+    try:
+        _role_within(procs["s0"], "leader", 15)
+
+        def during_copy(line: str) -> None:
+            if line.startswith("capturing changes on"):
+                procs["s0"].proc.kill()
+                procs["s0"].stop()
+                killed.append(line)
+                procs["s0"] = ManagerProcess(topo, tokens, "s0", LEASE)
+
+        with Reshard(topo, say=during_copy) as r:
+            r.start(targets, batch=40)
+        # the source still serves: its restarted manager takes the lease once the killed one's ran out
+        _role_within(procs["s0"], "leader", LEASE + 10)
+        seed(s0.dsn, tenants, 500, 30)
+
+        for t in targets:
+            procs[t.name] = ManagerProcess(topo, tokens, t.name, LEASE)
+
+        def during_switch(line: str) -> None:
+            if line.startswith("freeze: done"):
+                procs["s2"].proc.kill()
+                procs["s2"].stop()
+                killed.append(line)
+
+        with Reshard(topo, say=during_switch) as r:
+            r.switch()
+        assert len(killed) == 2, killed
+        _role_within(procs["s0"], "not leader", LEASE + 5)  # deposed at the freeze
+        procs["s2"] = ManagerProcess(topo, tokens, "s2", LEASE)
+        for t in targets:
+            _role_within(procs[t.name], "leader", LEASE + 10)
+
+        final = events(s0.dsn)
+        for t in targets:
+            on, want = events(t.dsn), expected_on(t, final)
+            assert on.keys() == want.keys()
+            assert {n for n, r in on.items() if r[3] == "acked"} == {n for n, r in want.items() if r[3] == "acked"}
+        assert [s.name for s in Topology.load(topo).shards] == ["s1", "s2", "s3"]
+    finally:
+        for p in procs.values():
+            p.stop()
