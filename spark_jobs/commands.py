@@ -10,21 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg
-
 from queue_manager import logs
-from queue_manager.domain.topology import Topology
-from queue_manager.errors import ConfigurationError, QueueManagerError
+from queue_manager.cli.common import run, topology, with_topology
+from queue_manager.errors import ConfigurationError
 
 
 def register(spark: Any) -> None:
     """Add the jobs to a ``spark`` group's subparsers (``qm spark``)."""
-    p = _with_topology(
+    p = with_topology(
         spark.add_parser(
             "enqueue",
             help="bulk enqueue a Parquet/CSV/JSON source or a table into a queue on every shard, once",
@@ -73,16 +70,16 @@ def register(spark: Any) -> None:
     p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's, else Maven)")
     p.set_defaults(func=cmd_spark_enqueue)
 
-    p = _with_topology(spark.add_parser("recover", help="finish or roll back two-phase enqueue runs left prepared"))
+    p = with_topology(spark.add_parser("recover", help="finish or roll back two-phase enqueue runs left prepared"))
     p.add_argument("--run-id", help="only this run (default: every run left prepared --min-age ago)")
     p.add_argument("--min-age", type=float, default=60.0, help="leave younger prepared parts alone, s (default 60)")
     p.set_defaults(func=cmd_spark_recover)
 
-    p = _with_topology(spark.add_parser("cleanup", help="drop the staging of enqueue runs left unfinished"))
+    p = with_topology(spark.add_parser("cleanup", help="drop the staging of enqueue runs left unfinished"))
     p.add_argument("--older-than", type=float, default=86_400.0, help="unfinished for this long, s (default 1 day)")
     p.set_defaults(func=cmd_spark_cleanup)
 
-    p = _with_topology(
+    p = with_topology(
         spark.add_parser(
             "archive",
             help="move acked and failed events settled before a cut-off to Parquet, then delete them",
@@ -106,28 +103,19 @@ def register(spark: Any) -> None:
     p.set_defaults(func=cmd_spark_archive)
 
 
-def _with_topology(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--topology", help="topology TOML file (default: $QM_TOPOLOGY)")
-    return p
-
-
-def _topology(args: argparse.Namespace) -> Topology:
-    return Topology.from_option(args.topology, os.environ)
-
-
 def cmd_spark_enqueue(args: argparse.Namespace) -> int:
     # imported here only: `qm` must start without pyspark
     try:
         from spark_jobs.enqueue import run_cli
     except ImportError as exc:
         raise ConfigurationError(f"qm spark enqueue needs pyspark ({exc}): pip install -e '.[spark]'") from None
-    return run_cli(args, _topology(args), lambda line: print(line, flush=True))
+    return run_cli(args, topology(args), lambda line: print(line, flush=True))
 
 
 def cmd_spark_recover(args: argparse.Namespace) -> int:
     from spark_jobs.enqueue import recover
 
-    outcome = recover(_topology(args), run_id=args.run_id, min_age=args.min_age)
+    outcome = recover(topology(args), run_id=args.run_id, min_age=args.min_age)
     for gid, what in sorted(outcome.items()):
         print(f"{gid}: {what}")
     if not outcome:
@@ -138,7 +126,7 @@ def cmd_spark_recover(args: argparse.Namespace) -> int:
 def cmd_spark_cleanup(args: argparse.Namespace) -> int:
     from spark_jobs.enqueue import cleanup
 
-    for shard, n in cleanup(_topology(args), older_than=args.older_than).items():
+    for shard, n in cleanup(topology(args), older_than=args.older_than).items():
         print(f"{shard}: {n} run(s) unfinished for more than {args.older_than:g} s abandoned (staging dropped)")
     return 0
 
@@ -156,7 +144,7 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
         out.flush()
 
     result = run_archive(
-        _topology(args),
+        topology(args),
         older_than=args.older_than,
         before=args.before,
         output=args.output,
@@ -181,12 +169,4 @@ def script_main(command: str, argv: Sequence[str] | None = None) -> int:
     register(parser.add_subparsers(dest="spark_command", required=True))
     args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
     logs.configure(logging.WARNING)
-    try:
-        result: int = args.func(args)
-        return result
-    except QueueManagerError as exc:
-        print(f"qm: error: {exc}", file=sys.stderr)
-        return 2
-    except psycopg.OperationalError as exc:
-        print(f"qm: database unreachable: {exc}".rstrip(), file=sys.stderr)
-        return 3
+    return run(args)

@@ -31,12 +31,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import psycopg
-
 from queue_manager import logs
 from queue_manager.cli import demo, events, local, manager, queues, receive, reshard, spark, status, web
+from queue_manager.cli.common import run
 from queue_manager.cli.receive import managers_by_shard as _managers  # noqa: F401  (the name tests know)
-from queue_manager.errors import QueueManagerError
 
 #: the command groups, in the order ``qm --help`` lists them
 GROUPS = (
@@ -68,15 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qm`` console command."""
     args = build_parser().parse_args(argv)
     logs.configure(logging.INFO if args.verbose else logging.WARNING)
-    try:
-        result: int = args.func(args)
-        return result
-    except QueueManagerError as exc:
-        print(f"qm: error: {exc}", file=sys.stderr)
-        return 2
-    except psycopg.OperationalError as exc:
-        print(f"qm: database unreachable: {exc}".rstrip(), file=sys.stderr)
-        return 3
+    return run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover
