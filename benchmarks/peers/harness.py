@@ -208,6 +208,39 @@ def pacing(rate: float, total: int) -> Iterator[tuple[int, float]]:
         yield k, max(0.0, t0 + k / rate - time.monotonic())
 
 
+def latency_run(
+    target: Callable[..., None],
+    worker_args: tuple[Any, ...],
+    produce: Callable[[int, int], tuple[dict[int, tuple[float, float]], float]],
+    rate: float,
+    events: int,
+) -> dict[str, Any]:
+    """The latency measurement around one peer's worker and producer: ``target(worker,
+    *worker_args)`` in a spawned process, started and left to idle, then ``produce(total, warmup)``
+    (it sends ``total`` jobs paced at the rate, the first ``warmup`` of them not measured, and
+    returns what it sent and how long it took), then the worker's receipts, as :func:`latency_report`."""
+    warmup = max(LATENCY_WARMUP, int(LATENCY_WARMUP * rate / 200))
+    total = warmup + events
+    w = single_worker()
+    proc = CTX.Process(target=target, args=(w, *worker_args), daemon=True)
+    proc.start()
+    if not w.ready.wait(60):
+        proc.kill()
+        raise RuntimeError("the worker did not become ready within 60 s")
+    w.go.set()
+    time.sleep(1.5)  # the worker has set up, listens and found the queue empty: idle
+    sent, elapsed = produce(total, warmup)
+    deadline = time.monotonic() + 30
+    while w.handled.value < total and time.monotonic() < deadline:
+        time.sleep(0.02)
+    w.stop.set()
+    res = w.out_q.get(timeout=60)
+    proc.join(timeout=10)
+    out = latency_report(sent, res["receipts"], events, warmup, elapsed)
+    out["errors"] = [res["error"]] if res.get("error") else []
+    return out
+
+
 def latency_report(
     sent: dict[int, tuple[float, float]], receipts: list[tuple[int, float]], n: int, warmup: int, elapsed: float
 ) -> dict[str, Any]:

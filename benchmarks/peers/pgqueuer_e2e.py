@@ -108,18 +108,7 @@ def drain(dsn: str, tables: list[str], args: Any) -> dict[str, Any]:
 
 
 def latency(dsn: str, args: Any) -> dict[str, Any]:
-    warmup = max(harness.LATENCY_WARMUP, int(harness.LATENCY_WARMUP * args.rate / 200))
-    total = warmup + args.events
-    w = harness.single_worker()
-    proc = harness.CTX.Process(target=worker, args=(w, dsn, args.batch_size, "continuous", True), daemon=True)
-    proc.start()
-    if not w.ready.wait(60):
-        proc.kill()
-        raise RuntimeError("the worker did not become ready within 60 s")
-    w.go.set()
-    time.sleep(1.5)  # the worker is in run(): schema checked, LISTEN, an empty dequeue, then idle
-
-    async def produce() -> tuple[dict[int, tuple[float, float]], float]:
+    async def produce(total: int, warmup: int) -> tuple[dict[int, tuple[float, float]], float]:
         conn = await asyncpg.connect(dsn)
         queries = Queries.from_asyncpg_connection(conn)
         sent: dict[int, tuple[float, float]] = {}
@@ -135,16 +124,14 @@ def latency(dsn: str, args: Any) -> dict[str, Any]:
         await conn.close()
         return sent, elapsed
 
-    sent, elapsed = uvloop.run(produce())
-    deadline = time.monotonic() + 30
-    while w.handled.value < total and time.monotonic() < deadline:
-        time.sleep(0.02)
-    w.stop.set()
-    res = w.out_q.get(timeout=60)
-    proc.join(timeout=10)
-    out = harness.latency_report(sent, res["receipts"], args.events, warmup, elapsed)
-    out["errors"] = [res["error"]] if res.get("error") else []
-    return out
+    # the worker in run(): schema checked, LISTEN, an empty dequeue, then idle
+    return harness.latency_run(
+        worker,
+        (dsn, args.batch_size, "continuous", True),
+        lambda total, warmup: uvloop.run(produce(total, warmup)),
+        args.rate,
+        args.events,
+    )
 
 
 def main() -> None:
