@@ -46,7 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from queue_manager.domain.topology import Topology
+from queue_manager.domain.topology import Topology, TopologyFile
 from queue_manager.errors import TopologyError
 from queue_manager.wire.client import (
     ACK,
@@ -644,10 +644,9 @@ class Receiver:
         self.topology_check = topology_check
         #: the URLs given for shards, which win over the file's ``managers``
         self.overrides = shards
-        self._seen: tuple[int, int, int] | None = None
-        if self.topology_file is not None:
-            self._seen = self._stat()
-            shards = self._read_topology()
+        self._file = TopologyFile(self.topology_file) if self.topology_file is not None else None
+        if self._file is not None:
+            shards = self._shards_of(self._file.load())
             unknown = sorted(set(self.overrides) - set(shards))
             if unknown:
                 raise ValueError(
@@ -716,19 +715,9 @@ class Receiver:
 
     # ------------------------------------------------------------------ following the topology file
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        assert self.topology_file is not None
-        try:
-            st = self.topology_file.stat()
-        except OSError:
-            return None
-        return st.st_mtime_ns, st.st_size, st.st_ino
-
-    def _read_topology(self) -> dict[str, list[str]]:
+    def _shards_of(self, topology: Topology) -> dict[str, list[str]]:
         """The shards of the topology file and their managers (the overrides first); raises
-        TopologyError or ValueError saying what is wrong."""
-        assert self.topology_file is not None
-        topology = Topology.load(self.topology_file)
+        ValueError saying what is wrong."""
         out = {s.name: self.overrides.get(s.name) or list(s.managers) for s in topology.shards}
         missing = sorted(name for name, urls in out.items() if not urls)
         if missing:
@@ -745,12 +734,12 @@ class Receiver:
         """Every ``topology_check`` seconds: if the file changed, open and close links to match it."""
         while not self.stopping.is_set():
             await asyncio.sleep(self.topology_check)
-            seen = self._stat()
-            if seen == self._seen:
-                continue
-            self._seen = seen
+            assert self._file is not None
             try:
-                shards = self._read_topology()
+                topology = self._file.changed()
+                if topology is None:
+                    continue
+                shards = self._shards_of(topology)
             except (TopologyError, ValueError, OSError) as exc:
                 logger.warning("topology file changed but cannot be used, the shards stay as they are: %s", exc)
                 continue

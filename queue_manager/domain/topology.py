@@ -173,6 +173,38 @@ class Topology:
         return "\n".join(out)
 
 
+class TopologyFile:
+    """A topology file watched for changes. A reshard's switch rewrites it (a new file renamed into
+    place); what follows it (receivers, a manager's limit peers) calls :meth:`changed` on a timer. A
+    check is one ``stat``: the file is read only when its modification time, size or inode moved."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int, int] | None = None
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def load(self) -> Topology:
+        """Read the file now; the next :meth:`changed` compares with the file as it was read."""
+        self._stamp = self._stat()
+        return Topology.load(self.path)
+
+    def changed(self) -> Topology | None:
+        """The file's topology when it changed since it was last read (the first call reads it);
+        None when it did not, or cannot be seen now. A changed file that is invalid raises
+        TopologyError once: it is read again when it changes again."""
+        stamp = self._stat()
+        if stamp is None or stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        return Topology.load(self.path)
+
+
 def shard_from_dict(entry: object, *, where: str) -> Shard:
     """One ``[[shards]]`` table: string keys name, dsn, range; optional ``managers``, a list of URLs."""
     if not isinstance(entry, dict):

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from queue_manager.domain.topology import Topology
+from queue_manager.domain.topology import TopologyFile
 from queue_manager.errors import TopologyError
 from queue_manager.manager import store
 from queue_manager.manager.limits import Liveness, Peer
@@ -195,8 +195,8 @@ class Budget:
         peers = () if topology is None else [s for s in topology.shards if s.name != shard]
         self.links = {s.name: PeerLink(s.name, s.dsn, name) for s in peers}
         self._link_name = name
-        #: the topology file's modification stamp when last read (None: not read yet)
-        self._topology_stamp: int | None = None
+        #: the topology file, watched for changes (None: not looked at yet)
+        self._topology_file: TopologyFile | None = None
         self.liveness = Liveness()
         #: live peer rows by queue, from the last read
         self.view: dict[str, list[PeerLease]] = {}
@@ -230,20 +230,17 @@ class Budget:
         path = self.rt.config.topology_file
         if path is None:
             return
+        if self._topology_file is None:
+            self._topology_file = TopologyFile(path)
         try:
-            stamp = path.stat().st_mtime_ns
-        except OSError:
-            return
-        if stamp == self._topology_stamp:
-            return
-        try:
-            topology = Topology.load(path)
+            topology = self._topology_file.changed()
         except TopologyError as exc:
             logger.warning(
                 "topology file unreadable, kept the last one", extra={"action": "limits_topology", "error": str(exc)}
             )
             return
-        self._topology_stamp = stamp
+        if topology is None:
+            return
         wanted = {s.name: s.dsn for s in topology.shards if s.name != self.me}
         for name in [n for n, link in self.links.items() if wanted.get(n) != link.dsn]:
             await self.links.pop(name).close()
