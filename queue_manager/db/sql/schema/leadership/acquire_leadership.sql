@@ -2,8 +2,8 @@
 -- expired; returns the new term, or NULL while another holder's lease runs or the shard does not
 -- serve. All lease times are the database clock's (clock_timestamp()), never a manager's. A
 -- takeover locks the leader row FOR UPDATE, which waits for every in-flight statement holding the
--- KEY SHARE lock taken by qm.fence; once it commits, every later qm.fence of the old term raises. A manager that stops
--- mid-transaction cannot block a takeover for long: its sessions run with
+-- KEY SHARE lock taken by qm.fence; once it commits, every later qm.fence of the old term raises.
+-- A manager that stops mid-transaction cannot block a takeover for long: its sessions run with
 -- idle_in_transaction_session_timeout and statement_timeout.
 CREATE OR REPLACE FUNCTION qm.acquire_leadership(holder text, ttl_seconds double precision) RETURNS bigint
 LANGUAGE plpgsql AS $$
