@@ -246,7 +246,7 @@ def replica_promotion() -> Inject:
 #: a lossy link: 5 % of the chunks lost (each held 200 ms, 400 ms more if lost again, ...), and one in
 #: 500 resets its connection
 LOSS = 0.05
-RESET = 0.005
+RESET = 0.002
 #: a chunk lost three times in a row waits 0.2 + 0.4 + 0.8 s (probability 1.25e-4 a chunk)
 LOSSY_DELAY = 1.4
 
