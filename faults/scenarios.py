@@ -221,22 +221,39 @@ def pg_terminate() -> Inject:
     return inject
 
 
-def replica_promotion() -> Inject:
+def replica_promotion(kill_active: bool = False) -> Inject:
     """The shard's primary stopped (``-m immediate``), its synchronous standby promoted, the shard's
     address pointed at it; then the old primary's data directory is wiped and a new standby copied
-    from the new primary into it, for the next round (it never comes back as a primary)."""
+    from the new primary into it, for the next round (it never comes back as a primary).
+    ``kill_active``: the shard's active manager is SIGKILLed as the primary stops (and started
+    again), so that the standby manager takes the lease on the promoted server, under a new term."""
 
     async def inject(ctx: Ctx) -> None:
         failover = ctx.dep.failover
         if failover is None:
             raise RuntimeError("replica-promotion needs a scenario with replica=True")
-        ctx.start("replica-promotion", [NAMES[failover.index]])
-        started = now()
-        await failover.promote()
-        ctx.heal("replica-promotion", promote_s=round(now() - started, 3))
+        shard = NAMES[failover.index]
+        name = "promotion-and-kill-active" if kill_active else "replica-promotion"
+        term = ctx.dep.terms.get(shard, (0, None))[0]
+        killed = _targets(ctx, shard, "active") if kill_active else []
+        ctx.start(name, [shard], pids=[s.pid for s in killed])
+        promoted = 0.0
+
+        async def promote() -> None:
+            nonlocal promoted
+            started = now()
+            await failover.promote()
+            promoted = now() - started
+
+        for s in killed:
+            s.proc.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        await asyncio.gather(promote(), _restart(ctx, killed))
+        ctx.heal(name, promote_s=round(promoted, 3))
+        if kill_active:
+            await _wait_new_term(ctx, shard, term)
         started = now()
         await failover.rebuild()
-        ctx.dep.history.write("standby", shard=NAMES[failover.index], rebuilt_s=round(now() - started, 3))
+        ctx.dep.history.write("standby", shard=shard, rebuilt_s=round(now() - started, 3))
 
     return inject
 
@@ -446,6 +463,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         replica_promotion(),
         PROMOTION_BOUND,
         "promotion (stop + promote + repoint, measured under 1 s) + lease TTL + 1 s",
+        replica=True,
+    ),
+    Scenario(
+        "promotion-and-kill-active",
+        replica_promotion(kill_active=True),
+        PROMOTION_BOUND,
+        "promotion (measured under 1 s) + lease TTL + 1 s: the standby takes the lease on the promoted server",
         replica=True,
     ),
     Scenario(
