@@ -180,8 +180,10 @@ class Dispatcher:
         )
         by_id = {q.id: q for q in queues}
         for qid in idle.disarm:
-            await store.disarm(self.conn, qid)
-            by_id[qid].wake_state.released(rt.db_clock.now())
+            # the database's time before the release, not the estimate once the answer is back:
+            # that ran late on a loaded machine, above the rows of a producer that took the lock
+            # and committed before the first holder reading (they waited for the safety lookback)
+            by_id[qid].wake_state.released(await store.disarm(self.conn, qid))
         for qid in idle.stop_waiting:
             await self.waiter.cancel(qid)
             by_id[qid].wake_state.wait_dropped()

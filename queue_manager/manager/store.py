@@ -133,8 +133,13 @@ async def arm(conn: AsyncConn, queue_ids: Sequence[int]) -> set[int]:
     return set(row[0] or []) if row else set()
 
 
-async def disarm(conn: AsyncConn, queue_id: int) -> None:
-    await conn.execute(_static("mgr_disarm"), {"id": queue_id})
+async def disarm(conn: AsyncConn, queue_id: int) -> float:
+    """Give the queue's wake lock back; returns the database time before the release (epoch
+    seconds): rows of producers that take the lock from then on are no older than it, less
+    floors.HOLDER_MARGIN."""
+    row = await (await conn.execute(_static("mgr_disarm"), {"id": queue_id})).fetchone()
+    assert row is not None
+    return float(row[0])
 
 
 async def waiting_pids(conn: AsyncConn, pids: list[int]) -> list[int]:

@@ -40,8 +40,12 @@ SELECT qm.release_leadership(%(holder)s, %(term)s)
 SELECT array_agg(q) FILTER (WHERE pg_try_advisory_lock(qm.lock_class('wake'), q)) FROM unnest(%(ids)s::integer[]) AS q
 
 -- mgr_disarm --
--- Give one queue's wake lock back: producers stop sending NOTIFY while the queue is busy.
-SELECT pg_advisory_unlock(qm.lock_class('wake'), %(id)s)
+-- Give one queue's wake lock back: producers stop sending NOTIFY while the queue is busy. Returns
+-- the statement's start on the database clock, which no producer that takes the lock after it
+-- precedes (the manager's own estimate, read once the answer is back, can run tens of
+-- milliseconds late on a loaded machine: floors.HolderWatch would then bound rows too high).
+SELECT extract(epoch FROM statement_timestamp())::double precision
+  FROM (SELECT pg_advisory_unlock(qm.lock_class('wake'), %(id)s)) AS u
 
 -- mgr_wait_wake_lock --
 -- Wait (on a connection of its own, without timeouts) for one queue's wake-up lock, which an open
@@ -212,7 +216,8 @@ SELECT q.id
 SELECT qm.add_done(%(queue_id)s, %(parts)s::smallint[]) FROM (SELECT qm.fence(%(term)s)) f
 
 -- mgr_wake_lock_probe --
--- Which queues' wake-up locks are held at this instant, and the database clock: a lock that is free
+-- Which queues' wake-up locks are held at this instant, and the database clock at the statement's
+-- start (before any lock is tried: a reading's time must precede what it saw): a lock that is free
 -- (the exclusive try succeeds; it is given back at once, in the same row) has no holder. Reading
 -- pg_locks and pg_stat_activity (mgr_wake_lock_holders) snapshots the whole lock table and every
 -- backend: 2.5 ms a reading in a busy drain, 100 readings a second, a quarter of the drain's speed.
@@ -220,23 +225,26 @@ SELECT qm.add_done(%(queue_id)s, %(parts)s::smallint[]) FROM (SELECT qm.fence(%(
 SELECT p.q,
        CASE WHEN pg_try_advisory_lock(qm.lock_class('wake'), p.q)
             THEN NOT pg_advisory_unlock(qm.lock_class('wake'), p.q) ELSE true END,
-       extract(epoch FROM clock_timestamp())::double precision
+       extract(epoch FROM statement_timestamp())::double precision
   FROM unnest(%(ids)s::integer[]) AS p(q)
 
 -- mgr_wake_lock_holders --
 -- Producer transactions holding a queue's wake-up lock in shared mode (they did not notify), with
--- their start (epoch seconds), and the database clock of this reading. A transaction caught while
--- it commits shows no start any more (NULL): floors.HolderWatch.read bounds its rows.
+-- their start (epoch seconds), and the database clock of this reading: the statement's start, which
+-- precedes the lock table's snapshot (clock_timestamp() after the snapshot could follow a producer
+-- that took the lock after it by more than floors.HOLDER_MARGIN on a loaded server). A
+-- transaction caught while it commits shows no start any more (NULL): floors.HolderWatch.read
+-- bounds its rows.
 SELECT l.objid::integer AS queue_id, l.pid,
        extract(epoch FROM a.xact_start)::double precision,
-       extract(epoch FROM clock_timestamp())::double precision
+       extract(epoch FROM statement_timestamp())::double precision
   FROM pg_locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
  WHERE l.locktype = 'advisory' AND l.classid = qm.lock_class('wake') AND l.objsubid = 2 AND l.mode = 'ShareLock'
    AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
    AND l.objid::integer = ANY(%(ids)s::integer[])
 UNION ALL
-SELECT NULL, NULL, NULL, extract(epoch FROM clock_timestamp())::double precision
+SELECT NULL, NULL, NULL, extract(epoch FROM statement_timestamp())::double precision
 
 -- mgr_extend --
 -- Push the ack deadline of (id, attempt) pairs still fired at that attempt to now + seconds.
