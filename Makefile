@@ -21,7 +21,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev,web]"
+	$(BIN)/pip install -q -e ".[dev,web,otel]"
 	touch $(STAMP)
 
 setup: system $(STAMP) ## install everything: the system packages the tests need when missing, then the virtualenv
