@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
@@ -197,12 +198,19 @@ class ReceiverTracer:
         ) as span:
             yield span
 
-    def failed(self, span: Span, error_type: str, message: str) -> None:
-        """The handler failed without raising through the span (a Retry, a timeout): mark the span."""
+    def failed(self, error: BaseException | str) -> None:
+        """The handler of the current ``process`` span failed (an exception it raised, which the
+        receiver turns into a nack, or a timeout): mark the span."""
         from opentelemetry.trace import Status, StatusCode
 
-        span.set_attribute("error.type", error_type)
-        span.set_status(Status(StatusCode.ERROR, message[:200]))
+        span = self._trace.get_current_span()
+        if isinstance(error, BaseException):
+            span.record_exception(error)
+            span.set_attribute("error.type", type(error).__qualname__)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:200]))
+        else:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR, error))
 
     def settle(self, event: Any, operation: str, parent: Span | None) -> None:
         """A CLIENT span ``ack <queue>`` or ``nack <queue>`` (operation type ``settle``): the
@@ -239,6 +247,11 @@ class ManagerTracer:
         self._trace = trace
         self._tracer = trace.get_tracer(SCOPE)
         self._w3c = TraceContextTextMapPropagator()
+
+    @staticmethod
+    def now_ns() -> int:
+        """A span's timestamp: the wall clock in nanoseconds."""
+        return time.time_ns()
 
     def sampled(self) -> bool:
         """Whether to trace the next batch."""

@@ -22,6 +22,7 @@ import psycopg
 from queue_manager.domain.settings import QueueSettings
 from queue_manager.manager import store
 from queue_manager.manager.store import AsyncConn
+from queue_manager.tracing import ManagerTracer
 
 
 class Unavailable(Exception):
@@ -53,6 +54,10 @@ _CALLS: dict[OpKind, _StoreCall] = {
 }
 
 
+#: the kinds a manager's sampled spans cover, and their span's operation
+_TRACED = {OpKind.ACK: "ack", OpKind.RELEASE: "nack"}
+
+
 @dataclass(slots=True)
 class _Op:
     kind: OpKind
@@ -64,9 +69,11 @@ class _Op:
 class Writer:
     """Collects ops from anywhere in the process; :meth:`run` writes them in batches."""
 
-    def __init__(self, conn: AsyncConn, term: int) -> None:
+    def __init__(self, conn: AsyncConn, term: int, *, tracer: ManagerTracer | None = None) -> None:
         self.conn = conn
         self.term = term
+        #: spans for a share of the ack and release batches (queue_manager.tracing)
+        self.tracer = tracer
         self._ops: list[_Op] = []
         self._ready = asyncio.Event()
         self._closed: BaseException | None = None
@@ -98,10 +105,14 @@ class Writer:
             for op in ops:
                 groups.setdefault((op.kind, op.queue.id), []).append(op)
             for (kind, _), group in groups.items():
+                tracer = self.tracer
+                traced = tracer is not None and kind in _TRACED and tracer.sampled()
+                started = ManagerTracer.now_ns() if traced else 0
                 try:
-                    result = await _CALLS[kind](
-                        self.conn, group[0].queue, self.term, [i for op in group for i in op.items]
-                    )
+                    items = [i for op in group for i in op.items]
+                    result = await _CALLS[kind](self.conn, group[0].queue, self.term, items)
+                    if traced and tracer is not None:
+                        await self._span(tracer, kind, group[0].queue, items, started)
                 except Exception as exc:
                     unavailable = Unavailable(f"database error: {str(exc).strip()[:200]}")
                     self._fail(group, unavailable)
@@ -112,6 +123,15 @@ class Writer:
                 for op in group:
                     if not op.future.done():
                         op.future.set_result(result)
+
+    async def _span(
+        self, tracer: ManagerTracer, kind: OpKind, q: QueueSettings, items: list[Any], started: int
+    ) -> None:
+        """A sampled batch's span, linked to its events' trace contexts (read back by id: the
+        writer does not keep them)."""
+        ids = [i[0] for i in items]
+        contexts = await store.trace_contexts(self.conn, q, ids)
+        tracer.batch(_TRACED[kind], q.name, len(items), contexts, started)
 
     @staticmethod
     def _fail(ops: list[_Op], exc: BaseException) -> None:
