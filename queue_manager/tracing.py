@@ -178,25 +178,32 @@ class ReceiverTracer:
         """The CONSUMER span ``process <queue>`` around one handler call, current while it runs
         (a sync handler's thread gets it with the context copied into it). The event's baggage, when
         it has some, is in the handler's context whatever the mode but ``none``."""
+        from opentelemetry import context
+
         trace = self._trace
         creation = None if self.mode == "none" else _creation(event.traceparent, event.tracestate, event.baggage)
         as_parent = self.mode == "parent" or (self.mode == "first_parent" and event.attempt == 1)
         if as_parent:
-            parent, links = creation, []
+            base, links = creation, []
         else:
             links = _link_to(creation)
             # a new trace: no parent span (not even an ambient one), the creation context's baggage kept
-            parent = trace.set_span_in_context(trace.INVALID_SPAN, creation)
-        with self._tracer.start_as_current_span(
-            f"process {self.queue}",
-            context=parent,
-            kind=trace.SpanKind.CONSUMER,
-            links=links,
-            attributes=self._attributes("process", "process", event),
-            record_exception=True,
-            set_status_on_exception=True,
-        ) as span:
-            yield span
+            base = trace.set_span_in_context(trace.INVALID_SPAN, creation)
+        # the base context is made current, so that the handler sees its baggage too
+        token = context.attach(base) if base is not None else None
+        try:
+            with self._tracer.start_as_current_span(
+                f"process {self.queue}",
+                kind=trace.SpanKind.CONSUMER,
+                links=links,
+                attributes=self._attributes("process", "process", event),
+                record_exception=True,
+                set_status_on_exception=True,
+            ) as span:
+                yield span
+        finally:
+            if token is not None:
+                context.detach(token)
 
     def failed(self, error: BaseException | str) -> None:
         """The handler of the current ``process`` span failed (an exception it raised, which the
@@ -234,7 +241,7 @@ class ManagerTracer:
     """A manager's spans: for a ``sample`` share of its fire and ack batches (0 < sample <= 1), a
     span linked to the creation contexts of the batch's events (at most :data:`MAX_LINKS`)."""
 
-    def __init__(self, sample: float, *, shard: str, rng: random.Random | None = None) -> None:
+    def __init__(self, sample: float, *, shard: str | None, rng: random.Random | None = None) -> None:
         if not 0 < sample <= 1:
             raise ValueError(f"trace sample must be in (0, 1], got {sample!r}")
         _require()
@@ -242,6 +249,7 @@ class ManagerTracer:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.sample = sample
+        #: the shard's name (``qm.shard``), once the manager knows it
         self.shard = shard
         self._rng = rng or random.Random()
         self._trace = trace
@@ -287,7 +295,7 @@ class ManagerTracer:
                 "messaging.operation.name": operation,
                 "messaging.operation.type": "send" if operation == "fire" else "settle",
                 "messaging.batch.message_count": count,
-                "qm.shard": self.shard,
+                "qm.shard": self.shard or "",
             },
         )
         span.end()

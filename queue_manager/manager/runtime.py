@@ -82,7 +82,7 @@ class Runtime:
         self.lease = Lease(config.lease_ttl)
         #: spans of a share of the fire and ack batches (None: off, OpenTelemetry not imported)
         self.tracer = (
-            tracing.ManagerTracer(config.trace_sample, shard=config.shard or "") if config.trace_sample > 0 else None
+            tracing.ManagerTracer(config.trace_sample, shard=config.shard) if config.trace_sample > 0 else None
         )
         self.queues: dict[str, QueueRuntime] = {}
         self.session: Session | None = None
