@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -108,8 +108,15 @@ class DrainConfig:
 
 
 def run_drain(
-    dsn: str, cfg: DrainConfig, events: list[Event], profile_dir: str | None = None, library: bool = False
+    dsn: str,
+    cfg: DrainConfig,
+    events: list[Event],
+    profile_dir: str | None = None,
+    library: bool = False,
+    trace_sample: float | None = None,
 ) -> dict[str, Any]:
+    """``trace_sample`` (with ``library``): tracing on: the manager's spans at this sample rate and
+    the receivers' spans, each process with the SDK (an exporter that drops the spans)."""
     n = len(events)
     logger.debug("drain %s: reset", cfg.label)
     reset(dsn)
@@ -118,9 +125,13 @@ def run_drain(
     logger.debug("drain %s: manager", cfg.label)
     budget = max(120.0, n / 500)
     mprof = str(Path(profile_dir) / "manager.prof") if profile_dir else None
-    with manager_process(dsn, MANAGER_OVERRIDES, mprof) as m:
+    tracing = trace_sample is not None
+    overrides = {**MANAGER_OVERRIDES, "trace_sample": trace_sample} if tracing else MANAGER_OVERRIDES
+    with manager_process(dsn, overrides, mprof) as m:
         logger.debug("drain %s: receivers", cfg.label)
-        recv = start_receivers(cfg.receivers, m.url, "drain", cfg.credit, cfg.concurrency, profile_dir, library)
+        recv = start_receivers(
+            cfg.receivers, m.url, "drain", cfg.credit, cfg.concurrency, profile_dir, library, tracing=tracing
+        )
         try:
             recv.wait_ready()
             logger.debug("drain %s: go", cfg.label)
@@ -327,6 +338,43 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int, library: b
         "call_to_receipt": summary_ms(call_lat),
         "enqueue_call": summary_ms(enq),
     }
+
+
+def traced_events(events: list[Event]) -> list[Event]:
+    """The events, each with a trace context of its own (as if each came from a traced request)."""
+    return [
+        replace(ev, trace_context={"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}) for i, ev in enumerate(events)
+    ]
+
+
+def bench_tracing(dsn: str, cfg: DrainConfig, n: int, reps: int, sample: float) -> dict[str, Any]:
+    """The receiver library's drain with tracing off and on, alternated. Off: events without a
+    trace context, no OpenTelemetry in any process. On: every event with a traceparent, the
+    receivers' process and settle spans and the manager's batch spans (``sample``), into the SDK's
+    batch processor (an exporter that drops them). The cost per event is the difference of the
+    medians' seconds per event."""
+    plain = make_events(n, 4343)
+    traced = traced_events(plain)
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for rep in range(reps):
+        for kind in ("off", "on"):
+            on = kind == "on"
+            d = run_drain(dsn, cfg, traced if on else plain, library=True, trace_sample=sample if on else None)
+            runs[kind].append(d)
+            log("tracing %s rep=%d drain %.1f/s", kind, rep + 1, d["events_per_s"])
+    out: dict[str, Any] = {"drain_config": cfg.label, "events": n, "reps": reps, "manager_trace_sample": sample}
+    for kind, r in runs.items():
+        out[kind] = {
+            "drain_events_per_s": round(statistics.median(x["events_per_s"] for x in r), 1),
+            "drain_samples": [x["events_per_s"] for x in r],
+            "drain_all_acked": all(x["acked_in_db"] == n and not x["timed_out"] for x in r),
+            "receiver_cpu_pct": statistics.median(x["cpu_pct_of_one_core"].get("receivers", 0.0) for x in r),
+            "manager_cpu_pct": statistics.median(x["cpu_pct_of_one_core"].get("manager", 0.0) for x in r),
+        }
+    off, on = out["off"]["drain_events_per_s"], out["on"]["drain_events_per_s"]
+    out["on_vs_off"] = ratio(on, off)
+    out["cost_us_per_event"] = round((1 / on - 1 / off) * 1e6, 2) if on and off else None
+    return out
 
 
 def bench_library(dsn: str, cfg: DrainConfig, n: int, latency_events: int, reps: int) -> dict[str, Any]:
@@ -544,6 +592,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 10000 events, 1 rep, small latency/fire runs, no peers"
     )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run the receiver library's drain with OpenTelemetry tracing off and on, alternated "
+        "(docs/observability.md; needs the [otel] extra)",
+    )
+    parser.add_argument(
+        "--trace-sample",
+        type=float,
+        default=0.01,
+        help="with --tracing: the manager's sample of fire and ack batches (default 0.01)",
+    )
     parser.add_argument("--json-only", action="store_true", help="no logs on stderr (only warnings)")
     parser.add_argument(
         "--manager-set",
@@ -611,6 +671,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.events,
                 args.latency_events,
                 args.reps,
+            )
+        tracing = None
+        if args.tracing:
+            b = drain["best"]
+            tracing = bench_tracing(
+                dsn,
+                DrainConfig(b["receivers"], b["credit"], b["concurrency"]),
+                args.events,
+                args.reps,
+                args.trace_sample,
             )
         profile = None
         if args.profile:
@@ -697,6 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency": latency,
         "fire": fire,
         "receiver_library": library,
+        "tracing": tracing,
         "profile": profile,
         "peers": peers,
         "comparison": comparison,
