@@ -427,3 +427,27 @@ def test_the_receivers_event_reads_the_trace_members_and_none_without_them() -> 
     )
     assert (old.traceparent, old.tracestate, old.baggage) == (None, None, None)
     assert (new.traceparent, new.tracestate, new.baggage) == (tp, None, "a=b")
+
+
+async def test_an_event_enqueued_while_the_manager_runs_and_traces_reaches_its_handler_with_its_context(
+    shard: Shard, make_queue: Any, spans: InMemorySpanExporter
+) -> None:
+    """The live path (a wake-up, not a backlog): the manager tracing every batch, the event enqueued
+    by the helper while it runs arrives with the ``send`` span's context and is processed as its child."""
+    make_queue("orders", partitions=2, shuffle=1)
+    got: list[Event] = []
+
+    async def handle(event: Event) -> None:
+        got.append(event)
+
+    async with running_manager(shard.dsn, trace_sample=1.0) as m:
+        await wait_leader(m)
+        async with receiving(url(m), handle) as r:
+            with trace.get_tracer("t").start_as_current_span("POST"), psycopg.connect(shard.dsn) as conn:
+                enqueue(conn, "orders", tenants_of(shard, 1)[0], {"n": 1})
+            await wait_for(lambda: r.stats.acked == 1, what="ack")
+    (send,) = named(spans, "send orders")
+    (process,) = named(spans, "process orders")
+    assert got[0].traceparent is not None
+    assert got[0].traceparent.startswith(f"00-{ctx_of(send).trace_id:032x}-{ctx_of(send).span_id:016x}-")
+    assert parent_id(process) == ctx_of(send).span_id
