@@ -20,6 +20,13 @@ Prints one JSON object on stdout (logs go to stderr). One shard (one database), 
 * **receiver library** (``--library``, on by default): the drain (the bare receiver's best
   configuration; the library gets as many handler slots as that configuration's credit) and the
   200/s latency again, with :class:`receivers.Receiver` and with the bare receiver, alternated;
+* **tracing** (``--tracing``; ``--tracing-only`` runs only the drain and this): the receiver
+  library's drain with OpenTelemetry off and on, alternated. Off: events without a trace context,
+  no OpenTelemetry in any process (today's path). On: every event has a traceparent; the receivers
+  make a ``process`` and a settle span per event and the manager a span for ``--trace-sample`` of
+  its fire and ack batches, into the SDK's batch span processor with an exporter that drops the
+  spans (no network is measured). Reported: each side's drain and the cost per event (the
+  difference of the medians' seconds per event);
 * **peers** (``--peers``, on by default for a full run): PgQueuer and Procrastinate measured the
   same way (``benchmarks/peers``: drain and latency), in their best configurations, on the same
   PostgreSQL server, in their own virtualenv ``.venv-peers/`` (``make bench-peers-setup``; see
@@ -599,6 +606,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(docs/observability.md; needs the [otel] extra)",
     )
     parser.add_argument(
+        "--tracing-only",
+        action="store_true",
+        help="only the drain and the tracing runs (no latency, fire, library or peers)",
+    )
+    parser.add_argument(
         "--trace-sample",
         type=float,
         default=0.01,
@@ -613,6 +625,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a ManagerConfig field for every manager of the run, e.g. durable_fires=false (repeatable)",
     )
     args = parser.parse_args(argv)
+    if args.tracing_only:
+        args.tracing, args.library, args.peers = True, False, False
     for item in args.manager_set:
         key, sep, value = item.partition("=")
         if not sep:
@@ -658,6 +672,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = server_info(dsn)
         count_server(dsn)
         drain = bench_drain(dsn, configs, args.events, args.reps)
+        if args.tracing_only:
+            b = drain["best"]
+            tracing = bench_tracing(
+                dsn,
+                DrainConfig(b["receivers"], b["credit"], b["concurrency"]),
+                args.events,
+                args.reps,
+                args.trace_sample,
+            )
+            emit({**header("e2e"), **info, "code": code_at_start, "drain": drain, "tracing": tracing})
+            return 0
         latency = bench_latency(
             dsn, [(200.0, args.latency_events, 1), (2000.0, args.fast_latency_events, args.fast_producers)], args.reps
         )

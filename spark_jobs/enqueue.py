@@ -90,8 +90,8 @@ STAGE_COLUMNS = (
     "tracestate",
     "baggage",
 )
-#: the forms of the trace context columns, as the queue tables' CHECK constraints test them
-#: (queue_manager.db.errors.TRACE_FORMS): a row breaking one is rejected with a reason
+#: the forms of the trace context columns, as the queue tables' triggers test them (qm.rule_trace): a
+#: row breaking one is rejected with a reason
 TRACEPARENT_RE = r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$"
 PRINTABLE_ASCII_RE = r"^[ -~]*$"
 #: a recovery without a run id leaves alone the prepared parts younger than this (a job may still

@@ -15,14 +15,6 @@ from queue_manager.errors import (
     UnknownQueueError,
 )
 
-#: the form each trace context column must have (its CHECK constraint <queue>_<column>_w3c)
-TRACE_FORMS = {
-    "traceparent": "W3C traceparent, version 00 form: 00-<32 lowercase hex trace id, not all 0>-<16 lowercase hex "
-    "parent id, not all 0>-<2 hex flags>",
-    "tracestate": "W3C tracestate: printable ASCII, at most 512 characters",
-    "baggage": "W3C baggage: printable ASCII (values percent-encoded), at most 8192 characters",
-}
-
 #: the SQLSTATE of qm.refuse_moved: the shard does not serve the tenant now (a reshard)
 MOVED = "QMM01"
 
@@ -40,10 +32,6 @@ def translate(exc: psycopg.Error, *, queue: str | None = None) -> QueueManagerEr
         constraint = diag.constraint_name or ""
         if constraint.endswith("_tenant_on_this_shard"):
             return MisroutedTenantError(f"{message}: a tenant in this batch belongs to another shard")
-        if constraint.endswith("_w3c"):
-            column = constraint.removesuffix("_w3c").rsplit("_", 1)[-1]
-            if column in TRACE_FORMS:
-                return InvalidEventError(f"{column} is malformed: expected {TRACE_FORMS[column]} ({message})")
         if constraint.endswith("_partition_in_shuffle_set"):
             return InvalidEventError(f"{message}: a row names a partition outside its tenant's shuffle set")
         return InvalidEventError(message)
