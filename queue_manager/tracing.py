@@ -96,13 +96,14 @@ def given(carrier: Mapping[str, str] | None) -> Context | None:
 def send(queue: str, *, count: int | None = None, shard: str | None = None) -> Iterator[Context]:
     """A PRODUCER span ``send <queue>`` around an enqueue (``count``: the events of a batch), and the
     context to store with the events: the span's, injected by the global propagator (so tracestate
-    and baggage come too). NO_CONTEXT when OpenTelemetry is not in use, or when there is no valid
-    span context (no SDK and no incoming context: nothing would stitch)."""
+    and baggage come too); without an SDK (the API's no-op spans) the current context's. NO_CONTEXT
+    when OpenTelemetry is not in use, or when there is no valid context (nothing would stitch)."""
     if not in_use():
         yield NO_CONTEXT
         return
-    from opentelemetry import propagate, trace
+    from opentelemetry import context, propagate, trace
 
+    outer = context.get_current()
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
         "messaging.destination.name": queue,
@@ -114,9 +115,10 @@ def send(queue: str, *, count: int | None = None, shard: str | None = None) -> I
     if shard is not None:
         attributes["qm.shard"] = shard
     tracer = trace.get_tracer(SCOPE)
-    with tracer.start_as_current_span(f"send {queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes):
+    with tracer.start_as_current_span(f"send {queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
         carrier: dict[str, str] = {}
-        propagate.inject(carrier)
+        # without an SDK the span is invalid: the current context (an incoming request's) goes instead
+        propagate.inject(carrier, context=None if span.get_span_context().is_valid else outer)
         yield (carrier.get("traceparent"), carrier.get("tracestate"), carrier.get("baggage"))
 
 

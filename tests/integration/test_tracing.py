@@ -451,3 +451,23 @@ async def test_an_event_enqueued_while_the_manager_runs_and_traces_reaches_its_h
     assert got[0].traceparent is not None
     assert got[0].traceparent.startswith(f"00-{ctx_of(send).trace_id:032x}-{ctx_of(send).span_id:016x}-")
     assert parent_id(process) == ctx_of(send).span_id
+
+
+def test_with_the_api_alone_the_incoming_context_is_stored(shard: Shard, make_queue: Any) -> None:
+    """An application with OpenTelemetry's API but no SDK (its spans are no-ops) still passes on the
+    context of the request it serves: the helper stores the current context, not its invalid span's."""
+    make_queue("orders", partitions=2, shuffle=1)
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    script = f"""
+import psycopg
+from opentelemetry import context, propagate
+from queue_manager.producer import enqueue
+context.attach(propagate.extract({{"traceparent": {tp!r}, "baggage": "k=v"}}))
+with psycopg.connect({shard.dsn!r}) as conn:
+    enqueue(conn, "orders", {tenants_of(shard, 1)[0]!r}, {{}})
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with psycopg.connect(shard.dsn) as conn:
+        assert conn.execute("SELECT traceparent, baggage FROM orders").fetchall() == [(tp, "k=v")]
