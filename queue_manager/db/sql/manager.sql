@@ -84,14 +84,15 @@ SELECT extract(epoch FROM clock_timestamp())::double precision
 
 -- mgr_fire --
 -- Mark due events fired (attempt + 1, ack deadline) under the current term; only the rows returned
--- were fired and may be pushed. fire_at <= now() keeps "never early" by the database clock. A
+-- were fired and may be pushed (with their trace context, for the delivery frame). fire_at <= now() keeps "never early" by the database clock. A
 -- paused queue fires nothing: a statement that starts after the pause commits sees it.
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused) f
  WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now() AND f.paused IS FALSE
-RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
+RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
+          q.traceparent, q.tracestate, q.baggage
 
 -- mgr_fire_due --
 -- Fire what is due now without a prior scan (the backlog and wake-up path, for queues whose
@@ -123,7 +124,8 @@ UPDATE {queue} q
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state::text = 'to_be_fired'
-RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
+RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
+          q.traceparent, q.tracestate, q.baggage
 
 -- mgr_fire_due_fair --
 -- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py): the same walk
@@ -169,7 +171,11 @@ UPDATE {queue} q
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM locked)) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
-          (SELECT count(*) FROM seen)::integer
+          q.traceparent, q.tracestate, q.baggage, (SELECT count(*) FROM seen)::integer
+
+-- mgr_trace_contexts --
+-- The traceparents of some events (a sampled ack or nack batch's span links to them).
+SELECT q.traceparent FROM {queue} q WHERE q.id = ANY(%(ids)s::bigint[]) AND q.traceparent IS NOT NULL
 
 -- mgr_ack --
 -- fired -> acked for (id, attempt) pairs still fired at that attempt; bumps the done counters.
