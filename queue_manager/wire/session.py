@@ -156,7 +156,7 @@ class ReceiverSession:
         """Events this connection may be sent now (none while it is silent)."""
         if self.ledger is None or self.silent:
             return 0
-        return self.credit - self.ledger.held_by(self.id)
+        return self.credit - self.ledger.busy_by(self.id)
 
     # ------------------------------------------------------------------ frames in
 
@@ -260,7 +260,8 @@ class ReceiverSession:
         valid = [it for it, good in zip(frame.items, ok, strict=True) if good]
         if not valid:
             return [Send(f.result_frame("ack_result", frame.ref, errors, acked=[]))]
-        return [Write(WriteKind.ACK, valid, frame.ref, errors)]
+        # the claimed events' slots are free again (Ledger.busy_by): fill them while the ack commits
+        return [Write(WriteKind.ACK, valid, frame.ref, errors), WakeUp(Wake.CREDIT)]
 
     def _nack(self, ledger: Ledger, frame: f.Nack) -> list[Action]:
         errors: list[dict[str, Any]] = []
@@ -272,7 +273,7 @@ class ReceiverSession:
         ]
         if not valid:
             return [Send(f.result_frame("nack_result", frame.ref, errors, requeued=[], failed=[]))]
-        return [Write(WriteKind.RELEASE, valid, frame.ref, errors)]
+        return [Write(WriteKind.RELEASE, valid, frame.ref, errors), WakeUp(Wake.CREDIT)]
 
     def _extend(self, ledger: Ledger, frame: f.Extend) -> list[Action]:
         errors: list[dict[str, Any]] = []
