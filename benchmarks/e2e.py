@@ -111,8 +111,8 @@ class DrainConfig:
 
 
 class WalMeter:
-    """WAL bytes the server wrote from its creation on (pg_current_wal_insert_lsn), on a connection
-    opened before the measured interval."""
+    """The WAL the server writes from its creation on (pg_current_wal_insert_lsn), on a connection
+    opened before the measured interval; :meth:`stop` gives the bytes and the interval."""
 
     def __init__(self, dsn: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
@@ -123,12 +123,43 @@ class WalMeter:
         assert row is not None
         return str(row[0])
 
-    def since(self) -> int:
+    def stop(self) -> tuple[int, str, str]:
         end = self._lsn()
         row = self.conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (end, self.start)).fetchone()
         self.conn.close()
         assert row is not None
-        return int(row[0])
+        return int(row[0]), self.start, end
+
+
+def wal_records(dsn: str, start: str, end: str, n: int, top: int = 8) -> dict[str, Any] | None:
+    """What the WAL between two positions holds, per record type (pg_walinspect): bytes per event of
+    the records and of their full-page images, and records per event, for the ``top`` largest; None
+    when the extension is not available or the WAL is already gone."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            rows = conn.execute(
+                'SELECT "resource_manager/record_type", count, record_size, fpi_size, combined_size '
+                "FROM pg_get_wal_stats(%s::pg_lsn, %s::pg_lsn, true) ORDER BY combined_size DESC",
+                (start, end),
+            ).fetchall()
+    except psycopg.Error as exc:
+        logger.warning("WAL records not read: %s", str(exc).strip()[:200])
+        return None
+    fpi = sum(int(r[3]) for r in rows)
+    return {
+        "fpi_bytes_per_event": round(fpi / n, 1),
+        "records_per_event": round(sum(int(r[1]) for r in rows) / n, 2),
+        "top": {
+            str(r[0]): {
+                "records_per_event": round(int(r[1]) / n, 3),
+                "record_bytes_per_event": round(int(r[2]) / n, 1),
+                "fpi_bytes_per_event": round(int(r[3]) / n, 1),
+            }
+            for r in rows[:top]
+            if int(r[4]) > 0
+        },
+    }
 
 
 def per_event(cpu: dict[str, float], wall: float, wal_bytes: int | None, n: int) -> dict[str, float | None]:
@@ -181,7 +212,7 @@ def run_drain(
                 time.sleep(0.002)
             t_seen = time.time()
             snap1 = cpu_snapshot()
-            wal_bytes = wal.since()
+            wal_bytes, wal_start, wal_end = wal.stop()
             t_end = max(float(v.value) for v in recv.last_ack) if not timed_out else t_seen
             logger.debug("drain %s: done", cfg.label)
         finally:
@@ -209,6 +240,7 @@ def run_drain(
         "preload_s": round(load_s, 3),
         "cpu_pct_of_one_core": cpu,
         "per_event": per_event(cpu, snap1.at - snap0.at, wal_bytes, n),
+        "wal_records": wal_records(dsn, wal_start, wal_end, n),
         "manager_db_calls": m.counters(),
     }
     if acked_db != n or timed_out:
@@ -259,6 +291,7 @@ e2e.cpu_snapshot = marked
 r = e2e.run_drain(dsn, e2e.DrainConfig(receivers, credit, concurrency), make_events(n, 4242))
 (end, t1), (start, t0) = marks[-1], marks[-2]
 r["wal_bytes"] = int(conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (end, start)).fetchone()[0])
+r["wal_interval"] = [start, end]
 r["snapshot_wall_s"] = t1 - t0
 print(json.dumps(r))
 """
@@ -312,6 +345,7 @@ class Other:
         r["db_states"] = counts["states"]
         r["events_per_s"] = round(r["acked_in_db"] / r["elapsed_s"], 1)
         r["per_event"] = per_event(r["cpu_pct_of_one_core"], r.pop("snapshot_wall_s"), r.pop("wal_bytes"), n)
+        r["wal_records"] = wal_records(self.dsn, *r.pop("wal_interval"), n)
         return r
 
 
