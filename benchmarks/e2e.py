@@ -7,8 +7,14 @@ Prints one JSON object on stdout (logs go to stderr). One shard (one database), 
   CHECKPOINT); a manager process leads and idles; the clock starts when the receiver processes are
   told to start (they connect, subscribe and ack) and stops when the receivers have been told that
   every event's ack is committed (``ack_result``; the manager answers only after the commit). The
-  database is checked afterwards: every event ``acked``. Events/s for each configuration
-  (receiver processes x credit), each the median of ``--reps``;
+  database is checked afterwards: every event ``acked`` (or deleted by its ack, in a queue with
+  ``--queue-set retention_seconds=0``). Events/s for each configuration (receiver processes x
+  credit), each the median of ``--reps``; per drained event, the CPU microseconds of PostgreSQL,
+  the manager and the receivers (``per_event``) and the WAL bytes (``pg_current_wal_insert_lsn``
+  before and after), and what that WAL holds by record type, full-page images apart
+  (``wal_records``, from ``pg_walinspect``). With ``--other DIR`` (a checkout of another commit with
+  its own ``.venv``), each drain run of ours alternates with one of that checkout's, set up and run
+  by its own code in a database of its own on the same server (``drain.other``);
 * **latency**: commit -> receipt. A producer process inserts one event per transaction (autocommit
   INSERT) with open-loop pacing at 200 and at 2,000 events/s; the payload carries the sequence number
   and the call's start time. Latency = the receiver's handler start minus the moment the producer's
@@ -24,7 +30,7 @@ Prints one JSON object on stdout (logs go to stderr). One shard (one database), 
   same way (``benchmarks/peers``: drain and latency), in their best configurations, on the same
   PostgreSQL server, in their own virtualenv ``.venv-peers/`` (``make bench-peers-setup``; see
   ``benchmarks.lib.peers``). The report gives our drain / the faster
-  peer's best drain (target >= 1.5), our latency p50 and p99 at 200/s / the faster peer's
+  peer's best drain (target >= 3), our latency p50 and p99 at 200/s / the faster peer's
   (target <= 1.0) and our fire lateness p99 (target < 5 ms).
 
 Also reported: events lost or stuck (``met.nothing_lost``), the manager's database calls during
@@ -42,6 +48,7 @@ its own process (``multiprocessing`` spawn; entry points in ``benchmarks/lib/pro
 
     .venv/bin/python -m benchmarks.e2e [--quick] [--events 100000] [--reps 3] [--receivers 1,2]
                                       [--credit 1000,4000] [--no-peers] [--profile] [--dsn URI] [--json-only]
+                                      [--queue-set FIELD=JSON] [--other DIR] [--drain-only]
 """
 
 from __future__ import annotations
