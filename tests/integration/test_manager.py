@@ -228,6 +228,32 @@ async def test_a_queue_without_retention_deletes_on_ack(shard: Shard, make_queue
     assert m.metrics.refired.get(queue="orders", reason="ack_timeout") == 1
 
 
+async def test_a_slot_is_refilled_while_its_ack_commits(shard: Shard, queue: str) -> None:
+    """Credit 1: the next event goes out once the ack of the first arrives, while that ack's write
+    still waits (here on an application's row lock), not after it commits; the ack_result still
+    comes only after the commit."""
+    tenants = tenants_of(shard, 2)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(ws, "subscribed")
+            [a] = await insert(shard.dsn, [(tenants[0], {})])
+            assert (await recv_type(ws, "deliver"))["events"][0]["id"] == a
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
+                await app.execute("SELECT 1 FROM orders WHERE id = %s FOR UPDATE", (a,))
+                [b] = await insert(shard.dsn, [(tenants[1], {})])
+                await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[a, 1]]}))
+                # b is fired and pushed while a's ack waits for the lock
+                assert (await recv_type(ws, "deliver"))["events"][0]["id"] == b
+                assert (await states(shard.dsn))[a] == ("fired", 1)
+                await app.rollback()
+            assert (await recv_type(ws, "ack_result"))["acked"] == [a]
+            await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[b, 1]]}))
+            assert (await recv_type(ws, "ack_result"))["acked"] == [b]
+    assert await states(shard.dsn) == {a: ("acked", 1), b: ("acked", 1)}
+
+
 async def test_forged_and_foreign_acks_are_refused(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 2)
     async with running_manager(shard.dsn) as m:
