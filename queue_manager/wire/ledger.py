@@ -3,10 +3,10 @@
 It is the single truth on deliveries in hand. A push records a delivery; an ack or nack claims it
 (so a second one is a ``duplicate``) and settles it once the database has answered; the collector,
 an ack by SQL and a disconnect drop it. Everything else is derived from it: a connection's used
-credit (its events in hand less those whose ack or nack is on its way: the receiver's handler is
-done with them, so their slots are free on its side while the write commits), the queue's events
-in flight (``max_concurrency``), a tenant's events in flight (per-tenant caps), who gets the slot
-back. Plain data, no I/O: ``tests/unit/test_session.py`` checks its invariants.
+credit (its events in hand less those whose ack or nack is on its way, up to its credit: the
+receiver's handler is done with them, so their slots are free on its side while the write
+commits), the queue's events in flight (``max_concurrency``), a tenant's events in flight
+(per-tenant caps), who gets the slot back. Plain data, no I/O: ``tests/unit/test_session.py`` checks its invariants.
 """
 
 from __future__ import annotations
@@ -69,13 +69,11 @@ class Ledger:
         held = self._by_holder.get(holder)
         return 0 if held is None else len(held)
 
-    def busy_by(self, holder: int) -> int:
-        """How many events ``holder`` has in hand with no ack or nack on its way: its used credit.
-        An event whose ack or nack came no longer holds a handler slot of the receiver, so its slot
-        is filled again while the write commits, not one commit later (docs/protocol.md, "Credit
-        and delivery")."""
-        held = self._by_holder.get(holder)
-        return 0 if held is None else len(held) - self._settling.get(holder, 0)
+    def settling_by(self, holder: int) -> int:
+        """How many of ``holder``'s events in hand have an ack or nack on its way. Such an event no
+        longer holds a handler slot of the receiver, so its slot may be filled again while the
+        write commits, not one commit later (``ReceiverSession.free``)."""
+        return self._settling.get(holder, 0)
 
     def by_tenant(self) -> dict[str, int]:
         """Events in flight per tenant (tenants with none are absent). The ledger's own dict: read only."""

@@ -126,6 +126,18 @@ def test_a_slot_is_free_again_once_its_ack_or_nack_comes_not_once_it_commits() -
     h.ledger.check()
 
 
+def test_acks_on_their_way_free_at_most_the_credit() -> None:
+    """A connection holds at most twice its credit unsettled (its handlers' events and as many
+    acks on their way), however long the writes take: that bounds what a crash sends again."""
+    h = Harness(credit=2)
+    h.deliver((1, 1), (2, 1))
+    h.receive(type="ack", ref="a", events=[[1, 1], [2, 1]])
+    assert h.s.free == 2
+    h.deliver((3, 1), (4, 1))
+    h.receive(type="ack", ref="b", events=[[3, 1], [4, 1]])
+    assert (h.s.free, h.ledger.held_by(h.s.id)) == (0, 4)  # the first acks have not committed yet
+
+
 def test_an_ack_is_written_then_answered_with_the_latency_on_the_fake_clock() -> None:
     h = Harness()
     h.deliver((1, 1), (2, 1))
