@@ -377,6 +377,10 @@ class Dispatcher:
         else:
             taken = q.cache.take(now_db, limit, lambda e: choose(e.tenant))
         if not taken:
+            # give the admitted tokens back now: held until the next admit, they would be lost to
+            # the bucket's cap while it refills, and each round that found nothing due in the cache
+            # would lower the queue's max_qps rate
+            q.limits.spent(0, self.rt.clock.monotonic())
             return 0
         started = self._started()
         rows = await store.fire(self.conn, q.settings, self.term, [e.id for e, _ in taken])

@@ -295,8 +295,10 @@ def _ints(values: Iterable[int]) -> str:
 
 
 async def ack(conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tuple[int, int]]) -> set[int]:
+    """fired -> acked for (id, attempt) pairs still fired at that attempt; returns the ids acked.
+    A queue without retention (``retention_seconds`` 0) deletes them instead (``mgr_ack_delete``)."""
     cur = await conn.execute(
-        queue_sql("mgr_ack", q.name),
+        queue_sql("mgr_ack_delete" if q.retention_seconds <= 0 else "mgr_ack", q.name),
         {"term": term, "ids": _ints(i for i, _ in items), "attempts": _ints(a for _, a in items), "queue_id": q.id},
         prepare=True,
     )

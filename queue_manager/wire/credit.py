@@ -1,26 +1,26 @@
 """Credit accounting of one receiver connection, sans I/O.
 
 The manager sends an event only while the connection holds fewer events than its *credit*; it
-counts as held every event delivered and not yet settled: events being handled, and events whose
-ack or nack is on its way (until the database commits it). The receiver wants the manager never
-to send an event for which no handler slot is free, so it grants
+counts as held every event delivered and neither acked nor nacked yet: events being handled, and
+events that wait for a slot. An event whose ack or nack is on its way no longer holds a slot (its
+handler returned before the ack was sent), so the manager fills that slot while the ack commits.
+The receiver wants the manager never to send an event for which no handler slot is free, so it
+grants
 
     credit = handler slots - slots held by handlers whose event is no longer in hand here
 
-The manager may then send ``credit - held`` events, which is the number of free handler slots
-less the acks and nacks still on their way: a slot whose ack has not committed yet is refilled
-when the commit frees it on the manager, one round trip later. Raising the credit while an ack is
-on its way would fill that slot sooner, but the manager frees the slot the moment the ack commits,
-before a lowered credit can reach it, so it would then send one event too many.
+The manager may then send ``credit - held`` events, which is the number of free handler slots.
+An ack whose write fails puts its event back in hand on the manager; the receiver keeps it in hand
+too (it may ack it again), and an event sent meanwhile for that slot waits for a free one.
 
 A handler slot stays busy while its handler runs, also when its event is no longer in hand on
 this connection: the handler ran over a reconnect, a synchronous handler kept running in its
 thread after its timeout, or the event was taken back meanwhile. Such a slot lowers the credit
 until the handler returns.
 
-An event can still arrive for a busy slot when the manager takes one back at the moment its slot
-turns into such a slot (a thread that timed out, whose nack commits before the lowered credit
-arrives). It then waits (``waiting``) for the next free slot.
+An event can still arrive for a busy slot when its slot turns into such a slot while the manager
+already counts it free: a thread that timed out, whose nack is on its way before the lowered
+credit arrives, or an ack whose write failed. It then waits (``waiting``) for the next free slot.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 It is the single truth on deliveries in hand. A push records a delivery; an ack or nack claims it
 (so a second one is a ``duplicate``) and settles it once the database has answered; the collector,
-an ack by SQL and a disconnect drop it. Everything else is derived from it: a connection's events
-in hand (its used credit), the queue's events in flight (``max_concurrency``), a tenant's events in
-flight (per-tenant caps), who gets the slot back. Plain data, no I/O: ``tests/unit/test_session.py``
-checks its invariants.
+an ack by SQL and a disconnect drop it. Everything else is derived from it: a connection's used
+credit (its events in hand less those whose ack or nack is on its way, up to its credit: the
+receiver's handler is done with them, so their slots are free on its side while the write
+commits), the queue's events in flight (``max_concurrency``), a tenant's events in flight
+(per-tenant caps), who gets the slot back. Plain data, no I/O: ``tests/unit/test_session.py`` checks its invariants.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ class Claim(Enum):
 class Ledger:
     """Deliveries in hand for one queue, by event id and by holder."""
 
-    __slots__ = ("_by_holder", "_by_tenant", "_events")
+    __slots__ = ("_by_holder", "_by_tenant", "_events", "_settling")
 
     def __init__(self) -> None:
         self._events: dict[int, Delivery] = {}
         self._by_holder: dict[int, dict[int, Delivery]] = {}
         self._by_tenant: dict[str, int] = {}
+        #: per holder, its deliveries in hand whose ack or nack is on its way (holders with none are absent)
+        self._settling: dict[int, int] = {}
 
     def __len__(self) -> int:
         """Events in flight in the queue (fired, pushed, not settled)."""
@@ -62,9 +65,15 @@ class Ledger:
         return self._events.get(ident)
 
     def held_by(self, holder: int) -> int:
-        """How many events ``holder`` has in hand: its used credit."""
+        """How many events ``holder`` has in hand."""
         held = self._by_holder.get(holder)
         return 0 if held is None else len(held)
+
+    def settling_by(self, holder: int) -> int:
+        """How many of ``holder``'s events in hand have an ack or nack on its way. Such an event no
+        longer holds a handler slot of the receiver, so its slot may be filled again while the
+        write commits, not one commit later (``ReceiverSession.free``)."""
+        return self._settling.get(holder, 0)
 
     def by_tenant(self) -> dict[str, int]:
         """Events in flight per tenant (tenants with none are absent). The ledger's own dict: read only."""
@@ -112,13 +121,22 @@ class Ledger:
         if d.settling:
             return Claim.DUPLICATE, d
         d.settling = True
+        self._settling[holder] = self._settling.get(holder, 0) + 1
         return Claim.OK, d
 
     def unclaim(self, ident: int) -> None:
         """The write of a claimed ack or nack was not recorded: it may be tried again."""
         d = self._events.get(ident)
-        if d is not None:
+        if d is not None and d.settling:
             d.settling = False
+            self._unsettle(d.holder)
+
+    def _unsettle(self, holder: int) -> None:
+        n = self._settling[holder] - 1
+        if n:
+            self._settling[holder] = n
+        else:
+            del self._settling[holder]
 
     def settle(self, ident: int) -> Delivery | None:
         """The database answered a claimed ack or nack: the event leaves the ledger."""
@@ -151,6 +169,8 @@ class Ledger:
 
     def _forget(self, d: Delivery) -> None:
         del self._events[d.id]
+        if d.settling:
+            self._unsettle(d.holder)
         held = self._by_holder[d.holder]
         del held[d.id]
         if not held:
@@ -174,3 +194,8 @@ class Ledger:
         for d in self._events.values():
             counts[d.tenant] = counts.get(d.tenant, 0) + 1
         assert counts == self._by_tenant, (counts, self._by_tenant)
+        settling: dict[int, int] = {}
+        for d in self._events.values():
+            if d.settling:
+                settling[d.holder] = settling.get(d.holder, 0) + 1
+        assert settling == self._settling, (settling, self._settling)

@@ -153,10 +153,14 @@ class ReceiverSession:
 
     @property
     def free(self) -> int:
-        """Events this connection may be sent now (none while it is silent)."""
+        """Events this connection may be sent now (none while it is silent): its credit less its
+        events in hand, of which those with an ack or nack on its way count as free, up to the
+        credit. Their handlers are done, so the next events go out while the writes commit (the
+        fire beside the ack's commit, not after it); the cap keeps what the connection holds
+        unsettled, and so what a manager crash sends again, within twice its credit."""
         if self.ledger is None or self.silent:
             return 0
-        return self.credit - self.ledger.held_by(self.id)
+        return self.credit - self.ledger.held_by(self.id) + min(self.ledger.settling_by(self.id), self.credit)
 
     # ------------------------------------------------------------------ frames in
 
@@ -260,7 +264,8 @@ class ReceiverSession:
         valid = [it for it, good in zip(frame.items, ok, strict=True) if good]
         if not valid:
             return [Send(f.result_frame("ack_result", frame.ref, errors, acked=[]))]
-        return [Write(WriteKind.ACK, valid, frame.ref, errors)]
+        # the claimed events' slots are free again (see free): fill them while the ack commits
+        return [Write(WriteKind.ACK, valid, frame.ref, errors), WakeUp(Wake.CREDIT)]
 
     def _nack(self, ledger: Ledger, frame: f.Nack) -> list[Action]:
         errors: list[dict[str, Any]] = []
@@ -272,7 +277,7 @@ class ReceiverSession:
         ]
         if not valid:
             return [Send(f.result_frame("nack_result", frame.ref, errors, requeued=[], failed=[]))]
-        return [Write(WriteKind.RELEASE, valid, frame.ref, errors)]
+        return [Write(WriteKind.RELEASE, valid, frame.ref, errors), WakeUp(Wake.CREDIT)]
 
     def _extend(self, ledger: Ledger, frame: f.Extend) -> list[Action]:
         errors: list[dict[str, Any]] = []

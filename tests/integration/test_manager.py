@@ -180,6 +180,80 @@ async def test_ack_timeout_refires_and_stale_ack_changes_nothing(shard: Shard, q
     assert m.metrics.refired.get(queue="orders", reason="ack_timeout") == 1
 
 
+async def test_a_queue_without_retention_deletes_on_ack(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
+    """retention_seconds 0: an ack deletes the event (mgr_ack_delete) under the same guards as the
+    UPDATE to acked: a stale attempt or a duplicate changes nothing, the load counters stay exact,
+    and the dedup key is free again once the event is gone."""
+    make_queue("orders", partitions=4, shuffle=2, retention_seconds=0, ack_timeout_seconds=1, backoff_min_seconds=0.1)
+    tenant = tenants_of(shard, 1)[0]
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
+            await recv_type(ws, "subscribed")
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                cur = await conn.execute(
+                    "INSERT INTO orders (tenant, payload, dedup_key) VALUES (%s, '{}', 'k1') RETURNING id", (tenant,)
+                )
+                ident = int((await cur.fetchone())[0])  # type: ignore[index]
+                first = (await recv_type(ws, "deliver"))["events"][0]
+                assert (first["id"], first["attempt"]) == (ident, 1)
+                await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[ident, 7]]}))
+                assert (await recv_type(ws, "ack_result"))["errors"][0]["code"] == "stale"
+                assert (await states(shard.dsn))[ident] == ("fired", 1)
+                # the dedup key still blocks a duplicate while the event is in hand (no row)
+                cur = await conn.execute(
+                    "INSERT INTO orders (tenant, payload, dedup_key) VALUES (%s, '{}', 'k1') RETURNING id", (tenant,)
+                )
+                assert await cur.fetchone() is None
+                await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[ident, 1]]}))
+                assert (await recv_type(ws, "ack_result"))["acked"] == [ident]
+                assert ident not in await states(shard.dsn)
+                await ws.send(json.dumps({"type": "ack", "ref": 3, "events": [[ident, 1]]}))
+                result = await recv_type(ws, "ack_result")
+                assert result["acked"] == [] and result["errors"][0]["code"] == "unknown_id"
+                cur = await conn.execute("SELECT qm.partition_loads('orders')")
+                assert list((await cur.fetchone())[0]) == [0] * 4  # type: ignore[index]
+                cur = await conn.execute(
+                    "INSERT INTO orders (tenant, payload, dedup_key) VALUES (%s, '{}', 'k1') RETURNING id", (tenant,)
+                )
+                again = int((await cur.fetchone())[0])  # type: ignore[index]
+                assert (await recv_type(ws, "deliver"))["events"][0]["id"] == again
+                # not acked: the collector takes it back at its deadline, as in a queue with retention
+                refired = (await recv_type(ws, "deliver", timeout=5))["events"][0]
+                assert (refired["id"], refired["attempt"]) == (again, 2)
+                await ws.send(json.dumps({"type": "ack", "ref": 4, "events": [[again, 2]]}))
+                assert (await recv_type(ws, "ack_result"))["acked"] == [again]
+    assert await states(shard.dsn) == {}
+    assert m.metrics.refired.get(queue="orders", reason="ack_timeout") == 1
+
+
+async def test_a_slot_is_refilled_while_its_ack_commits(shard: Shard, queue: str) -> None:
+    """Credit 1: the next event goes out once the ack of the first arrives, while that ack's write
+    still waits (here on an application's row lock), not after it commits; the ack_result still
+    comes only after the commit."""
+    tenants = tenants_of(shard, 2)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await recv_type(ws, "subscribed")
+            [a] = await insert(shard.dsn, [(tenants[0], {})])
+            assert (await recv_type(ws, "deliver"))["events"][0]["id"] == a
+            async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
+                await app.execute("SELECT 1 FROM orders WHERE id = %s FOR UPDATE", (a,))
+                [b] = await insert(shard.dsn, [(tenants[1], {})])
+                await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[a, 1]]}))
+                # b is fired and pushed while a's ack waits for the lock
+                assert (await recv_type(ws, "deliver"))["events"][0]["id"] == b
+                assert (await states(shard.dsn))[a] == ("fired", 1)
+                await app.rollback()
+            assert (await recv_type(ws, "ack_result"))["acked"] == [a]
+            await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[b, 1]]}))
+            assert (await recv_type(ws, "ack_result"))["acked"] == [b]
+    assert await states(shard.dsn) == {a: ("acked", 1), b: ("acked", 1)}
+
+
 async def test_forged_and_foreign_acks_are_refused(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 2)
     async with running_manager(shard.dsn) as m:
@@ -789,6 +863,7 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
         named = {
             "mgr_fire": {"term": 1, "ids": ids, "ack_timeout": 30.0, "queue_id": 1},
             "mgr_ack": {"term": 1, "ids": ids, "attempts": ones, "queue_id": 1},
+            "mgr_ack_delete": {"term": 1, "ids": ids, "attempts": ones, "queue_id": 1},
             "mgr_release": {
                 "term": 1,
                 "ids": ids,

@@ -92,9 +92,10 @@ async def test_kill_9_of_the_active_manager_under_load_loses_nothing(
     assert term >= 2
     takeover = (acquired_at - killed_at).total_seconds()
     assert takeover <= LEASE_TTL + 1.0, f"the standby took over {takeover:.2f}s after the kill"
-    # only events in hand at the kill come again: at most the receiver's credit of them
+    # only events in hand at the kill come again: those being handled (at most the credit) and
+    # those whose acks had not committed (at most the credit more: ReceiverSession.free)
     duplicates = len(rec.events) - len(set(rec.ids()))
-    assert duplicates <= CREDIT, f"{duplicates} duplicate deliveries after one kill, with credit {CREDIT}"
+    assert duplicates <= 2 * CREDIT, f"{duplicates} duplicate deliveries after one kill, with credit {CREDIT}"
 
 
 async def test_unreachable_shard_stops_dispatch_and_recovery_resumes_it(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]

@@ -103,6 +103,41 @@ def test_credit_is_free_until_deliveries_use_it_and_a_credit_frame_replaces_it()
     assert h.s.free == -1  # lowered below what is in hand: nothing is recalled, nothing more is sent
 
 
+def test_a_slot_is_free_again_once_its_ack_or_nack_comes_not_once_it_commits() -> None:
+    """The receiver's handler is done with an event it acks or nacks, so the slot is filled again
+    while the write commits (the fire of the next events overlaps the ack's commit); a write that
+    fails takes the slot back, since the event is in hand again."""
+    h = Harness(credit=3)
+    h.deliver((1, 1), (2, 1), (3, 1))
+    assert h.s.free == 0
+    out = h.receive(type="ack", ref="a", events=[[1, 1]])
+    ack = only(out, Write)
+    assert WakeUp(Wake.CREDIT) in out
+    assert (h.s.free, h.ledger.held_by(h.s.id), len(h.ledger)) == (1, 3, 3)  # in hand and in flight until it commits
+    nack = only(h.receive(type="nack", ref="n", events=[{"id": 2, "attempt": 1}]), Write)
+    assert h.s.free == 2
+    h.receive(type="ack", ref="b", events=[[1, 1]])  # a duplicate claims nothing more
+    assert h.s.free == 2
+    h.s.write_failed(nack, "database unreachable")
+    assert h.s.free == 1
+    h.ledger.check()
+    h.s.settled(ack, {1}, h.clock.monotonic())
+    assert (h.s.free, h.ledger.held_by(h.s.id)) == (1, 2)
+    h.ledger.check()
+
+
+def test_acks_on_their_way_free_at_most_the_credit() -> None:
+    """A connection holds at most twice its credit unsettled (its handlers' events and as many
+    acks on their way), however long the writes take: that bounds what a crash sends again."""
+    h = Harness(credit=2)
+    h.deliver((1, 1), (2, 1))
+    h.receive(type="ack", ref="a", events=[[1, 1], [2, 1]])
+    assert h.s.free == 2
+    h.deliver((3, 1), (4, 1))
+    h.receive(type="ack", ref="b", events=[[3, 1], [4, 1]])
+    assert (h.s.free, h.ledger.held_by(h.s.id)) == (0, 4)  # the first acks have not committed yet
+
+
 def test_an_ack_is_written_then_answered_with_the_latency_on_the_fake_clock() -> None:
     h = Harness()
     h.deliver((1, 1), (2, 1))

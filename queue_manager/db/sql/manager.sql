@@ -189,6 +189,20 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term),
         RETURNING q.id, q.partition)
 SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), qm.add_done(%(queue_id)s, coalesce(array_agg(partition), ARRAY[]::smallint[]))::text FROM done
 
+-- mgr_ack_delete --
+-- mgr_ack for a queue without retention (retention_seconds = 0, docs/operations.md, "Delete on
+-- ack"): the acked event is deleted, not updated to acked. A DELETE writes no new row version and
+-- no index entry (an UPDATE to acked writes both, a non-HOT version with its primary-key and
+-- <queue>_acked entries, and the retention purge deletes that version later), so an event costs
+-- its insert, its fire and this delete. The same guard and the same counters as mgr_ack.
+WITH f AS (SELECT qm.fence(%(term)s) AS term),
+     done AS (
+        DELETE FROM {queue} q
+         USING f, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+         WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state::text = 'fired'
+        RETURNING q.id, q.partition)
+SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), qm.add_done(%(queue_id)s, coalesce(array_agg(partition), ARRAY[]::smallint[]))::text FROM done
+
 -- mgr_release --
 -- fired -> to_be_fired (or failed at max attempts) for (id, attempt) pairs: nacks and the events of
 -- a receiver that went away. delay NULL means the queue's back-off; error is kept as last_error.
