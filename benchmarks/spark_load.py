@@ -134,13 +134,37 @@ def reset(topology: Topology) -> None:
             conn.execute("CHECKPOINT")
 
 
-def run_job(spark: Any, source: str, topology: Topology, work: str, rep: int, tasks: int, batch: int) -> float:
+def run_job(
+    spark: Any,
+    source: str,
+    topology: Topology,
+    work: str,
+    rep: int,
+    args: argparse.Namespace,
+    steps: list[dict[str, float]],
+) -> float:
+    """The whole job, wall clock; ``steps`` gets the seconds from the start at each of its progress
+    lines (``<stage> <shard>``), where the time goes."""
     df = spark.read.parquet(source)
     t = time.perf_counter()
+    seen: dict[str, float] = {}
+
+    def progress(stage: str, shard: str, n: int) -> None:
+        seen[f"{stage} {shard}"] = round(time.perf_counter() - t, 2)
+
     result = ej.load_events(
-        df, topology, QUEUE, run_id=f"bench-{rep}", work_dir=work, tasks_per_shard=tasks, batch_size=batch
+        df,
+        topology,
+        QUEUE,
+        run_id=f"bench-{rep}",
+        work_dir=work,
+        stage_with=args.stage_with,
+        tasks_per_shard=args.tasks_per_shard,
+        batch_size=args.batch_size,
+        progress=progress,
     )
     elapsed = time.perf_counter() - t
+    steps.append({**seen, "done": round(elapsed, 2)})
     if result.published != result.rows:
         raise RuntimeError(f"published {result.published} of {result.rows}")
     return elapsed
@@ -198,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tasks-per-shard", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=10_000)
+    parser.add_argument("--stage-with", choices=["copy", "jdbc"], default="copy", help="the job's staging")
     parser.add_argument("--no-managers", action="store_true", help="do not run a manager per shard")
     parser.add_argument("--dsn", help="administrative database of an existing server (default: an embedded one)")
     args = parser.parse_args(argv)
@@ -218,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             ).write.parquet(source)
             samples: dict[str, list[float]] = {"job": [], "plain_jdbc": [], "tuned_jdbc": [], "copy": []}
             manager_cpu: list[float] = []
+            steps: list[dict[str, float]] = []
             for rep in range(args.reps):
                 for kind in samples:
                     reset(topology)
@@ -225,15 +251,11 @@ def main(argv: list[str] | None = None) -> int:
                     if kind == "job":
                         work = str(tmp / f"work-{rep}")
                         if args.no_managers:
-                            samples[kind].append(
-                                run_job(spark, source, topology, work, rep, args.tasks_per_shard, args.batch_size)
-                            )
+                            samples[kind].append(run_job(spark, source, topology, work, rep, args, steps))
                         else:
                             with managers(topology, topo_file) as procs:
                                 before = sum(_proc_cpu(p.pid) for p in procs)
-                                samples[kind].append(
-                                    run_job(spark, source, topology, work, rep, args.tasks_per_shard, args.batch_size)
-                                )
+                                samples[kind].append(run_job(spark, source, topology, work, rep, args, steps))
                                 manager_cpu.append(sum(_proc_cpu(p.pid) for p in procs) - before)
                         shutil.rmtree(work, ignore_errors=True)
                     elif kind == "plain_jdbc":
@@ -251,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                 "reps": args.reps,
                 "tasks_per_shard": args.tasks_per_shard,
                 "batch_size": args.batch_size,
+                "stage_with": args.stage_with,
                 "server": server_info(topology.shards[0].dsn),
                 **{k: summary(v, args.rows) for k, v in samples.items()},
                 "job_vs_plain_jdbc": round(
@@ -261,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "job_vs_copy": round(statistics.median(samples["copy"]) / statistics.median(samples["job"]), 2),
                 "manager_cpu_seconds_during_job": [round(c, 2) for c in manager_cpu],
+                "job_steps_seconds_from_start": steps,
             }
             for s in topology.shards:
                 with psycopg.connect(admin_dsn, autocommit=True) as conn:
