@@ -15,17 +15,23 @@ A run moves a DataFrame of events into one queue on every shard:
    source itself when its plan is a deterministic scan (files, a table, a range, a local
    collection, with projections and filters), else the keyed rows are **materialised** once as
    Parquet under the run's work directory and read back (``materialize``);
-2. **stage** each shard's rows, good and rejected, through the JDBC driver into a stage table of the
-   run's own on that shard (``qm.stage_run``: UNLOGGED, no index), a few tasks per shard. Spark
-   commits each task on its own and a retried or speculative task writes its rows again: the stage
-   table may hold a row twice, the publish keeps one per row key. The run counts and publishes only
-   the stage table it was given (a ledger naming another one fails the run, :func:`_fence`);
+2. **stage** each shard's rows, good and rejected, into a stage table of the run's own on that
+   shard (``qm.stage_run``: UNLOGGED, no index). By default (``stage_with="copy"``) one Spark pass
+   writes every shard's rows as CSV files (Spark's file committer keeps one attempt of each task),
+   and the driver COPYs each shard's files in one transaction through the JDBC driver's
+   CopyManager in its JVM (no Python on the executors, no row through Python). With
+   ``stage_with="jdbc"``, a Spark pass per shard writes through the JDBC writer, a few tasks per
+   shard: Spark commits each task on its own and a retried or speculative task writes its rows
+   again, so the stage table may hold a row twice; the publish keeps one per row key. The run
+   counts and publishes only the stage table it was given (a ledger naming another one fails the
+   run, :func:`_fence`);
 3. **validate**: the shards count what was staged (``qm.staged_run``: good rows, rejected rows by
    reason, rows written twice); rejected rows are read back and written to a Parquet output with
    their reason. By default the run then stops before anything is published (its staging dropped);
    ``bad_rows="skip"`` publishes the good rows;
 4. **publish**, one transaction per shard: ``qm.publish_run`` inserts the run's good rows into the
-   queue table with one ``INSERT ... SELECT`` (the queue's verify trigger checks every row, so a row
+   queue table with one statement (``INSERT ... SELECT``, with ``ON CONFLICT`` for the rows with a
+   dedup key only; the queue's verify trigger checks every row, so a row
    that slipped past the checks fails the whole shard, and wakes the manager once), bumps the load
    counters, marks the run published in the shard's ledger (``qm.spark_runs``) and drops the stage
    table. A shard whose ledger says published is skipped, so a re-run adds nothing; a run staged
