@@ -93,11 +93,11 @@ class CpuMeter:
 
     def __init__(self, spark: Any, dsn: str) -> None:
         self.jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-        with psycopg.connect(dsn) as conn:
+        with psycopg.connect(dsn) as conn:  # a backend's parent is the postmaster
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        with open(f"/proc/{row[0]}/stat") as f:
-            self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+            assert row is not None
+            with open(f"/proc/{row[0]}/stat") as f:
+                self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
 
     def read(self) -> dict[str, float]:
         pg = _proc_cpu(self.postmaster, reaped_children=True)
