@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -604,7 +605,13 @@ def test_the_cli_loads_a_parquet_source_with_a_line_per_stage(
     assert "run cli-1: staged s0" in out and "run cli-1: published s1" in out
     assert "1200 events published by this call" in out
     with psycopg.connect(shards.shards[0].dsn) as other:  # another live job of the run id holds it
-        assert other.execute(query("run_lock", "spark.sql"), {"queue": queue, "run": "cli-1"}).fetchone() == (True,)
+        # the finished job's lock goes when its backend has exited, a moment after its connection closed
+        for _ in range(100):
+            if other.execute(query("run_lock", "spark.sql"), {"queue": queue, "run": "cli-1"}).fetchone() == (True,):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the finished job's run lock was not released within 5 s")
         assert qm_main([*argv, "--wait-for-other-run", "0.2"]) == 2
     refused = capsys.readouterr()
     assert "run cli-1: waiting for another live run of this run id" in refused.out
