@@ -186,16 +186,24 @@ def run_job(
     work: str,
     rep: int,
     args: argparse.Namespace,
-    steps: list[dict[str, float]],
+    steps: list[dict[str, Any]],
+    meter: CpuMeter,
 ) -> float:
-    """The whole job, wall clock; ``steps`` gets the seconds from the start at each of its progress
-    lines (``<stage> <shard>``), where the time goes."""
+    """The whole job, wall clock; ``steps`` gets, at each of its progress lines (``<stage> <shard>``),
+    the seconds from the start and the CPU seconds Spark and PostgreSQL have used since: where the
+    time goes."""
     df = spark.read.parquet(source)
     t = time.perf_counter()
-    seen: dict[str, float] = {}
+    start = meter.read()
+    seen: dict[str, Any] = {}
 
     def progress(stage: str, shard: str, n: int) -> None:
-        seen[f"{stage} {shard}"] = round(time.perf_counter() - t, 2)
+        now = meter.read()
+        seen[f"{stage} {shard}"] = {
+            "s": round(time.perf_counter() - t, 2),
+            "spark_cpu": round(now["spark"] - start["spark"], 2),
+            "postgres_cpu": round(now["postgres"] - start["postgres"], 2),
+        }
 
     result = ej.load_events(
         df,
@@ -209,7 +217,7 @@ def run_job(
         progress=progress,
     )
     elapsed = time.perf_counter() - t
-    steps.append({**seen, "done": round(elapsed, 2)})
+    steps.append({**seen, "done": {"s": round(elapsed, 2)}})
     if result.published != result.rows:
         raise RuntimeError(f"published {result.published} of {result.rows}")
     return elapsed
@@ -290,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu: dict[str, list[dict[str, float]]] = {kind: [] for kind in samples}
             meter = CpuMeter(spark, topology.shards[0].dsn)
             manager_cpu: list[float] = []
-            steps: list[dict[str, float]] = []
+            steps: list[dict[str, Any]] = []
             for rep in range(args.reps):
                 for kind in samples:
                     reset(topology)
@@ -299,11 +307,13 @@ def main(argv: list[str] | None = None) -> int:
                     if kind == "job":
                         work = str(tmp / f"work-{rep}")
                         if args.no_managers:
-                            samples[kind].append(run_job(spark, source, topology, work, rep, args, steps))
+                            samples[kind].append(run_job(spark, source, topology, work, rep, args, steps, meter))
                         else:
                             with managers(topology, topo_file) as procs:
                                 managers_before = sum(_proc_cpu(p.pid) for p in procs)
-                                samples[kind].append(run_job(spark, source, topology, work, rep, args, steps))
+                                samples[kind].append(
+                                    run_job(spark, source, topology, work, rep, args, steps, meter)
+                                )
                                 manager_cpu.append(sum(_proc_cpu(p.pid) for p in procs) - managers_before)
                         shutil.rmtree(work, ignore_errors=True)
                     elif kind == "plain_jdbc":
