@@ -740,6 +740,8 @@ def _write_stage_files(plan: _Plan, rows: DataFrame) -> None:
     for i, s in enumerate(plan.topology.shards):
         place = F.when(F.col("shard") == s.name, F.lit(i)).otherwise(place)
     out = rows.select(*_stage_columns(rows), place.alias("shard"))
+    if _exists(plan.spark, plan.stage_path):  # an earlier attempt's, whatever partitionOverwriteMode says
+        _delete(plan.spark, plan.stage_path)
     out.write.mode("overwrite").partitionBy("shard").options(**_STAGE_CSV).csv(plan.stage_path)
 
 
