@@ -21,7 +21,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev,web]"
+	$(BIN)/pip install -q -e ".[dev,web,otel]"
 	touch $(STAMP)
 
 setup: system $(STAMP) ## install everything: the system packages the tests need when missing, then the virtualenv
@@ -63,7 +63,7 @@ bench-peers-setup: $(PEERS_STAMP) ## the peers' virtualenv .venv-peers (pinned P
 bench-trigger-cost: $(STAMP) ## the enqueue triggers' server time per row vs a plain table, and vs OTHER=<checkout> when given (JSON on stdout)
 	$(BIN)/python -m benchmarks.trigger_cost $(if $(OTHER),--other $(OTHER)) $(ARGS)
 
-bench-e2e: $(STAMP) $(PEERS_STAMP) ## one shard end to end: drain, latency, fire accuracy, vs PgQueuer/Procrastinate (JSON on stdout)
+bench-e2e: $(STAMP) $(PEERS_STAMP) ## one shard end to end: drain, latency, fire accuracy, vs PgQueuer/Procrastinate; ARGS=--tracing adds the drain with OpenTelemetry off and on (JSON on stdout)
 	PEERS_PYTHON=$(PEERS_VENV)/bin/python $(BIN)/python -m benchmarks.e2e $(ARGS)
 
 bench-held-snapshot: $(STAMP) ## dispatch while a long transaction holds back vacuum, 500/s and 2000/s, ~10 min (JSON on stdout)

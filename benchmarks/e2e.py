@@ -20,6 +20,13 @@ Prints one JSON object on stdout (logs go to stderr). One shard (one database), 
 * **receiver library** (``--library``, on by default): the drain (the bare receiver's best
   configuration; the library gets as many handler slots as that configuration's credit) and the
   200/s latency again, with :class:`receivers.Receiver` and with the bare receiver, alternated;
+* **tracing** (``--tracing``; ``--tracing-only`` runs only the drain and this): the receiver
+  library's drain with OpenTelemetry off and on, alternated. Off: events without a trace context,
+  no OpenTelemetry in any process (today's path). On: every event has a traceparent; the receivers
+  make a ``process`` and a settle span per event and the manager a span for ``--trace-sample`` of
+  its fire and ack batches, into the SDK's batch span processor with an exporter that drops the
+  spans (no network is measured). Reported: each side's drain and the cost per event (the
+  difference of the medians' seconds per event);
 * **peers** (``--peers``, on by default for a full run): PgQueuer and Procrastinate measured the
   same way (``benchmarks/peers``: drain and latency), in their best configurations, on the same
   PostgreSQL server, in their own virtualenv ``.venv-peers/`` (``make bench-peers-setup``; see
@@ -58,7 +65,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -108,8 +115,15 @@ class DrainConfig:
 
 
 def run_drain(
-    dsn: str, cfg: DrainConfig, events: list[Event], profile_dir: str | None = None, library: bool = False
+    dsn: str,
+    cfg: DrainConfig,
+    events: list[Event],
+    profile_dir: str | None = None,
+    library: bool = False,
+    trace_sample: float | None = None,
 ) -> dict[str, Any]:
+    """``trace_sample`` (with ``library``): tracing on: the manager's spans at this sample rate and
+    the receivers' spans, each process with the SDK (an exporter that drops the spans)."""
     n = len(events)
     logger.debug("drain %s: reset", cfg.label)
     reset(dsn)
@@ -118,9 +132,13 @@ def run_drain(
     logger.debug("drain %s: manager", cfg.label)
     budget = max(120.0, n / 500)
     mprof = str(Path(profile_dir) / "manager.prof") if profile_dir else None
-    with manager_process(dsn, MANAGER_OVERRIDES, mprof) as m:
+    tracing = trace_sample is not None
+    overrides = {**MANAGER_OVERRIDES, "trace_sample": trace_sample} if tracing else MANAGER_OVERRIDES
+    with manager_process(dsn, overrides, mprof) as m:
         logger.debug("drain %s: receivers", cfg.label)
-        recv = start_receivers(cfg.receivers, m.url, "drain", cfg.credit, cfg.concurrency, profile_dir, library)
+        recv = start_receivers(
+            cfg.receivers, m.url, "drain", cfg.credit, cfg.concurrency, profile_dir, library, tracing=tracing
+        )
         try:
             recv.wait_ready()
             logger.debug("drain %s: go", cfg.label)
@@ -327,6 +345,43 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int, library: b
         "call_to_receipt": summary_ms(call_lat),
         "enqueue_call": summary_ms(enq),
     }
+
+
+def traced_events(events: list[Event]) -> list[Event]:
+    """The events, each with a trace context of its own (as if each came from a traced request)."""
+    return [
+        replace(ev, trace_context={"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}) for i, ev in enumerate(events)
+    ]
+
+
+def bench_tracing(dsn: str, cfg: DrainConfig, n: int, reps: int, sample: float) -> dict[str, Any]:
+    """The receiver library's drain with tracing off and on, alternated. Off: events without a
+    trace context, no OpenTelemetry in any process. On: every event with a traceparent, the
+    receivers' process and settle spans and the manager's batch spans (``sample``), into the SDK's
+    batch processor (an exporter that drops them). The cost per event is the difference of the
+    medians' seconds per event."""
+    plain = make_events(n, 4343)
+    traced = traced_events(plain)
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for rep in range(reps):
+        for kind in ("off", "on"):
+            on = kind == "on"
+            d = run_drain(dsn, cfg, traced if on else plain, library=True, trace_sample=sample if on else None)
+            runs[kind].append(d)
+            log("tracing %s rep=%d drain %.1f/s", kind, rep + 1, d["events_per_s"])
+    out: dict[str, Any] = {"drain_config": cfg.label, "events": n, "reps": reps, "manager_trace_sample": sample}
+    for kind, r in runs.items():
+        out[kind] = {
+            "drain_events_per_s": round(statistics.median(x["events_per_s"] for x in r), 1),
+            "drain_samples": [x["events_per_s"] for x in r],
+            "drain_all_acked": all(x["acked_in_db"] == n and not x["timed_out"] for x in r),
+            "receiver_cpu_pct": statistics.median(x["cpu_pct_of_one_core"].get("receivers", 0.0) for x in r),
+            "manager_cpu_pct": statistics.median(x["cpu_pct_of_one_core"].get("manager", 0.0) for x in r),
+        }
+    off, on = out["off"]["drain_events_per_s"], out["on"]["drain_events_per_s"]
+    out["on_vs_off"] = ratio(on, off)
+    out["cost_us_per_event"] = round((1 / on - 1 / off) * 1e6, 2) if on and off else None
+    return out
 
 
 def bench_library(dsn: str, cfg: DrainConfig, n: int, latency_events: int, reps: int) -> dict[str, Any]:
@@ -544,6 +599,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 10000 events, 1 rep, small latency/fire runs, no peers"
     )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run the receiver library's drain with OpenTelemetry tracing off and on, alternated "
+        "(docs/observability.md; needs the [otel] extra)",
+    )
+    parser.add_argument(
+        "--tracing-only",
+        action="store_true",
+        help="only the drain and the tracing runs (no latency, fire, library or peers)",
+    )
+    parser.add_argument(
+        "--trace-sample",
+        type=float,
+        default=0.01,
+        help="with --tracing: the manager's sample of fire and ack batches (default 0.01)",
+    )
     parser.add_argument("--json-only", action="store_true", help="no logs on stderr (only warnings)")
     parser.add_argument(
         "--manager-set",
@@ -553,6 +625,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a ManagerConfig field for every manager of the run, e.g. durable_fires=false (repeatable)",
     )
     args = parser.parse_args(argv)
+    if args.tracing_only:
+        args.tracing, args.library, args.peers = True, False, False
     for item in args.manager_set:
         key, sep, value = item.partition("=")
         if not sep:
@@ -598,6 +672,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = server_info(dsn)
         count_server(dsn)
         drain = bench_drain(dsn, configs, args.events, args.reps)
+        if args.tracing_only:
+            b = drain["best"]
+            tracing = bench_tracing(
+                dsn,
+                DrainConfig(b["receivers"], b["credit"], b["concurrency"]),
+                args.events,
+                args.reps,
+                args.trace_sample,
+            )
+            emit({**header("e2e"), **info, "code": code_at_start, "drain": drain, "tracing": tracing})
+            return 0
         latency = bench_latency(
             dsn, [(200.0, args.latency_events, 1), (2000.0, args.fast_latency_events, args.fast_producers)], args.reps
         )
@@ -611,6 +696,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.events,
                 args.latency_events,
                 args.reps,
+            )
+        tracing = None
+        if args.tracing:
+            b = drain["best"]
+            tracing = bench_tracing(
+                dsn,
+                DrainConfig(b["receivers"], b["credit"], b["concurrency"]),
+                args.events,
+                args.reps,
+                args.trace_sample,
             )
         profile = None
         if args.profile:
@@ -697,6 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency": latency,
         "fire": fire,
         "receiver_library": library,
+        "tracing": tracing,
         "profile": profile,
         "peers": peers,
         "comparison": comparison,

@@ -24,14 +24,16 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 
 from faults import checker, history
-from faults.cluster import QUEUE, RANGES, Deployment, Servers, plain_tenants, vip_tenants
+from faults.cluster import NAMES, QUEUE, RANGES, Deployment, Failover, Servers, plain_tenants, vip_tenants
 from faults.scenarios import SCENARIOS, Ctx, Scenario
 from faults.workload import producers
+from queue_manager.domain.topology import Topology
 
 #: seconds of workload before the first round, and between rounds
 WARMUP = 2.0
@@ -87,8 +89,27 @@ async def run_scenario(
     work = root / f"{index:02d}-{scenario.name}"
     work.mkdir(parents=True)
     db = f"faults_{index}_{scenario.name.replace('-', '_')}"[:60]
-    topology = await asyncio.to_thread(servers.fresh, db)
-    dep = Deployment(work, topology, work / "tokens.toml", history.HistoryWriter(work / "harness.jsonl"), seed=seed)
+    failover = Failover(servers, 0) if scenario.replica else None
+    try:
+        if failover is not None:
+            await failover.start()
+        topology = await asyncio.to_thread(servers.fresh, db)
+    except BaseException:
+        if failover is not None:
+            await failover.close()
+        raise
+    if failover is not None:  # shard s0 reached at the address that follows its primary
+        topology = Topology(
+            tuple(replace(s, dsn=failover.dsn(s.dsn)) if s.name == NAMES[0] else s for s in topology.shards)
+        )
+    dep = Deployment(
+        work,
+        topology,
+        work / "tokens.toml",
+        history.HistoryWriter(work / "harness.jsonl"),
+        seed=seed,
+        failover=failover,
+    )
     stop_watch, stop_produce = asyncio.Event(), asyncio.Event()
     watcher = asyncio.create_task(dep.watch_terms(stop_watch))
     rng = random.Random(seed)
@@ -135,6 +156,8 @@ async def run_scenario(
         await dep.stop()
         dep.history.close()
         await asyncio.to_thread(servers.drop, db)
+        if failover is not None:
+            await failover.close()
     records = history.read(history.files_in(work))
     report = checker.check(records, scenario=scenario.name, stall_bound_s=scenario.bound_s)
     (work / "report.json").write_text(

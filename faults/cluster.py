@@ -12,10 +12,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -114,6 +116,90 @@ class Servers:
                 server.stop(mode="immediate")
 
 
+class Failover:
+    """A shard's server with a synchronous streaming standby, behind an address that follows the primary.
+
+    The shard's DSN in the topology names ``address``, a TCP proxy of the harness standing for
+    what production puts there (a virtual IP, a DNS name, a pooler): every client (managers,
+    producers, receivers' SQL acks, the harness) connects through it, so pointing it at the
+    promoted standby points them all at the new primary and the topology file does not change.
+
+    :meth:`promote` stops the primary (``-m immediate``), promotes the standby and repoints the
+    address; :meth:`rebuild` copies a fresh standby from the new primary into the old primary's
+    wiped data directory (the old primary never starts as a primary again) and makes it
+    synchronous, for the next round.
+    """
+
+    def __init__(self, servers: Servers, index: int) -> None:
+        self.servers = servers
+        self.index = index
+        primary = servers.servers[index]
+        # two data directories take turns: pg-s0 and pg-s0-b
+        home = primary.data_dir.parent
+        other = home.with_name(home.name[:-2] if home.name.endswith("-b") else f"{home.name}-b")
+        self.standby = LocalServer(other / "pgdata", settings=SERVER_SETTINGS)
+        self.address = TcpProxy("127.0.0.1", primary.port or 0)
+
+    @property
+    def primary(self) -> LocalServer:
+        return self.servers.servers[self.index]
+
+    async def start(self) -> None:
+        await self.address.start()
+        await asyncio.to_thread(self._wipe, self.standby)
+        await asyncio.to_thread(self.standby.start_standby_of, self.primary)
+        await asyncio.to_thread(self._synchronous, True)
+
+    def dsn(self, dsn: str) -> str:
+        return self.address.proxied(dsn)
+
+    async def promote(self) -> None:
+        """The primary stopped at once, the standby promoted and made the address's target."""
+        old, new = self.primary, self.standby
+        await asyncio.to_thread(old.stop, "immediate")
+        await asyncio.to_thread(new.promote)
+        self.servers.servers[self.index], self.standby = new, old
+        # alone, the new primary commits without waiting for a standby until rebuild() gives it one
+        await asyncio.to_thread(self._synchronous, False)
+        self.address.retarget("127.0.0.1", new.port or 0)
+
+    async def rebuild(self) -> None:
+        await asyncio.to_thread(self._wipe, self.standby)
+        await asyncio.to_thread(self.standby.start_standby_of, self.primary)
+        await asyncio.to_thread(self._synchronous, True)
+
+    def _synchronous(self, on: bool) -> None:
+        """Make every COMMIT on the primary wait for the standby (``synchronous_standby_names``), and
+        wait until the standby streams as synchronous; or stop waiting for one."""
+        with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
+            if on:
+                conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            else:
+                conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            conn.execute("SELECT pg_reload_conf()")
+            for _ in range(600):
+                row = conn.execute(
+                    "SELECT current_setting('synchronous_standby_names'), "
+                    "(SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync')"
+                ).fetchone()
+                if row is not None and (row[0] == "*" and row[1] == 1 if on else row[0] == ""):
+                    return
+                time.sleep(0.05)
+        raise RuntimeError(f"the standby of {self.primary.data_dir} did not become synchronous within 30 s")
+
+    @staticmethod
+    def _wipe(server: LocalServer) -> None:
+        server.stop("immediate")
+        shutil.rmtree(server.data_dir, ignore_errors=True)
+
+    async def close(self) -> None:
+        """The primary alone again (not synchronous), the standby stopped and its data removed."""
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self._synchronous, False)
+        await asyncio.to_thread(self._wipe, self.standby)
+        await self.address.close()
+
+
 @dataclass
 class ManagerSlot:
     """One manager of a shard: its fixed port, its two proxies, its current process."""
@@ -155,6 +241,8 @@ class Deployment:
     terms: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # shard -> (term, holder pid)
     #: the scenario's seed: the receivers' draws derive from it
     seed: int = 0
+    #: shard s0's standby and address, in the scenarios that promote it
+    failover: Failover | None = None
 
     def dsn(self, shard: str) -> str:
         return next(s.dsn for s in self.topology.shards if s.name == shard)

@@ -22,7 +22,10 @@ Kinds (fields besides ``t`` and ``kind``):
 ``nack`` / ``extend``  r, shard, id, attempt, k, outcome
 ``receiver``  r, state (up | down), tenants (null: all): a receiver process started, resumed,
               was killed, paused or stopped
-``nemesis``   round, name, phase (start | heal), shards
+``nemesis``   round, name, phase (start | heal), shards, and what the nemesis measured (``promote_s``:
+              the primary stopped, its standby promoted and the address repointed; a lossy link's
+              ``chunks``, ``lost`` and ``resets``)
+``standby``   shard, rebuilt_s: a new synchronous standby copied from the promoted primary
 ``term``      shard, term: a new leadership term observed on the shard
 ``final``     k, shard, state: the event's state read from the database at the end of the run
 """

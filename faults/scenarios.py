@@ -24,7 +24,16 @@ from typing import Any
 
 import psycopg
 
-from faults.cluster import ACK_TIMEOUT, BACKOFF_MAX, LEASE_TTL, RECONNECT_MAX, Deployment, ManagerSlot, Servers
+from faults.cluster import (
+    ACK_TIMEOUT,
+    BACKOFF_MAX,
+    LEASE_TTL,
+    NAMES,
+    RECONNECT_MAX,
+    Deployment,
+    ManagerSlot,
+    Servers,
+)
 from faults.history import now
 
 Inject = Callable[["Ctx"], Awaitable[None]]
@@ -44,8 +53,8 @@ class Ctx:
         self.shards = shards
         self.dep.history.write("nemesis", round=self.round, name=name, phase="start", shards=shards, **extra)
 
-    def heal(self, name: str) -> None:
-        self.dep.history.write("nemesis", round=self.round, name=name, phase="heal", shards=self.shards)
+    def heal(self, name: str, **extra: Any) -> None:
+        self.dep.history.write("nemesis", round=self.round, name=name, phase="heal", shards=self.shards, **extra)
 
     def shard(self) -> str:
         return self.rng.choice(sorted(self.dep.managers))
@@ -63,6 +72,8 @@ class Scenario:
     receivers: tuple[tuple[str, str, dict[str, Any]], ...] = ()
     #: not in the default run (slow or needs Spark)
     opt_in: bool = False
+    #: shard s0's server gets a synchronous streaming standby, and its address follows the primary
+    replica: bool = False
 
 
 MANAGER_BOUND = LEASE_TTL + 1.0
@@ -72,6 +83,10 @@ FROZEN_LEADER_BOUND = MANAGER_BOUND + 1.0
 LINK_BOUND = RECONNECT_MAX + 1.0
 #: a receiver that dies or freezes with events in hand: they come back after the ack timeout and back-off
 HOLDER_BOUND = ACK_TIMEOUT + BACKOFF_MAX + 1.0
+#: a promoted standby: the time to stop the primary, promote the standby and repoint the shard's
+#: address (PROMOTION_S, measured), then a manager fault's bound
+PROMOTION_S = 1.0
+PROMOTION_BOUND = PROMOTION_S + MANAGER_BOUND
 
 
 # --------------------------------------------------------------------------- managers
@@ -206,27 +221,75 @@ def pg_terminate() -> Inject:
     return inject
 
 
+def replica_promotion(kill_active: bool = False) -> Inject:
+    """The shard's primary stopped (``-m immediate``), its synchronous standby promoted, the shard's
+    address pointed at it; then the old primary's data directory is wiped and a new standby copied
+    from the new primary into it, for the next round (it never comes back as a primary).
+    ``kill_active``: the shard's active manager is SIGKILLed as the primary stops (and started
+    again), so that the standby manager takes the lease on the promoted server, under a new term."""
+
+    async def inject(ctx: Ctx) -> None:
+        failover = ctx.dep.failover
+        if failover is None:
+            raise RuntimeError("replica-promotion needs a scenario with replica=True")
+        shard = NAMES[failover.index]
+        name = "promotion-and-kill-active" if kill_active else "replica-promotion"
+        term = ctx.dep.terms.get(shard, (0, None))[0]
+        killed = _targets(ctx, shard, "active") if kill_active else []
+        ctx.start(name, [shard], pids=[s.pid for s in killed])
+        promoted = 0.0
+
+        async def promote() -> None:
+            nonlocal promoted
+            started = now()
+            await failover.promote()
+            promoted = now() - started
+
+        for s in killed:
+            s.proc.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        await asyncio.gather(promote(), _restart(ctx, killed))
+        ctx.heal(name, promote_s=round(promoted, 3))
+        if kill_active:
+            await _wait_new_term(ctx, shard, term)
+        started = now()
+        await failover.rebuild()
+        ctx.dep.history.write("standby", shard=shard, rebuilt_s=round(now() - started, 3))
+
+    return inject
+
+
 # --------------------------------------------------------------------------- links
+
+#: a lossy link: 5 % of the chunks lost (each held 200 ms, 400 ms more if lost again, ...), and one in
+#: 500 resets its connection
+LOSS = 0.05
+RESET = 0.002
+#: a chunk lost three times in a row waits 0.2 + 0.4 + 0.8 s (probability 1.25e-4 a chunk)
+LOSSY_DELAY = 1.4
 
 
 def link(where: str, how: str, hold: float = 2 * LEASE_TTL) -> Inject:
     """``where``: db (the active manager's link to its database) or front (the receivers' link to
-    the active manager); ``how``: stall (a silent partition) or slow (50 ms + up to 200 ms a chunk)."""
+    the active manager); ``how``: stall (a silent partition), slow (50 ms + up to 200 ms a chunk) or
+    lossy (:data:`LOSS` of the chunks held for retransmission timeouts, :data:`RESET` resetting)."""
 
     async def inject(ctx: Ctx) -> None:
         shard = ctx.shard()
         slot = ctx.dep.active(shard)
-        name = f"{where}-link-{'partition' if how == 'stall' else 'slow'}"
+        name = f"{where}-link-{ {'stall': 'partition', 'slow': 'slow', 'lossy': 'lossy'}[how]}"
         ctx.start(name, [shard], manager=None if slot is None else slot.index, hold_s=hold)
         if slot is not None:
             proxy = slot.db_proxy if where == "db" else slot.front
             if how == "stall":
                 proxy.stall()
+            elif how == "lossy":
+                proxy.counts = dict.fromkeys(proxy.counts, 0)
+                proxy.lossy(LOSS, RESET)
             else:
                 proxy.slow(0.05, 0.2)
             await asyncio.sleep(hold)
             proxy.restore()
-        ctx.heal(name)
+        ctx.heal(name, **(proxy.counts if slot is not None and how == "lossy" else {}))
 
     return inject
 
@@ -387,6 +450,27 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "receiver-link-slow", link("front", "slow"), LINK_BOUND + 1.0, "reconnect back-off + 1 s + 1 s of link delay"
+    ),
+    Scenario("db-link-lossy", link("db", "lossy"), MANAGER_BOUND, "lease TTL + 1 s"),
+    Scenario(
+        "receiver-link-lossy",
+        link("front", "lossy"),
+        LINK_BOUND + LOSSY_DELAY,
+        "reconnect back-off + 1 s + 1.4 s of retransmissions (three losses in a row)",
+    ),
+    Scenario(
+        "replica-promotion",
+        replica_promotion(),
+        PROMOTION_BOUND,
+        "promotion (stop + promote + repoint, measured under 1 s) + lease TTL + 1 s",
+        replica=True,
+    ),
+    Scenario(
+        "promotion-and-kill-active",
+        replica_promotion(kill_active=True),
+        PROMOTION_BOUND,
+        "promotion (measured under 1 s) + lease TTL + 1 s: the standby takes the lease on the promoted server",
+        replica=True,
     ),
     Scenario(
         "sql-ack-outlives-deadline-rollback",

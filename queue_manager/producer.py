@@ -11,6 +11,12 @@ date as it assigns), and the database checks every row the COPY wrote (the queue
 ``qm_verify`` statement trigger), so a batch is all-or-nothing and a bad row is refused with
 the same rules as a plain INSERT.
 
+Every path stores the W3C trace context of each event (columns ``traceparent``, ``tracestate``,
+``baggage``; docs/observability.md): the one given (``trace_context=``, ``Event.trace_context``)
+or, when the process uses OpenTelemetry, that of a PRODUCER span ``send <queue>`` opened around the
+insert (one per call, or per batch and shard) in the current context (queue_manager.tracing).
+Without OpenTelemetry nothing is imported and the columns stay NULL.
+
 ``Router`` holds one connection pool per shard of a topology and sends each tenant to its
 shard. Given the topology file (``Router.from_file``), it follows a reshard: an enqueue refused
 because the tenant's range moved (``TenantMovedError``) or belongs elsewhere reloads the file,
@@ -24,7 +30,7 @@ import json
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +42,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from queue_manager import tracing
 from queue_manager.db.errors import translate
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain import routing
@@ -60,16 +67,30 @@ class Event:
     fire_at: datetime | None = None
     #: producer deduplication key, unique per (queue, tenant) while the event is kept
     dedup_key: str | None = None
+    #: the W3C trace context to store with the event (``traceparent``, optionally ``tracestate`` and
+    #: ``baggage``); None: the batch's (its ``send`` span's, when OpenTelemetry is in use); {}: none
+    trace_context: Mapping[str, str] | None = None
 
 
 def _statement(name: str, queue: str) -> sql.Composed:
     return sql.SQL(query(name)).format(queue=sql.Identifier(check_queue_name(queue)))
 
 
-def _params(tenant: str, payload: Any, fire_at: datetime | None, dedup_key: str | None) -> dict[str, Any]:
+def _params(
+    tenant: str, payload: Any, fire_at: datetime | None, dedup_key: str | None, context: tracing.Context
+) -> dict[str, Any]:
     if fire_at is not None and fire_at.tzinfo is None:
         raise InvalidEventError("fire_at must be timezone-aware (a naive datetime is ambiguous)")
-    return {"tenant": tenant, "payload": Jsonb(payload), "fire_at": fire_at, "dedup_key": dedup_key}
+    traceparent, tracestate, baggage = context
+    return {
+        "tenant": tenant,
+        "payload": Jsonb(payload),
+        "fire_at": fire_at,
+        "dedup_key": dedup_key,
+        "traceparent": traceparent,
+        "tracestate": tracestate,
+        "baggage": baggage,
+    }
 
 
 def enqueue(
@@ -79,6 +100,8 @@ def enqueue(
     payload: Any,
     fire_at: datetime | None = None,
     dedup_key: str | None = None,
+    *,
+    trace_context: Mapping[str, str] | None = None,
 ) -> int | None:
     """Insert one event in the caller's current transaction.
 
@@ -86,16 +109,26 @@ def enqueue(
     exists for this tenant (the insert then does nothing). Raises MisroutedTenantError,
     InvalidEventError or UnknownQueueError when the database refuses the event; as with any
     failed statement, the caller's transaction must then be rolled back.
+
+    ``trace_context``: the W3C context to store (``traceparent``, ``tracestate``, ``baggage``);
+    None: a ``send`` span's in the current context when OpenTelemetry is in use; {}: none.
     """
     stmt = _statement("enqueue", queue)
-    params = _params(tenant, payload, fire_at, dedup_key)
-    if isinstance(conn, psycopg.Connection):
-        try:
-            row = conn.execute(stmt, params).fetchone()
-        except psycopg.Error as exc:
-            raise translate(exc, queue=queue) from exc
-        return None if row is None else int(row[0])
-    return _enqueue_sqlalchemy(conn, stmt, params, queue)
+    context = tracing.given(trace_context)
+    with tracing.send(queue) if context is None else _given(context) as ctx:
+        params = _params(tenant, payload, fire_at, dedup_key, ctx)
+        if isinstance(conn, psycopg.Connection):
+            try:
+                row = conn.execute(stmt, params).fetchone()
+            except psycopg.Error as exc:
+                raise translate(exc, queue=queue) from exc
+            return None if row is None else int(row[0])
+        return _enqueue_sqlalchemy(conn, stmt, params, queue)
+
+
+@contextmanager
+def _given(context: tracing.Context) -> Iterator[tracing.Context]:
+    yield context
 
 
 def _enqueue_sqlalchemy(
@@ -128,15 +161,19 @@ async def aenqueue(
     payload: Any,
     fire_at: datetime | None = None,
     dedup_key: str | None = None,
+    *,
+    trace_context: Mapping[str, str] | None = None,
 ) -> int | None:
     """``enqueue`` for a psycopg AsyncConnection, in the caller's current transaction."""
     stmt = _statement("enqueue", queue)
-    try:
-        cur = await conn.execute(stmt, _params(tenant, payload, fire_at, dedup_key))
-        row = await cur.fetchone()
-    except psycopg.Error as exc:
-        raise translate(exc, queue=queue) from exc
-    return None if row is None else int(row[0])
+    context = tracing.given(trace_context)
+    with tracing.send(queue) if context is None else _given(context) as ctx:
+        try:
+            cur = await conn.execute(stmt, _params(tenant, payload, fire_at, dedup_key, ctx))
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise translate(exc, queue=queue) from exc
+        return None if row is None else int(row[0])
 
 
 @dataclass(frozen=True)
@@ -167,10 +204,21 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
     mixed batch by shard). Events whose ``dedup_key`` already exists are skipped. Placement
     caches each tenant's shuffle set. The COPY carries only the columns the batch uses:
     ``fire_at`` only when some event sets it (the others then get the current time, as the column
-    default would give them), ``dedup_key`` only when some event has one.
+    default would give them), ``dedup_key`` only when some event has one, the trace context when
+    some event has one: its own ``trace_context``, or else the batch's ``send`` span's (when
+    OpenTelemetry is in use).
     """
     check_queue_name(queue)
     events = events if isinstance(events, list | tuple) else list(events)
+    with tracing.send(queue, count=len(events)) as batch_context:
+        return _enqueue_batch(conn, queue, events, batch_context)
+
+
+def _enqueue_batch(
+    conn: psycopg.Connection[Any], queue: str, events: list[Event] | tuple[Event, ...], batch_context: tracing.Context
+) -> int:
+    given = tracing.given
+    traced = batch_context != tracing.NO_CONTEXT or any(ev.trace_context for ev in events)
     place = _placement(conn, queue)
     load = place.loads
     counts = [0] * len(load)
@@ -183,6 +231,8 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
         columns.append("fire_at")
     if staged:
         columns.append("dedup_key")
+    if traced:
+        columns.extend(tracing.TRACE_KEYS)
     simple = len(columns) == 3
     now = place.now
     dumps = json.dumps
@@ -224,7 +274,12 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
                 elif fire_at.tzinfo is None:
                     raise InvalidEventError(f"event #{i}: fire_at must be timezone-aware")
                 row += (fire_at,)
-            yield (*row, ev.dedup_key) if staged else row
+            if staged:
+                row += (ev.dedup_key,)
+            if traced:
+                context = batch_context if ev.trace_context is None else given(ev.trace_context)
+                row += context or tracing.NO_CONTEXT
+            yield row
 
     try:
         inserted = _copy_rows(conn, queue, rows(), columns, staged=staged)
@@ -393,13 +448,16 @@ class Router:
         payload: Any,
         fire_at: datetime | None = None,
         dedup_key: str | None = None,
+        *,
+        trace_context: Mapping[str, str] | None = None,
     ) -> int | None:
         """Enqueue one event in its own transaction on the tenant's shard (retried once on the
-        shard the topology file names after a reshard moved the tenant)."""
+        shard the topology file names after a reshard moved the tenant). ``trace_context`` as for
+        :func:`enqueue`."""
 
         def attempt(shard: Shard) -> int | None:
             with self.pool(shard).connection() as conn, conn.transaction():
-                return enqueue(conn, queue, tenant, payload, fire_at, dedup_key)
+                return enqueue(conn, queue, tenant, payload, fire_at, dedup_key, trace_context=trace_context)
 
         return self._routed(tenant, attempt)
 

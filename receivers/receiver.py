@@ -48,6 +48,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from queue_manager.domain.topology import Topology, TopologyFile
 from queue_manager.errors import TopologyError
+from queue_manager.tracing import ReceiverTracer, TraceMode, check_mode, in_use
 from queue_manager.wire.client import (
     ACK,
     SETTLED,
@@ -98,6 +99,10 @@ class Event:
     #: when the event was due, epoch seconds by the database clock
     fire_at: float
     payload: Any
+    #: its W3C trace context, as the producer stored it (None when it has none; docs/observability.md)
+    traceparent: str | None = field(default=None, repr=False)
+    tracestate: str | None = field(default=None, repr=False)
+    baggage: str | None = field(default=None, repr=False)
     #: when it arrived, by this process's monotonic clock
     received_at: float = field(default_factory=time.monotonic, repr=False)
     _settled_by_sql: bool = field(default=False, repr=False)
@@ -255,7 +260,12 @@ class _Link:
 
     def _event(self, queue: str, raw: Mapping[str, Any]) -> Event:
         r = raw
-        return Event(queue, self.shard, r["id"], r["attempt"], r["tenant"], r["partition"], r["fire_at"], r["payload"])
+        event = Event(queue, self.shard, r["id"], r["attempt"], r["tenant"], r["partition"], r["fire_at"], r["payload"])
+        if len(r) > 6:  # the optional trace context members (docs/protocol.md, "deliver")
+            event.traceparent = r.get("traceparent")
+            event.tracestate = r.get("tracestate")
+            event.baggage = r.get("baggage")
+        return event
 
     # ------------------------------------------------------------------ the connection loop
 
@@ -449,8 +459,15 @@ class _Link:
 
     async def _handle(self, event: Event, gen: int) -> None:
         slot_kept = False
+        tracer = self.r.tracer
         try:
-            outcome, slot_kept = await self._invoke(event)
+            if tracer is None:
+                outcome, slot_kept = await self._invoke(event)
+            else:
+                with tracer.process(event) as span:
+                    outcome, slot_kept = await self._invoke(event)
+                    if outcome.kind != "settled":
+                        tracer.settle(event, outcome.kind, span)
         except asyncio.CancelledError:
             slot_kept = False
             raise
@@ -488,8 +505,12 @@ class _Link:
                     return self._timed_out(event), True
                 fut.result()
         except Retry as exc:
+            if self.r.tracer is not None:
+                self.r.tracer.failed(exc)
             return Outcome("nack", exc.delay, str(exc)[:MAX_ERROR_TEXT]), False
         except Exception as exc:
+            if self.r.tracer is not None:
+                self.r.tracer.failed(exc)
             text = f"{type(exc).__name__}: {exc}"
             logger.info("handler failed on event %s (attempt %s): %s", event.id, event.attempt, text)
             return Outcome("nack", None, text[:MAX_ERROR_TEXT]), False
@@ -500,6 +521,8 @@ class _Link:
     def _timed_out(self, event: Event) -> Outcome:
         self.r.stats.timeouts += 1
         text = f"handler timed out after {self.r.handler_timeout:g} s"
+        if self.r.tracer is not None:
+            self.r.tracer.failed("timeout")
         logger.warning("event %s (attempt %s): %s", event.id, event.attempt, text, extra={"shard": self.shard})
         return Outcome("nack", None, text)
 
@@ -602,7 +625,15 @@ class Receiver:
       then be empty). The file is looked at (a ``stat``) every ``topology_check`` seconds; when it
       changed, a link opens for each new shard and the link of each shard no longer in it drains and
       closes, as on :meth:`stop`. A file that cannot be read or names a shard without managers is
-      logged and the shards stay as they are. See also :meth:`from_topology`.
+      logged and the shards stay as they are. See also :meth:`from_topology`;
+    - ``tracing``: OpenTelemetry spans (docs/observability.md, "Traces"): a CONSUMER span ``process
+      <queue>`` around each handler call and a CLIENT span ``ack <queue>`` / ``nack <queue>`` for its
+      settle. None (default): on when the process uses OpenTelemetry (its API is imported when the
+      receiver is made), else off and nothing imported; True: on (the [otel] extra needed); False: off;
+    - ``trace_mode``: how a ``process`` span relates to the event's creation context:
+      ``"first_parent"`` (default: its child on the first attempt, a new trace linked to it on a
+      re-fire), ``"parent"`` (always its child), ``"link"`` (always a new trace linked to it) or
+      ``"none"``.
     """
 
     def __init__(
@@ -624,6 +655,8 @@ class Receiver:
         max_size: int = 16 << 20,
         topology_file: str | Path | None = None,
         topology_check: float = 1.0,
+        tracing: bool | None = None,
+        trace_mode: TraceMode = "first_parent",
     ) -> None:
         if isinstance(urls_by_shard, str):
             shards: dict[str, list[str]] = {"default": [urls_by_shard]}
@@ -680,6 +713,10 @@ class Receiver:
             raise ValueError(f"leader_check must be positive or None, got {leader_check!r}")
         self.leader_check = leader_check
         self.max_size = max_size
+        check_mode(trace_mode)
+        on = in_use() if tracing is None else tracing
+        #: the spans of each handler call (None: off)
+        self.tracer = ReceiverTracer(queue, trace_mode) if on else None
         self.stats = ReceiverStats()
         self.stopping = asyncio.Event()
         #: set once any shard's connection has subscribed

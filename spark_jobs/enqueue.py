@@ -86,7 +86,22 @@ GID_PREFIX = "qm-run:"
 #: the earliest fire_at any queue accepts (the database's rule)
 EARLIEST_FIRE_AT = "2000-01-01 00:00:00+00"
 #: the columns of a stage table, in the order Spark writes them
-STAGE_COLUMNS = ("row_key", "tenant", "partition", "payload", "fire_at_us", "dedup_key", "reason")
+STAGE_COLUMNS = (
+    "row_key",
+    "tenant",
+    "partition",
+    "payload",
+    "fire_at_us",
+    "dedup_key",
+    "reason",
+    "traceparent",
+    "tracestate",
+    "baggage",
+)
+#: the forms of the trace context columns, as the queue tables' triggers test them (qm.rule_trace): a
+#: row breaking one is rejected with a reason
+TRACEPARENT_RE = r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$"
+PRINTABLE_ASCII_RE = r"^[ -~]*$"
 #: a recovery without a run id leaves alone the prepared parts younger than this (a job may still
 #: be between its prepares and its decision)
 RECOVER_MIN_AGE_SECONDS = 60.0
@@ -158,7 +173,9 @@ class Columns:
     ``payload`` may be a JSON string column or a struct, map or array column (turned into JSON with
     ``to_json``); ``payload_cols``, when given, instead builds the payload as a JSON object of those
     columns. ``fire_at`` (optional) a timestamp, date or string column (NULL: now); ``dedup_key``
-    optional.
+    optional. ``traceparent``, ``tracestate`` and ``baggage`` (optional): string columns holding
+    each row's W3C trace context (NULL: none), stored with the event and carried to its receiver
+    (docs/observability.md); a malformed value rejects the row.
     """
 
     tenant: str = "tenant"
@@ -166,6 +183,9 @@ class Columns:
     fire_at: str | None = None
     dedup_key: str | None = None
     payload_cols: tuple[str, ...] = ()
+    traceparent: str | None = None
+    tracestate: str | None = None
+    baggage: str | None = None
 
 
 @dataclass(frozen=True)
@@ -348,6 +368,7 @@ def _fire_at(df: DataFrame, name: str) -> Column:
 
 def _check_columns(df: DataFrame, columns: Columns) -> None:
     named = [("tenant", columns.tenant), ("fire_at", columns.fire_at), ("dedup key", columns.dedup_key)]
+    named += [("traceparent", columns.traceparent), ("tracestate", columns.tracestate), ("baggage", columns.baggage)]
     named += [("payload", c) for c in columns.payload_cols] if columns.payload_cols else [("payload", columns.payload)]
     for what, name in named:
         if name is not None and name not in df.columns:
@@ -384,6 +405,14 @@ def route_and_check(
         (F.col(columns.dedup_key).cast("string") if columns.dedup_key else F.lit(None).cast("string")).alias(
             "dedup_key"
         ),
+        *(
+            (F.col(name).cast("string") if name else F.lit(None).cast("string")).alias(key)
+            for key, name in (
+                ("traceparent", columns.traceparent),
+                ("tracestate", columns.tracestate),
+                ("baggage", columns.baggage),
+            )
+        ),
     )
     t = F.col("tenant")
     # the keyspace id once per row, whatever the number of shards
@@ -417,6 +446,11 @@ def route_and_check(
             ),
             F.lit("fire_at out of range"),
         )
+        .when(~F.col("traceparent").rlike(TRACEPARENT_RE), F.lit("invalid traceparent"))
+        .when(
+            (F.length("tracestate") > 512) | ~F.col("tracestate").rlike(PRINTABLE_ASCII_RE), F.lit("invalid tracestate")
+        )
+        .when((F.length("baggage") > 8192) | ~F.col("baggage").rlike(PRINTABLE_ASCII_RE), F.lit("invalid baggage"))
     )
     partition = _per_shard(s, shapes, lambda q: _partition(t, F.col("row_key"), q))
     return routed.select(
@@ -428,6 +462,9 @@ def route_and_check(
         "shard",
         partition.cast("short").alias("partition"),
         reason.alias("reason"),
+        "traceparent",
+        "tracestate",
+        "baggage",
     )
 
 
@@ -1044,6 +1081,9 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
         args.fire_at_col,
         args.dedup_col,
         tuple(c.strip() for c in (args.payload_cols or "").split(",") if c.strip()),
+        args.traceparent_col,
+        args.tracestate_col,
+        args.baggage_col,
     )
     with job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
         require_jdbc_driver(spark)

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from websockets.asyncio.client import ClientConnection, connect
 
+from queue_manager.clock import Clock
 from queue_manager.manager import Manager, ManagerConfig
 from queue_manager.manager.auth import TokenStore
 from receivers.testing import Delivery as Event
@@ -50,10 +51,12 @@ def tokens(tenant: str = "tenant-0") -> TokenStore:
 
 
 @contextlib.asynccontextmanager
-async def running_manager(dsn: str, store: TokenStore | None = None, **overrides: Any) -> AsyncIterator[Manager]:
+async def running_manager(
+    dsn: str, store: TokenStore | None = None, clock: Clock | None = None, **overrides: Any
+) -> AsyncIterator[Manager]:
     """An in-process manager serving on a free port; stopped (drained) on exit."""
     settings = {**FAST, **overrides}
-    manager = Manager(ManagerConfig(dsn=dsn, tokens=store or tokens(), **settings))
+    manager = Manager(ManagerConfig(dsn=dsn, tokens=store or tokens(), **settings), clock)
     manager.signals.init()
     task = asyncio.create_task(manager.run())
     await asyncio.wait_for(manager.ready.wait(), 10)

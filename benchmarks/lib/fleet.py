@@ -164,6 +164,7 @@ def start_receivers(
     profile_dir: str | None = None,
     library: bool = False,
     service: float = 0.0,
+    tracing: bool = False,
 ) -> Receivers:
     """``count`` receiver processes on ``url`` (``mode`` and the rest: see :func:`procs.receiver`);
     they start receiving when ``go`` is set."""
@@ -197,6 +198,7 @@ def start_receivers(
                     prof,
                     library,
                     service,
+                    tracing,
                 ),
                 name=f"bench-receiver-{i}",
                 daemon=True,

@@ -136,6 +136,24 @@ def _instrument_frames(counters: dict[str, list[float]]) -> None:
     protocol.deliver_frame = counted
 
 
+def otel_sdk() -> None:
+    """Give this process the OpenTelemetry SDK's tracer provider with a batch processor and an
+    exporter that drops the spans: the cost of making and batching them, without a network."""
+    from collections.abc import Sequence
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+
+
 def manager_main(
     dsn: str, overrides: dict[str, Any], status_q: Any, stop_ev: Any, reset_ev: Any, profile_path: str | None
 ) -> None:
@@ -175,6 +193,8 @@ async def _manager(
     slow: list[tuple[str, float, float]] = []
     _instrument_store(counters, slow)
     _instrument_frames(counters)
+    if overrides.get("trace_sample"):
+        otel_sdk()
     manager = Manager(ManagerConfig(dsn=dsn, tokens=TokenStore.from_entries(token_entries()), **overrides))
     task = asyncio.create_task(manager.run())
     await asyncio.wait_for(manager.ready.wait(), 30)
@@ -266,8 +286,11 @@ async def receiver(
     profile_path: str | None,
     library: bool = False,
     service: float = 0.0,
+    tracing: bool = False,
 ) -> None:
     """One receiver connection in its own process.
+
+    ``tracing`` (with ``library``): the Receiver makes its spans, into the SDK (:func:`otel_sdk`).
 
     ``library``: the receiver library's :class:`receivers.Receiver` (credit = its free handler
     slots: ``credit`` of them) instead of the bare benchmark client.
@@ -319,7 +342,9 @@ async def receiver(
         if library:
             from receivers import Receiver as LibraryReceiver
 
-            return LibraryReceiver({"s0": [url]}, QUEUE, handler, concurrency=credit, token=SECRET)
+            if tracing:
+                otel_sdk()
+            return LibraryReceiver({"s0": [url]}, QUEUE, handler, concurrency=credit, token=SECRET, tracing=tracing)
         return MinimalClient(url, SECRET, QUEUE, handler, credit=credit, concurrency=concurrency, reconnect_delay=0.05)
 
     receiver: Any = None

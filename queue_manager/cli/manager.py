@@ -53,6 +53,14 @@ def register(sub: Subparsers) -> None:
     )
     _seconds(p, LAST_SECONDS)
     p.add_argument(
+        "--trace-sample",
+        type=float,
+        default=_d("trace_sample"),
+        help="the share (0 to 1) of fire and ack batches that get an OpenTelemetry span linked to their events' "
+        "trace contexts, exported by OTLP (OTEL_EXPORTER_OTLP_ENDPOINT) or to stdout (OTEL_TRACES_EXPORTER=console); "
+        "needs the [otel] extra (default 0: off, see docs/observability.md)",
+    )
+    p.add_argument(
         "--async-fires",
         action="store_true",
         default=not _d("durable_fires"),
@@ -140,9 +148,15 @@ def cmd_manager(args: argparse.Namespace) -> int:
             topology=topo,
             topology_file=path,
             rate_lease_ttl=args.rate_lease_ttl,
+            trace_sample=args.trace_sample,
         )
     except ValueError as exc:
         raise ConfigurationError(f"qm manager: {exc}") from None
+
+    if config.trace_sample > 0:
+        from queue_manager import tracing
+
+        tracing.setup_exporter(f"qm-manager {shard.name}")
 
     async def serve() -> None:
         manager = Manager(config)

@@ -41,6 +41,19 @@ def register(sub: Subparsers) -> None:
         "--drain-timeout", type=float, default=30.0, help="on SIGTERM, wait this long for handlers (default 30)"
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
+    p.add_argument(
+        "--tracing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="OpenTelemetry spans per handler call (default: on when the process has OpenTelemetry set up, e.g. "
+        "under opentelemetry-instrument; docs/observability.md)",
+    )
+    p.add_argument(
+        "--trace-mode",
+        default="first_parent",
+        choices=["first_parent", "parent", "link", "none"],
+        help="how a handler's span relates to the event's creation context (default first_parent)",
+    )
     p.set_defaults(func=cmd_receive)
 
 
@@ -101,6 +114,8 @@ def cmd_receive(args: argparse.Namespace) -> int:
             extend_by=args.extend_by,
             drain_timeout=args.drain_timeout,
             topology_file=path or None,
+            tracing=args.tracing,
+            trace_mode=args.trace_mode,
         )
     except ValueError as exc:
         raise ConfigurationError(f"qm receive: {exc}") from None

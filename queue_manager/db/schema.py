@@ -80,6 +80,7 @@ SOURCE: tuple[str, ...] = (
     "settings/unset_tenant.sql",
     # the generator of a queue's counters, functions and triggers, and what the generated code calls
     "queue_triggers/rule_fresh.sql",
+    "queue_triggers/rule_trace.sql",
     "queue_triggers/rule_valid.sql",
     "queue_triggers/rule_member.sql",
     "queue_triggers/route_picks.sql",
@@ -91,6 +92,7 @@ SOURCE: tuple[str, ...] = (
     "queue_triggers/apply_queue_triggers.sql",
     "queue_triggers/apply_queue.sql",
     "queue_triggers/refuse_event.sql",
+    "queue_triggers/refuse_trace.sql",
     "queue_triggers/refuse_fresh_partition.sql",
     "queue_triggers/notify_settled.sql",
     "queue_triggers/notify_rescheduled.sql",

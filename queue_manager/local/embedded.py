@@ -470,6 +470,68 @@ class LocalServer:
                 extra={"action": "local.kill"},
             )
 
+    def start_standby_of(self, primary: LocalServer) -> str:
+        """Make this server a streaming standby of the running `primary` and start it; return its DSN.
+
+        The data directory must be missing or empty: it is filled by ``pg_basebackup -R -X stream``
+        (which writes ``standby.signal`` and ``primary_conninfo``), without a replication slot. The
+        standby is read-only until :meth:`promote`. Synchronous replication is the primary's choice
+        (its ``synchronous_standby_names``); the standby connects as ``walreceiver``.
+        """
+        if self.is_running():
+            raise LocalClusterError(f"the server in {self.data_dir} is running; stop it before making it a standby")
+        primary_port = primary.port
+        if primary_port is None or not primary.is_running():
+            raise LocalClusterError(f"the primary in {primary.data_dir} is not running; start it first")
+        user = self._prepare()
+        if any(self.data_dir.iterdir()):
+            raise LocalClusterError(
+                f"{self.data_dir} is not empty; a standby is copied into a missing or empty data directory"
+            )
+        args = [
+            str(self._bin("pg_basebackup")),
+            "-D",
+            str(self.data_dir),
+            "-h",
+            _HOST,
+            "-p",
+            str(primary_port),
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+        ]
+        if self.settings.get("fsync", "on").lower() in ("off", "false", "0", "no"):
+            args.append("--no-sync")
+        code, output = self._run(args)
+        if code != 0:
+            raise LocalClusterError(
+                f"pg_basebackup of {primary.data_dir} into {self.data_dir} failed (exit {code}):\n{_tail_text(output)}"
+            )
+        if user is not None:
+            self._chown_tree(self.data_dir, user)
+        self._clear_stale_locks()
+        self._start_postmaster()
+        self._save_state()
+        return self.dsn()
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``), waiting until it accepts writes."""
+        if not self.is_running():
+            raise LocalClusterError(f"the server in {self.data_dir} is not running; start it before promoting it")
+        code, output = self._run(
+            [str(self._bin("pg_ctl")), "promote", "-D", str(self.data_dir), "-w", "-t", str(_PG_CTL_WAIT_SECONDS)]
+        )
+        if code != 0:
+            raise LocalClusterError(
+                f"pg_ctl promote of {self.data_dir} failed (exit {code}): {output.strip()}\n"
+                f"--- tail of {self.log_file} ---\n{_tail(self.log_file)}"
+            )
+        logger.info("promoted PostgreSQL in %s", self.data_dir, extra={"action": "local.promote"})
+
     # ------------------------------------------------------------------ internals
 
     def _bin(self, program: str) -> Path:

@@ -75,6 +75,9 @@ class ManagerConfig:
     drain_timeout: float = 30.0
     #: most events in one deliver frame
     max_events_per_frame: int = 500
+    #: the share of fire and ack batches that get a span linked to their events' trace contexts
+    #: (docs/observability.md, "Traces"); 0: none, and OpenTelemetry is not imported
+    trace_sample: float = 0.0
     #: websocket keep-alive pings, seconds
     ping_interval: float = 10.0
     ping_timeout: float = 10.0
@@ -109,6 +112,8 @@ class ManagerConfig:
             raise ValueError("fire_batch must be between 1 and 10000")
         if not 1 <= self.slice_rows <= 10_000:
             raise ValueError("slice_rows must be between 1 and 10000")
+        if not (math.isfinite(self.trace_sample) and 0 <= self.trace_sample <= 1):
+            raise ValueError(f"trace_sample must be from 0 to 1, got {self.trace_sample!r}")
         if not 1 <= self.max_events_per_frame <= 10_000:
             raise ValueError("max_events_per_frame must be between 1 and 10000")
         seconds = (

@@ -31,7 +31,7 @@ MAX_REFUSALS = 20
 #: how much later the database clock is assumed after a fire refused as a hair early
 LEAN_LATER = 0.0005
 
-_Row = tuple[int, str, int, int, float, str]
+_Row = store.FiredRow
 
 
 class Dispatcher:
@@ -180,8 +180,10 @@ class Dispatcher:
         )
         by_id = {q.id: q for q in queues}
         for qid in idle.disarm:
-            await store.disarm(self.conn, qid)
-            by_id[qid].wake_state.released(rt.db_clock.now())
+            # the database's time before the release, not the estimate once the answer is back:
+            # that ran late on a loaded machine, above the rows of a producer that took the lock
+            # and committed before the first holder reading (they waited for the safety lookback)
+            by_id[qid].wake_state.released(await store.disarm(self.conn, qid))
         for qid in idle.stop_waiting:
             await self.waiter.cancel(qid)
             by_id[qid].wake_state.wait_dropped()
@@ -292,6 +294,7 @@ class Dispatcher:
             return await self._fire_direct_fair(q, subs, limit)
         used = q.wake_state.pick_floors()
         pick_time = self.rt.db_clock.now()
+        started = self._started()
         rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used)
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
@@ -312,8 +315,13 @@ class Dispatcher:
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
             choose = self._chooser(q, subs)
-            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows})
+            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows}, started)
         return len(rows)
+
+    def _started(self) -> int:
+        """When a fire began, for its span when this batch is sampled (0: not traced)."""
+        tracer = self.rt.tracer
+        return tracer.now_ns() if tracer is not None and tracer.sampled() else 0
 
     async def _fire_direct_fair(self, q: QueueRuntime, subs: list[Subscriber], limit: int) -> int:
         """The direct path of a queue with tenant settings: a fair pick (fairness.py). It leaves the
@@ -322,6 +330,7 @@ class Dispatcher:
         in_flight = q.ledger.by_tenant()
         pick = q.fair.pick(q.policy, in_flight, limit)
         used = q.wake_state.pick_floors()
+        started = self._started()
         rows, quota, seen = await store.fire_due_fair(self.conn, q.settings, self.term, q.cursor, limit, pick, used)
         self.rt.signals.fired.emit(q.name)
         per_part: dict[int, int] = {}
@@ -343,7 +352,7 @@ class Dispatcher:
             if len(q.cache):
                 q.cache.discard_ids({r[0] for r in rows})
             choose = self._chooser(q, subs)
-            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows})
+            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows}, started)
         return len(rows)
 
     async def _fire_cached(self, q: QueueRuntime) -> int:
@@ -369,13 +378,14 @@ class Dispatcher:
             taken = q.cache.take(now_db, limit, lambda e: choose(e.tenant))
         if not taken:
             return 0
+        started = self._started()
         rows = await store.fire(self.conn, q.settings, self.term, [e.id for e, _ in taken])
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         if q.policy.active and rows:
             q.fair.charge((r[1] for r in rows), q.policy)
         by_id = {e.id: (e, c) for e, c in taken}
-        self._push(q, rows, {i: c for i, (_, c) in by_id.items()})
+        self._push(q, rows, {i: c for i, (_, c) in by_id.items()}, started)
         for r in rows:
             by_id.pop(r[0], None)
         # not fired: already taken elsewhere, or a hair too early for the database clock
@@ -387,8 +397,10 @@ class Dispatcher:
             db_clock.lean_later(LEAN_LATER)
         return len(rows)
 
-    def _push(self, q: QueueRuntime, rows: list[_Row], assign: dict[int, Subscriber]) -> None:
-        """Record fired rows in the ledger and send them, one or more deliver frames per receiver."""
+    def _push(self, q: QueueRuntime, rows: list[_Row], assign: dict[int, Subscriber], started: int = 0) -> None:
+        """Record fired rows in the ledger and send them, one or more deliver frames per receiver
+        (with each event's trace context, when it has one). ``started``: the fire's start when this
+        batch is traced (its span ends here)."""
         rt = self.rt
         pushed_db = rt.db_clock.now()
         mono = rt.clock.monotonic()
@@ -399,7 +411,8 @@ class Dispatcher:
         delays = []
         tenants = []
         event_json = frames.event_json
-        for ident, tenant, part, attempt, fire_at, payload in rows:
+        trace_json = frames.trace_json
+        for ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage in rows:
             c = assign[ident]
             if c.closed:
                 orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
@@ -411,7 +424,11 @@ class Dispatcher:
             events = out.get(c)
             if events is None:
                 events = out[c] = []
-            events.append(event_json(ident, attempt, tenant, part, fire_at, payload))
+            if traceparent is None and tracestate is None and baggage is None:
+                events.append(event_json(ident, attempt, tenant, part, fire_at, payload))
+            else:
+                trace = trace_json(traceparent, tracestate, baggage)
+                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace))
             delays.append(pushed_db - fire_at if pushed_db > fire_at else 0.0)
             tenants.append(tenant)
         if delays:
@@ -432,3 +449,5 @@ class Dispatcher:
                 c.send(frames.deliver_frame(q.name, chunk))
         rt.release_soon(q, orphans, "disconnect")
         rt.release_soon(q, unheard, "silent")
+        if started and rt.tracer is not None:
+            rt.tracer.batch("fire", q.name, len(rows), (r[6] for r in rows), started)

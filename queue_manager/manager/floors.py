@@ -25,7 +25,9 @@ puts an event back, or when an application lock made the pick skip a row. So flo
   when one is gone (committed, :class:`HolderWatch`), floors fall to its transaction's start. A
   transaction that took and released the lock between two readings inserted after the first
   reading, and its rows' fire_at (default: the insert's time) are no earlier than that reading:
-  picks never start above the previous reading's time;
+  at every reading the floors fall to the reading before it, and picks never start above it
+  (a reading's time is the database's before its snapshot, and a release's the database's before
+  the lock is given back);
 - to the time of a release the manager made (nack, disconnect, collector), to the time an
   application's update made an event due (the queue table's ``qm_rescheduled`` trigger announces
   it, like a producer's notice), and to the time of the last holder reading when the queue is

@@ -201,6 +201,8 @@ class Leadership:
             logger.error("wrong shard", extra={"action": "start", "expected": cfg.shard, "found": name})
             raise WrongShard(f"the database is shard {name!r}, not {cfg.shard!r}")
         self.rt.shard_name = name
+        if self.rt.tracer is not None:
+            self.rt.tracer.shard = name
         self.rt.shard_checked = True
         return self._ctl
 

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from queue_manager import tracing
 from queue_manager.clock import Clock, DatabaseClock
 from queue_manager.domain.settings import QueueSettings, TenantSettings
 from queue_manager.manager.config import LEASE_MARGIN, ManagerConfig
@@ -79,6 +80,10 @@ class Runtime:
         self.metrics = metrics
         self.signals = signals
         self.lease = Lease(config.lease_ttl)
+        #: spans of a share of the fire and ack batches (None: off, OpenTelemetry not imported)
+        self.tracer = (
+            tracing.ManagerTracer(config.trace_sample, shard=config.shard) if config.trace_sample > 0 else None
+        )
         self.queues: dict[str, QueueRuntime] = {}
         self.session: Session | None = None
         self.shard_name: str | None = config.shard

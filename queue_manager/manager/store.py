@@ -133,8 +133,13 @@ async def arm(conn: AsyncConn, queue_ids: Sequence[int]) -> set[int]:
     return set(row[0] or []) if row else set()
 
 
-async def disarm(conn: AsyncConn, queue_id: int) -> None:
-    await conn.execute(_static("mgr_disarm"), {"id": queue_id})
+async def disarm(conn: AsyncConn, queue_id: int) -> float:
+    """Give the queue's wake lock back; returns the database time before the release (epoch
+    seconds): rows of producers that take the lock from then on are no older than it, less
+    floors.HOLDER_MARGIN."""
+    row = await (await conn.execute(_static("mgr_disarm"), {"id": queue_id})).fetchone()
+    assert row is not None
+    return float(row[0])
 
 
 async def waiting_pids(conn: AsyncConn, pids: list[int]) -> list[int]:
@@ -183,10 +188,16 @@ async def scan(
     return [(r[0], r[1], r[2], r[3]) for r in rows], quota, clock
 
 
+#: a fired event: id, tenant, partition, attempt, fire_at (epoch seconds), payload (JSON text) and
+#: its trace context (traceparent, tracestate, baggage; NULL when it has none)
+FiredRow = tuple[int, str, int, int, float, str, str | None, str | None, str | None]
+
+
 async def fire(
     conn: AsyncConn, q: QueueSettings, term: int, ids: list[int]
-) -> list[tuple[int, str, int, int, float, str]]:
-    """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON) of those fired."""
+) -> list[FiredRow]:
+    """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON, traceparent,
+    tracestate, baggage) of those fired."""
     cur = await conn.execute(
         queue_sql("mgr_fire", q.name),
         {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds, "queue_id": q.id},
@@ -202,7 +213,7 @@ async def fire_due(
     start: int,
     limit: int,
     floors: Sequence[float | None] | None = None,
-) -> tuple[list[tuple[int, str, int, int, float, str]], int]:
+) -> tuple[list[FiredRow], int]:
     """Fire up to ``limit`` events due now, round-robin over partitions from ``start``, each
     partition from its floor (epoch seconds; None or missing = from the start).
 
@@ -236,7 +247,7 @@ async def fire_due_fair(
     limit: int,
     pick: FairPick,
     floors: Sequence[float | None] | None = None,
-) -> tuple[list[tuple[int, str, int, int, float, str]], int, int]:
+) -> tuple[list[FiredRow], int, int]:
     """As :func:`fire_due`, by tenant (``mgr_fire_due_fair``, see fairness.py): returns the rows,
     the per-partition quota of candidates and how many candidates were seen."""
     partitions = max(1, q.partitions_physical)
@@ -264,8 +275,8 @@ async def fire_due_fair(
         prepare=True,
     )
     rows = await cur.fetchall()
-    seen = int(rows[0][6]) if rows else 0
-    return [r[:6] for r in rows], quota, seen
+    seen = int(rows[0][9]) if rows else 0
+    return [r[:9] for r in rows], quota, seen
 
 
 def _array(values: Iterable[int | float | None]) -> str:
@@ -291,6 +302,12 @@ async def ack(conn: AsyncConn, q: QueueSettings, term: int, items: Sequence[tupl
     )
     row = await cur.fetchone()
     return set(row[0]) if row else set()
+
+
+async def trace_contexts(conn: AsyncConn, q: QueueSettings, ids: Sequence[int]) -> list[str | None]:
+    """The traceparents of these events (those that have one), for a sampled batch span."""
+    cur = await conn.execute(queue_sql("mgr_trace_contexts", q.name), {"ids": _ints(ids)}, prepare=False)
+    return [r[0] for r in await cur.fetchall()]
 
 
 async def release(

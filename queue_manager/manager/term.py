@@ -90,7 +90,7 @@ class TermSession:
         listen = await self._connect("listen", durable=True)
         # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
         limits = await self._connect("limits", durable=False)
-        self._writer = Writer(write, self.term)
+        self._writer = Writer(write, self.term, tracer=rt.tracer)
         self._waiter = waiter = Waiter(cfg.dsn, f"qm-manager-wait {cfg.holder}", self._wake_lock_granted)
         self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter)
         listener = Listener(

@@ -173,7 +173,18 @@ class WakeState:
         time the rows of the holders gone since the last reading may have (None: none is gone)."""
         self._holders.start(at)
         self._next_reading = next_reading
-        return self._holders.read(holders, at)
+        gone = self._holders.read(holders, at)
+        # A producer that took the lock after the reading before this one and committed before
+        # this one was never seen: its rows are no older than that reading (HolderWatch.cap), and
+        # only a pick that starts after this reading sees them. So the floors themselves fall to
+        # it, and stay there until such a pick raises them. Capping only where picks start lost the
+        # bound when readings went on without a pick (no receiver credit, a receivers' link
+        # partition): the cap moved on, a floor an earlier pick had raised stayed above the rows,
+        # and they waited for the safety lookback (18 to 30 s in the fault suite).
+        cap = self._holders.cap
+        if cap is not None:
+            self._floors.lower_all(cap)
+        return gone
 
     # ------------------------------------------------------------------ poll mode
 

@@ -335,12 +335,29 @@ def _tenant_json(tenant: str) -> str:
     return text
 
 
-def event_json(ident: int, attempt: int, tenant: str, partition: int, fire_at: float, payload_json: str) -> str:
-    """One delivered event; the payload is spliced in as the JSON text the database stored."""
+def event_json(
+    ident: int, attempt: int, tenant: str, partition: int, fire_at: float, payload_json: str, trace: str = ""
+) -> str:
+    """One delivered event; the payload is spliced in as the JSON text the database stored, then
+    its trace context's members when it has one (``trace``, from :func:`trace_json`)."""
     return (
         f'{{"id":{ident},"attempt":{attempt},"tenant":{_tenant_json(tenant)},'
-        f'"partition":{partition},"fire_at":{fire_at!r},"payload":{payload_json}}}'
+        f'"partition":{partition},"fire_at":{fire_at!r},"payload":{payload_json}{trace}}}'
     )
+
+
+def trace_json(traceparent: str | None, tracestate: str | None, baggage: str | None) -> str:
+    """The optional members of a delivered event that carry its W3C trace context, each only when
+    set (``,"traceparent":"...",...``; empty when it has none). Receivers that do not know them
+    ignore them (docs/protocol.md, "deliver")."""
+    out = ""
+    if traceparent is not None:
+        out += f',"traceparent":{json.dumps(traceparent)}'
+    if tracestate is not None:
+        out += f',"tracestate":{json.dumps(tracestate)}'
+    if baggage is not None:
+        out += f',"baggage":{json.dumps(baggage)}'
+    return out
 
 
 def deliver_frame(queue: str, events: list[str]) -> str:

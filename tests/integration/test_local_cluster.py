@@ -103,3 +103,35 @@ def test_start_failure_reports_the_log(server_dir: Path) -> None:
     with pytest.raises(LocalClusterError, match="shared_buffers"):
         server.start()
     assert not server.is_running()
+
+
+def test_a_synchronous_standby_has_every_commit_and_is_promoted(server: LocalServer, server_dir: Path) -> None:
+    """The fault suite's replica promotion: a COMMIT the client saw is on the synchronous standby,
+    which refuses writes until promoted and accepts them after, with the primary gone."""
+    server.start()
+    standby = LocalServer(server_dir / "standby" / "pgdata", settings=FAST)
+    try:
+        with pytest.raises(LocalClusterError, match=r"primary .* is not running"):
+            LocalServer(server_dir / "other" / "pgdata").start_standby_of(standby)
+        standby.start_standby_of(server)
+        with pytest.raises(LocalClusterError, match="is running"):
+            standby.start_standby_of(server)
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute("CREATE TABLE seen (v int)")
+            for v in range(20):
+                conn.execute("INSERT INTO seen VALUES (%s)", (v,))
+            row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
+            assert row == ("sync",)
+        server.stop("immediate")
+        with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                conn.execute("INSERT INTO seen VALUES (-1)")
+        standby.promote()
+        with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM seen").fetchone() == (20,)
+            conn.execute("INSERT INTO seen VALUES (20)")
+            assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
+    finally:
+        standby.stop("immediate")

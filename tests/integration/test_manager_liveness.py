@@ -9,7 +9,8 @@ Each test here reproduces a way the manager once stayed safe but stopped making 
 - an ack by SQL committed while the manager's session was down, whose notice reached nobody and
   which kept the queue's only concurrency slot;
 - a producer transaction left open, which delayed every other producer's wake-up;
-- a producer transaction that commits late, after a burst moved the dispatcher's picks past its rows.
+- a producer transaction that commits late, after a burst moved the dispatcher's picks past its rows;
+- the manager's wall clock stepped by 30 s, back or forward (the fault suite's clock jump).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import psycopg
 import pytest
 
 from queue_manager import admin
+from queue_manager.clock import SystemClock
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.manager.maintenance import SWEEP_MARGIN
 from tests.conftest import tenants_of
@@ -45,8 +47,10 @@ from tests.processkit import ManagerProcess, lease, write_config
 pytestmark = pytest.mark.timeout(300)
 
 LEASE_TTL = 2.0
-#: pause rounds: a race shows up in one round of ten
-ROUNDS = 10
+#: pause rounds (QM_PAUSE_ROUNDS, default 4, to keep `make test` short): a race shows up in one round of
+#: ten, so soak with QM_PAUSE_ROUNDS=10 or more; `make faults` repeats the same pause in rounds
+#: (`manager-pause-active`, `manager-pause-both`) with a checker over the whole history
+ROUNDS = int(os.environ.get("QM_PAUSE_ROUNDS", "4"))
 #: how long the leader stays stopped: well past its lease
 PAUSE = 5.0
 #: after SIGCONT, an event committed now is delivered within this many seconds
@@ -522,3 +526,61 @@ async def test_an_event_an_application_makes_due_is_delivered_at_once(shard: Sha
             latency = time.monotonic() - committed_at
             assert ev["id"] == later
             assert latency < LATE_WITHIN, f"a rescheduled event: {latency:.3f}s"
+
+
+class SteppedClock(SystemClock):
+    """The system's clocks, the wall clock off by ``offset`` seconds (a step, as NTP or an operator
+    makes it; the monotonic clock does not move)."""
+
+    offset = 0.0
+
+    def wall(self) -> float:
+        return super().wall() + self.offset
+
+
+#: a scheduled event is delivered within this many seconds of its fire_at
+ON_TIME_WITHIN = 1.5
+
+
+@pytest.mark.parametrize("step", [-30.0, 30.0])
+async def test_a_step_of_the_managers_wall_clock_makes_no_event_late_or_early(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue, step: float
+) -> None:
+    """Leases and "never early" use the database's clock; the manager estimates it from its own
+    wall clock (queue_manager.clock.DatabaseClock) to time scheduled events. Stepped by 30 s, it
+    must follow at its next readings: a step back once made due events look 15 to 30 s away."""
+    make_queue("orders", partitions=4, shuffle=2)
+    tenants = tenants_of(shard, 8)
+    clock = SteppedClock()
+    async with running_manager(shard.dsn, clock=clock) as m:
+        await wait_leader(m)
+        async with raw_client(m) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 100}))
+            await recv_type(ws, "subscribed")
+
+            async def take(count: int) -> list[tuple[dict[str, Any], float]]:
+                got: list[tuple[dict[str, Any], float]] = []
+                while len(got) < count:
+                    frame = await recv_type(ws, "deliver", timeout=10)
+                    got += [(e, time.time()) for e in frame["events"]]
+                    await ws.send(
+                        json.dumps({"type": "ack", "events": [[e["id"], e["attempt"]] for e in frame["events"]]})
+                    )
+                return got
+
+            await insert(shard.dsn, [(t, {"warm": True}) for t in tenants])
+            await take(len(tenants))  # the manager has read the database's clock
+            clock.offset = step
+            for _ in range(2):  # now, and in a second
+                ids = await insert(shard.dsn, [(t, {"scheduled": True}) for t in tenants], fire_in=1.0)
+                async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+                    cur = await conn.execute(
+                        "SELECT id, extract(epoch FROM fire_at)::float8 FROM orders WHERE id = ANY(%s)", (ids,)
+                    )
+                    due = {int(r[0]): float(r[1]) for r in await cur.fetchall()}
+                got = await take(len(ids))
+                assert sorted(e["id"] for e, _ in got) == sorted(ids)
+                late = max(at - due[e["id"]] for e, at in got)
+                early = max(due[e["id"]] - at for e, at in got)
+                assert late < ON_TIME_WITHIN, f"scheduled events {late:.2f} s late after a {step:+.0f} s step"
+                assert early < 0.002, f"a scheduled event {early:.3f} s early after a {step:+.0f} s step"

@@ -25,12 +25,16 @@ from queue_manager.local.embedded import pg_bin_dir
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0005_reshard"
+HEAD = "0006_trace_context"
 #: tables the revisions after the baseline add
 ADDED_TABLES = ("qm.web_audit", "qm.archive_runs", "qm.reshard_capture", "qm.reshard_rows")
 ADDED_SEQUENCES = ("web_audit_id_seq", "reshard_capture_seq_seq")
 #: columns the revisions after the baseline add to a table, and the value every old row gets
-ADDED_COLUMNS = {"qm.shard": ("serving", False)}
+ADDED_COLUMNS = {
+    "qm.shard": ("serving", False),
+    # 0006_trace_context: the trace context of every event, NULL for those enqueued before
+    **{f"public.{q}": (None, None, None) for q in ("orders", "emails", "wide")},
+}
 #: a shard at revision 0013_enqueue_lock of the squashed history, with queues and events in every
 #: state (made by tests/fixtures/make_old_head_dump.py)
 OLD_HEAD_DUMP = Path(__file__).parents[1] / "fixtures" / "old_head_0013.sql"

@@ -742,3 +742,30 @@ def test_a_run_counts_and_publishes_only_its_own_stage_table(
     assert ledger(shards, "fenced")["s1"] == ("staging", None, 0)  # the other's table, untouched
     done = ej.load_events(df, shards, queue, run_id="fenced", work_dir=str(tmp_path))
     assert (done.rows, done.published) == (1000, 1000) and all_ns(shards, queue) == list(range(1000))
+
+
+def test_events_carry_their_source_rows_trace_context_and_a_malformed_one_is_rejected(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    """The trace context comes from the source's columns (Columns.traceparent, .tracestate): stored
+    with each event as given (the manager sends it to the receiver from there); a malformed
+    traceparent rejects its row with a reason, the others are published (bad_rows="skip")."""
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e{:04x}-00f067aa0ba902b7-01"
+    rows = [
+        ("t-1", '{"n": 1}', tp.format(1), "congo=t61rcWkgMzE"),
+        ("t-2", '{"n": 2}', tp.format(2), None),
+        ("t-3", '{"n": 3}', None, None),
+        ("t-4", '{"n": 4}', "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01", None),
+    ]
+    df = spark.createDataFrame(rows, "tenant string, payload string, tp string, ts string")
+    cols = ej.Columns(traceparent="tp", tracestate="ts")
+    result = ej.load_events(df, shards, queue, run_id="traced", columns=cols, work_dir=str(tmp_path), bad_rows="skip")
+    assert result.published == 3 and result.rejected == 1
+    assert result.reasons == {"invalid traceparent": 1} and result.rejects_path is not None
+    rejects = spark.read.parquet(result.rejects_path).select("tenant", "reason").collect()
+    assert [(r["tenant"], r["reason"]) for r in rejects] == [("t-4", "invalid traceparent")]
+    got = {}
+    for s in shards.shards:
+        with psycopg.connect(s.dsn) as conn:
+            got.update({r[0]: r[1:] for r in conn.execute(f"SELECT tenant, traceparent, tracestate FROM {queue}")})
+    assert got == {"t-1": (tp.format(1), "congo=t61rcWkgMzE"), "t-2": (tp.format(2), None), "t-3": (None, None)}

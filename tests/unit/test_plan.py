@@ -168,9 +168,33 @@ def test_the_database_clock_keeps_the_tightest_measurement() -> None:
     db = DatabaseClock(clock)
     db.observe(1010.0, 1000.0, 1000.010)  # rtt 10 ms: skew ~ +9.995
     assert db.now() == pytest.approx(1009.995)
-    db.observe(1020.0, 1000.0, 1000.5)  # a slow round trip does not win
+    db.observe(1010.2, 1000.0, 1000.5)  # a slow round trip (consistent with the kept skew) does not win
     assert db.now() == pytest.approx(1009.995)
     db.observe(1010.5, 1000.0, 1000.001)  # a tighter one does
     assert db.now() == pytest.approx(1010.4995)
     db.lean_later(0.5)
     assert db.now() == pytest.approx(1009.9995)
+
+
+@pytest.mark.parametrize("step", [-30.0, 30.0])
+@pytest.mark.parametrize("during_a_reading", [False, True])
+def test_the_database_clock_follows_a_step_of_the_local_wall_clock(step: float, during_a_reading: bool) -> None:
+    """A wall clock stepped by 30 s (the fault suite's clock jump, docs/faults.md): the estimate of
+    the database's clock is right again at the next reading that is not across the step, however
+    slow. Before, a reading across a step back set the skew halfway (15 s off) and refused every
+    later reading of 2 ms or more, and a step between readings was followed only once a reading as
+    tight as the kept one came (dozens of readings): a manager whose clock went back thought due
+    events were 15 to 30 s in the future."""
+    clock = FakeClock(wall=1000.0)
+    db = DatabaseClock(clock)
+    db.observe(1000.0005, 1000.0, 1000.001)  # a tight reading: skew 0
+    real = 1001.0  # the database's (and the real) time from here on; the local wall clock is off by `step`
+    if during_a_reading:
+        db.observe(real, real - 0.002, real + step + 0.002)
+    for i in range(3):  # readings of 5 ms: slower than 2 ms and than 1.5 x the kept 1 ms
+        t = real + i
+        db.observe(t, t + step - 0.0025, t + step + 0.0025)
+        assert db.now() - clock.wall() == pytest.approx(-step, abs=0.003), f"reading {i}"
+    # readings consistent with the new skew but slower do not move it
+    db.observe(real + 5 + 0.01, real + 5 + step - 0.05, real + 5 + step + 0.05)
+    assert db.skew == pytest.approx(-step, abs=0.003)

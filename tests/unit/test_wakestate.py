@@ -153,3 +153,23 @@ def test_the_safety_net_looks_back_one_partition_in_turn_and_drops_all_floors_no
     clock.advance(FULL_RESET)
     w.safety_net(clock.monotonic())
     assert w.floors == [None, None]
+
+
+def test_a_producer_never_seen_holding_the_lock_is_found_after_readings_without_a_pick() -> None:
+    """The receivers' link partitioned, the dispatcher has no credit: holder readings go on, picks
+    do not. A producer took the lock after one reading and committed before the next, unseen; a
+    pick before its commit had raised a floor above its rows. The first pick after the readings
+    must start at or below the reading before the producer took the lock, however many readings
+    came in between (the picks' cap alone moved on with them: the rows waited for the safety
+    lookback, 18 to 30 s in the fault suite)."""
+    w = WakeState(2)
+    w.released(DB)
+    w.read_holders({}, at=DB + 0.1, next_reading=0.0)  # R1; the producer takes the lock after it
+    # a pick before the producer commits fires a row of partition 0 inserted later by another
+    w.pick_floors()
+    w.picked({0: DB + 0.15}, (1,), pick_time=DB + 0.16)
+    w.read_holders({}, at=DB + 0.2, next_reading=0.0)  # R2: the producer committed, never seen
+    for i in range(3, 30):  # no credit: readings, no pick
+        w.read_holders({}, at=DB + 0.1 * i, next_reading=0.0)
+    rows_no_older_than = DB + 0.1 - M
+    assert all(f is not None and f <= rows_no_older_than for f in w.pick_floors())

@@ -40,8 +40,12 @@ SELECT qm.release_leadership(%(holder)s, %(term)s)
 SELECT array_agg(q) FILTER (WHERE pg_try_advisory_lock(qm.lock_class('wake'), q)) FROM unnest(%(ids)s::integer[]) AS q
 
 -- mgr_disarm --
--- Give one queue's wake lock back: producers stop sending NOTIFY while the queue is busy.
-SELECT pg_advisory_unlock(qm.lock_class('wake'), %(id)s)
+-- Give one queue's wake lock back: producers stop sending NOTIFY while the queue is busy. Returns
+-- the statement's start on the database clock, which no producer that takes the lock after it
+-- precedes (the manager's own estimate, read once the answer is back, can run tens of
+-- milliseconds late on a loaded machine: floors.HolderWatch would then bound rows too high).
+SELECT extract(epoch FROM statement_timestamp())::double precision
+  FROM (SELECT pg_advisory_unlock(qm.lock_class('wake'), %(id)s)) AS u
 
 -- mgr_wait_wake_lock --
 -- Wait (on a connection of its own, without timeouts) for one queue's wake-up lock, which an open
@@ -80,14 +84,15 @@ SELECT extract(epoch FROM clock_timestamp())::double precision
 
 -- mgr_fire --
 -- Mark due events fired (attempt + 1, ack deadline) under the current term; only the rows returned
--- were fired and may be pushed. fire_at <= now() keeps "never early" by the database clock. A
+-- were fired and may be pushed (with their trace context, for the delivery frame). fire_at <= now() keeps "never early" by the database clock. A
 -- paused queue fires nothing: a statement that starts after the pause commits sees it.
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused) f
  WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now() AND f.paused IS FALSE
-RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
+RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
+          q.traceparent, q.tracestate, q.baggage
 
 -- mgr_fire_due --
 -- Fire what is due now without a prior scan (the backlog and wake-up path, for queues whose
@@ -119,7 +124,8 @@ UPDATE {queue} q
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state::text = 'to_be_fired'
-RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text
+RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
+          q.traceparent, q.tracestate, q.baggage
 
 -- mgr_fire_due_fair --
 -- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py): the same walk
@@ -165,7 +171,11 @@ UPDATE {queue} q
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM locked)) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
-          (SELECT count(*) FROM seen)::integer
+          q.traceparent, q.tracestate, q.baggage, (SELECT count(*) FROM seen)::integer
+
+-- mgr_trace_contexts --
+-- The traceparents of some events (a sampled ack or nack batch's span links to them).
+SELECT q.traceparent FROM {queue} q WHERE q.id = ANY(%(ids)s::bigint[]) AND q.traceparent IS NOT NULL
 
 -- mgr_ack --
 -- fired -> acked for (id, attempt) pairs still fired at that attempt; bumps the done counters.
@@ -212,7 +222,8 @@ SELECT q.id
 SELECT qm.add_done(%(queue_id)s, %(parts)s::smallint[]) FROM (SELECT qm.fence(%(term)s)) f
 
 -- mgr_wake_lock_probe --
--- Which queues' wake-up locks are held at this instant, and the database clock: a lock that is free
+-- Which queues' wake-up locks are held at this instant, and the database clock at the statement's
+-- start (before any lock is tried: a reading's time must precede what it saw): a lock that is free
 -- (the exclusive try succeeds; it is given back at once, in the same row) has no holder. Reading
 -- pg_locks and pg_stat_activity (mgr_wake_lock_holders) snapshots the whole lock table and every
 -- backend: 2.5 ms a reading in a busy drain, 100 readings a second, a quarter of the drain's speed.
@@ -220,23 +231,26 @@ SELECT qm.add_done(%(queue_id)s, %(parts)s::smallint[]) FROM (SELECT qm.fence(%(
 SELECT p.q,
        CASE WHEN pg_try_advisory_lock(qm.lock_class('wake'), p.q)
             THEN NOT pg_advisory_unlock(qm.lock_class('wake'), p.q) ELSE true END,
-       extract(epoch FROM clock_timestamp())::double precision
+       extract(epoch FROM statement_timestamp())::double precision
   FROM unnest(%(ids)s::integer[]) AS p(q)
 
 -- mgr_wake_lock_holders --
 -- Producer transactions holding a queue's wake-up lock in shared mode (they did not notify), with
--- their start (epoch seconds), and the database clock of this reading. A transaction caught while
--- it commits shows no start any more (NULL): floors.HolderWatch.read bounds its rows.
+-- their start (epoch seconds), and the database clock of this reading: the statement's start, which
+-- precedes the lock table's snapshot (clock_timestamp() after the snapshot could follow a producer
+-- that took the lock after it by more than floors.HOLDER_MARGIN on a loaded server). A
+-- transaction caught while it commits shows no start any more (NULL): floors.HolderWatch.read
+-- bounds its rows.
 SELECT l.objid::integer AS queue_id, l.pid,
        extract(epoch FROM a.xact_start)::double precision,
-       extract(epoch FROM clock_timestamp())::double precision
+       extract(epoch FROM statement_timestamp())::double precision
   FROM pg_locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
  WHERE l.locktype = 'advisory' AND l.classid = qm.lock_class('wake') AND l.objsubid = 2 AND l.mode = 'ShareLock'
    AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
    AND l.objid::integer = ANY(%(ids)s::integer[])
 UNION ALL
-SELECT NULL, NULL, NULL, extract(epoch FROM clock_timestamp())::double precision
+SELECT NULL, NULL, NULL, extract(epoch FROM statement_timestamp())::double precision
 
 -- mgr_extend --
 -- Push the ack deadline of (id, attempt) pairs still fired at that attempt to now + seconds.

@@ -3,8 +3,10 @@
 
 -- enqueue --
 -- One event in the caller's transaction; the database picks the partition. No row back = dedup hit.
-INSERT INTO {queue} (tenant, payload, fire_at, dedup_key)
-VALUES (%(tenant)s, %(payload)s, coalesce(%(fire_at)s, clock_timestamp()), %(dedup_key)s)
+-- The trace context (W3C) is NULL when the producer has none (queue_manager.tracing).
+INSERT INTO {queue} (tenant, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
+VALUES (%(tenant)s, %(payload)s, coalesce(%(fire_at)s, clock_timestamp()), %(dedup_key)s,
+        %(traceparent)s, %(tracestate)s, %(baggage)s)
 RETURNING id
 
 -- queue_routing_info --
@@ -22,12 +24,14 @@ SELECT qm.add_load(%(queue)s, %(partitions)s, %(counts)s)
 -- create_staging --
 -- Session-private staging table for bulk loads that need ON CONFLICT (dedup keys).
 CREATE TEMP TABLE IF NOT EXISTS qm_staging (
-    tenant text, partition smallint, payload jsonb, fire_at timestamptz, dedup_key text
+    tenant text, partition smallint, payload jsonb, fire_at timestamptz, dedup_key text,
+    traceparent text, tracestate text, baggage text
 ) ON COMMIT DELETE ROWS
 
 -- insert_from_staging --
-INSERT INTO {queue} (tenant, partition, payload, fire_at, dedup_key)
-SELECT tenant, partition, payload, coalesce(fire_at, clock_timestamp()), dedup_key FROM qm_staging
+INSERT INTO {queue} (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
+SELECT tenant, partition, payload, coalesce(fire_at, clock_timestamp()), dedup_key, traceparent, tracestate, baggage
+  FROM qm_staging
 ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 
 -- truncate_staging --

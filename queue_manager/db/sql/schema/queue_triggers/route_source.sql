@@ -1,7 +1,7 @@
 -- The CREATE FUNCTION statement of qm.q<id>_route(), the function of a queue's qm_route trigger
 -- (BEFORE INSERT FOR EACH ROW, WHEN NEW.partition IS NULL; see qm.apply_queue). For one row:
---   1. the rules (qm.rule_valid) on NEW; a row that breaks one goes to qm.refuse_event, which
---      raises the precise error. A row with a dedup key takes the dedup lock, and a committed twin
+--   1. the rules (qm.rule_valid) on NEW; a row that breaks one goes to qm.refuse_trace, then to
+--      qm.refuse_event, which raise the precise error. A row with a dedup key takes the dedup lock, and a committed twin
 --      (same tenant and key) makes the insert do nothing;
 --   2. the partition: the least-loaded of the tenant's shuffle set (qm.route_picks);
 --   3. the partition's enqueue counter, one nextval (no lock: the load is approximate by design,
@@ -21,7 +21,7 @@ BEGIN
         -- %1$s declarations of c<j> and b<i>, %2$s the rules on NEW, %3$s the queue id, %4$s the
         -- fresh rule on NEW, %5$s the table, %6$s the picks, %7$L and %8$L the counters (by name, so
         -- that the generated code survives a dump and restore: a session resolves the names once,
-        -- when it first plans the code)
+        -- when it first plans the code), %9$L the queue's name
         body := format($f$DECLARE
     seqs CONSTANT regclass[] := %7$L::regclass[];  -- enqueue counters, index partition + 1
     dseqs CONSTANT regclass[] := %8$L::regclass[];  -- published done counters, index partition + 1
@@ -31,6 +31,7 @@ BEGIN
 BEGIN
     IF (%2$s AND NEW.dedup_key IS NULL) IS NOT TRUE THEN
         IF (%2$s) IS NOT TRUE THEN
+            PERFORM qm.refuse_trace(%9$L, NEW.traceparent, NEW.tracestate, NEW.baggage);
             PERFORM qm.refuse_event(%3$s, NEW.tenant, NULL, NEW.fire_at, (%4$s), pg_column_size(NEW.payload), true);
         END IF;
         -- a dedup key: serialise producers of the same key; READ COMMITTED then sees a committed twin
@@ -47,7 +48,7 @@ END$f$,
             (SELECT string_agg(format('c%s integer;', j), ' ') FROM generate_series(0, k - 1) j)
             || (SELECT string_agg(format(' b%s bigint;', i), '') FROM generate_series(0, (k - 1) / per) i),
             format(valid, 'NEW', 'md5(NEW.tenant)'), q.id, format(qm.rule_fresh(), 'NEW'),
-            format('public.%I', q.name), qm.route_picks(q), q.enq_seqs::text[]::text, q.done_seqs::text[]::text);
+            format('public.%I', q.name), qm.route_picks(q), q.enq_seqs::text[]::text, q.done_seqs::text[]::text, q.name);
     END IF;
     RETURN format($f$CREATE OR REPLACE FUNCTION qm.%1$I() RETURNS trigger
 LANGUAGE plpgsql AS $route$

@@ -46,9 +46,15 @@ BEGIN
             acked_at     timestamptz,
             ack_deadline timestamptz,
             fired_term   bigint,
-            last_error   text
+            last_error   text,
+            -- the W3C trace context the producer gave (docs/observability.md, "Traces"); NULL: none.
+            -- Checked on insert by the queue's triggers with the other rules (qm.rule_trace)
+            traceparent  text,
+            tracestate   text,
+            baggage      text
         )$ddl$, t);
-    EXECUTE format('COMMENT ON TABLE %s IS %L', t, 'qm queue; INSERT INTO ' || queue_name || ' (tenant, payload[, fire_at, dedup_key])');
+    EXECUTE format('COMMENT ON TABLE %s IS %L', t,
+                   'qm queue; INSERT INTO ' || queue_name || ' (tenant, payload[, fire_at, dedup_key, traceparent, tracestate, baggage])');
     -- due events of a partition in fire order (window scans, per-partition round robin)
     EXECUTE format('CREATE INDEX %I ON %s (partition, fire_at) WHERE state = ''to_be_fired''', queue_name || '_due', t);
     -- fired events by ack deadline (re-fire, old-event collector)

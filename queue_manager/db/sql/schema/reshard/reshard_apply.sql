@@ -71,7 +71,8 @@ BEGIN
              fire_at = excluded.fire_at, state = excluded.state, attempts = excluded.attempts,
              payload = excluded.payload, dedup_key = excluded.dedup_key, created_at = excluded.created_at,
              fired_at = excluded.fired_at, acked_at = excluded.acked_at, ack_deadline = excluded.ack_deadline,
-             fired_term = excluded.fired_term, last_error = excluded.last_error', t)
+             fired_term = excluded.fired_term, last_error = excluded.last_error,
+             traceparent = excluded.traceparent, tracestate = excluded.tracestate, baggage = excluded.baggage', t)
       USING coalesce(upserts, '[]'), queue_name, me, origin;
     GET DIAGNOSTICS m = ROW_COUNT;
     RETURN n + m;

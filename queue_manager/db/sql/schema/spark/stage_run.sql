@@ -28,7 +28,11 @@ BEGIN
         payload    text,
         fire_at_us bigint,
         dedup_key  text,
-        reason     text
+        reason     text,
+        -- the row's W3C trace context (NULL: none)
+        traceparent text,
+        tracestate  text,
+        baggage     text
     ) WITH (autovacuum_enabled = off)$ddl$, t);
     EXECUTE format('COMMENT ON TABLE qm.%I IS %L', t, format('staging of Spark run %s into queue %s', run, queue_name));
     UPDATE qm.spark_runs
