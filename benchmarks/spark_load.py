@@ -5,8 +5,10 @@ One embedded PostgreSQL server (default durability) holds two shard databases (`
 The source is ``--rows`` events (tenant, a small struct payload) written once to Parquet. Measured,
 alternating, ``--reps`` times each:
 
-* ``job``: :func:`spark_jobs.enqueue.load_events` with a fresh run id: route and check,
-  materialise, stage through JDBC, publish per shard (the whole job, wall clock);
+* ``job``: :func:`spark_jobs.enqueue.load_events` with a fresh run id: route and check, stage
+  (``--stage-with``: COPY of the CSV files one Spark pass writes, the default, or Spark's JDBC
+  writer), validate, publish per shard (the whole job, wall clock; ``job_steps_seconds_from_start``
+  says when each of its progress lines came);
 * ``plain_jdbc``: the same Parquet rows, each with its shard's routing columns computed the same
   way, written by ``DataFrame.write.jdbc`` into a plain table (no index, no trigger) on each shard
   with the writer's defaults (1 000-row batches, statements not rewritten): what a pipeline that
@@ -17,7 +19,10 @@ alternating, ``--reps`` times each:
   tables (one connection per shard, one after the other).
 
 A manager runs for each shard during the job (``qm manager``): its CPU seconds during the runs
-are reported (it should hear one wake-up per shard and publish, and scan only its window).
+are reported (it should hear one wake-up per shard and publish, and scan only its window). Every
+path also reports the CPU seconds it cost Spark's JVM, this Python process and the PostgreSQL
+server (``cpu_seconds``; the server's include the managers' sessions during the job): on a
+2-core machine shared with others, what a path costs is clearer in CPU than in wall time.
 Prints JSON on stdout. ``make bench-spark``.
 """
 
@@ -57,11 +62,51 @@ QUEUE = "bulk"
 PLAIN = "plain_events"
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of one process."""
+def _proc_cpu(pid: int, *, reaped_children: bool = False) -> float:
+    """CPU seconds (user + system) of one process, and of its children it has waited for."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+class CpuMeter:
+    """CPU seconds used by the load's three parts: Spark (its JVM: the driver and, in local mode, the
+    executors), this Python process, and the PostgreSQL server (the postmaster, its live processes
+    and the backends it has reaped). On a shared machine CPU seconds move much less than wall time
+    when others run, so they say what each path costs, next to its time."""
+
+    def __init__(self, spark: Any, dsn: str) -> None:
+        self.jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+        with psycopg.connect(dsn) as conn:  # a backend's parent is the postmaster
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            assert row is not None
+            with open(f"/proc/{row[0]}/stat") as f:
+                self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def read(self) -> dict[str, float]:
+        pg = _proc_cpu(self.postmaster, reaped_children=True)
+        for child in _children(self.postmaster):
+            try:
+                pg += _proc_cpu(child)
+            except OSError:  # gone (and reaped: counted above) between the listing and the read
+                continue
+        return {"spark": _proc_cpu(self.jvm_pid), "python": time.process_time(), "postgres": pg}
 
 
 @contextmanager
@@ -134,13 +179,45 @@ def reset(topology: Topology) -> None:
             conn.execute("CHECKPOINT")
 
 
-def run_job(spark: Any, source: str, topology: Topology, work: str, rep: int, tasks: int, batch: int) -> float:
+def run_job(
+    spark: Any,
+    source: str,
+    topology: Topology,
+    work: str,
+    rep: int,
+    args: argparse.Namespace,
+    steps: list[dict[str, Any]],
+    meter: CpuMeter,
+) -> float:
+    """The whole job, wall clock; ``steps`` gets, at each of its progress lines (``<stage> <shard>``),
+    the seconds from the start and the CPU seconds Spark and PostgreSQL have used since: where the
+    time goes."""
     df = spark.read.parquet(source)
     t = time.perf_counter()
+    start = meter.read()
+    seen: dict[str, Any] = {}
+
+    def progress(stage: str, shard: str, n: int) -> None:
+        now = meter.read()
+        seen[f"{stage} {shard}"] = {
+            "s": round(time.perf_counter() - t, 2),
+            "spark_cpu": round(now["spark"] - start["spark"], 2),
+            "postgres_cpu": round(now["postgres"] - start["postgres"], 2),
+        }
+
     result = ej.load_events(
-        df, topology, QUEUE, run_id=f"bench-{rep}", work_dir=work, tasks_per_shard=tasks, batch_size=batch
+        df,
+        topology,
+        QUEUE,
+        run_id=f"bench-{rep}",
+        work_dir=work,
+        stage_with=args.stage_with,
+        tasks_per_shard=args.tasks_per_shard,
+        batch_size=args.batch_size,
+        progress=progress,
     )
     elapsed = time.perf_counter() - t
+    steps.append({**seen, "done": {"s": round(elapsed, 2)}})
     if result.published != result.rows:
         raise RuntimeError(f"published {result.published} of {result.rows}")
     return elapsed
@@ -198,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tasks-per-shard", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=10_000)
+    parser.add_argument("--stage-with", choices=["copy", "jdbc"], default="copy", help="the job's staging")
     parser.add_argument("--no-managers", action="store_true", help="do not run a manager per shard")
     parser.add_argument("--dsn", help="administrative database of an existing server (default: an embedded one)")
     args = parser.parse_args(argv)
@@ -217,24 +295,26 @@ def main(argv: list[str] | None = None) -> int:
                 F.struct(F.col("id").alias("n"), F.lit("bulk").alias("kind")).alias("payload"),
             ).write.parquet(source)
             samples: dict[str, list[float]] = {"job": [], "plain_jdbc": [], "tuned_jdbc": [], "copy": []}
+            cpu: dict[str, list[dict[str, float]]] = {kind: [] for kind in samples}
+            meter = CpuMeter(spark, topology.shards[0].dsn)
             manager_cpu: list[float] = []
+            steps: list[dict[str, Any]] = []
             for rep in range(args.reps):
                 for kind in samples:
                     reset(topology)
                     logger.info("rep %d: %s", rep, kind)
+                    before = meter.read()
                     if kind == "job":
                         work = str(tmp / f"work-{rep}")
                         if args.no_managers:
-                            samples[kind].append(
-                                run_job(spark, source, topology, work, rep, args.tasks_per_shard, args.batch_size)
-                            )
+                            samples[kind].append(run_job(spark, source, topology, work, rep, args, steps, meter))
                         else:
                             with managers(topology, topo_file) as procs:
-                                before = sum(_proc_cpu(p.pid) for p in procs)
+                                managers_before = sum(_proc_cpu(p.pid) for p in procs)
                                 samples[kind].append(
-                                    run_job(spark, source, topology, work, rep, args.tasks_per_shard, args.batch_size)
+                                    run_job(spark, source, topology, work, rep, args, steps, meter)
                                 )
-                                manager_cpu.append(sum(_proc_cpu(p.pid) for p in procs) - before)
+                                manager_cpu.append(sum(_proc_cpu(p.pid) for p in procs) - managers_before)
                         shutil.rmtree(work, ignore_errors=True)
                     elif kind == "plain_jdbc":
                         samples[kind].append(run_plain_jdbc(spark, source, topology, args.tasks_per_shard, None))
@@ -244,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     else:
                         samples[kind].append(run_copy(topology, args.rows))
+                    after = meter.read()
+                    cpu[kind].append({part: round(after[part] - before[part], 2) for part in after})
             out = {
                 "benchmark": "spark_load",
                 "rows": args.rows,
@@ -251,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
                 "reps": args.reps,
                 "tasks_per_shard": args.tasks_per_shard,
                 "batch_size": args.batch_size,
+                "stage_with": args.stage_with,
                 "server": server_info(topology.shards[0].dsn),
-                **{k: summary(v, args.rows) for k, v in samples.items()},
+                **{k: {**summary(v, args.rows), "cpu_seconds": cpu[k]} for k, v in samples.items()},
                 "job_vs_plain_jdbc": round(
                     statistics.median(samples["plain_jdbc"]) / statistics.median(samples["job"]), 2
                 ),
@@ -261,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "job_vs_copy": round(statistics.median(samples["copy"]) / statistics.median(samples["job"]), 2),
                 "manager_cpu_seconds_during_job": [round(c, 2) for c in manager_cpu],
+                "job_steps_seconds_from_start": steps,
             }
             for s in topology.shards:
                 with psycopg.connect(admin_dsn, autocommit=True) as conn:

@@ -59,6 +59,12 @@ def register(spark: Any) -> None:
         default=86_400.0,
         help="drop staging of runs unfinished this long, s (default 1 day)",
     )
+    p.add_argument(
+        "--stage-with",
+        choices=["copy", "jdbc"],
+        default="copy",
+        help="stage by COPY of CSV files Spark writes (default) or through Spark's JDBC writer",
+    )
     p.add_argument("--tasks-per-shard", type=int, default=2, help="JDBC write tasks per shard (default 2)")
     p.add_argument("--batch-size", type=int, default=10_000, help="rows per JDBC batch (default 10000)")
     p.add_argument("--stop-after", choices=["validated", "staged"], help="stop early (a dry run: validated)")

@@ -15,17 +15,23 @@ A run moves a DataFrame of events into one queue on every shard:
    source itself when its plan is a deterministic scan (files, a table, a range, a local
    collection, with projections and filters), else the keyed rows are **materialised** once as
    Parquet under the run's work directory and read back (``materialize``);
-2. **stage** each shard's rows, good and rejected, through the JDBC driver into a stage table of the
-   run's own on that shard (``qm.stage_run``: UNLOGGED, no index), a few tasks per shard. Spark
-   commits each task on its own and a retried or speculative task writes its rows again: the stage
-   table may hold a row twice, the publish keeps one per row key. The run counts and publishes only
-   the stage table it was given (a ledger naming another one fails the run, :func:`_fence`);
+2. **stage** each shard's rows, good and rejected, into a stage table of the run's own on that
+   shard (``qm.stage_run``: UNLOGGED, no index). By default (``stage_with="copy"``) one Spark pass
+   writes every shard's rows as CSV files (Spark's file committer keeps one attempt of each task),
+   and the driver COPYs each shard's files in one transaction through the JDBC driver's
+   CopyManager in its JVM (no Python on the executors, no row through Python). With
+   ``stage_with="jdbc"``, a Spark pass per shard writes through the JDBC writer, a few tasks per
+   shard: Spark commits each task on its own and a retried or speculative task writes its rows
+   again, so the stage table may hold a row twice; the publish keeps one per row key. The run
+   counts and publishes only the stage table it was given (a ledger naming another one fails the
+   run, :func:`_fence`);
 3. **validate**: the shards count what was staged (``qm.staged_run``: good rows, rejected rows by
    reason, rows written twice); rejected rows are read back and written to a Parquet output with
    their reason. By default the run then stops before anything is published (its staging dropped);
    ``bad_rows="skip"`` publishes the good rows;
 4. **publish**, one transaction per shard: ``qm.publish_run`` inserts the run's good rows into the
-   queue table with one ``INSERT ... SELECT`` (the queue's verify trigger checks every row, so a row
+   queue table with one statement (``INSERT ... SELECT``, with ``ON CONFLICT`` for the rows with a
+   dedup key only; the queue's verify trigger checks every row, so a row
    that slipped past the checks fails the whole shard, and wakes the manager once), bumps the load
    counters, marks the run published in the shard's ledger (``qm.spark_runs``) and drops the stage
    table. A shard whose ledger says published is skipped, so a re-run adds nothing; a run staged
@@ -46,7 +52,7 @@ import math
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -58,6 +64,7 @@ if __package__ in (None, ""):  # run as a file (spark-submit spark_jobs/enqueue.
 
 import psycopg
 from psycopg import sql
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -68,6 +75,7 @@ from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import ConfigurationError, EnqueueError, InvalidEventError, UnknownQueueError
 from spark_jobs import routing as sr
 from spark_jobs.jdbc import shard_jdbc_target
+from spark_jobs.session import jdbc_connection
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +120,23 @@ _DETERMINISTIC_NODES = frozenset(
 )
 
 Stage = Literal["staged", "validated"]
+#: how the rows reach the stage tables: "copy" (CSV files written by Spark, then COPY from the
+#: driver) or "jdbc" (Spark's JDBC writer: batched INSERTs from the executors)
+StageWith = Literal["copy", "jdbc"]
+#: Spark's CSV writer set to PostgreSQL's CSV dialect: quotes doubled, NULL an unquoted empty
+#: field, an empty string "", values written as they are (no trimming)
+_STAGE_CSV = {
+    "header": "false",
+    "quote": '"',
+    "escape": '"',
+    "nullValue": "",
+    "emptyValue": '""',
+    "ignoreLeadingWhiteSpace": "false",
+    "ignoreTrailingWhiteSpace": "false",
+    "lineSep": "\n",
+    "encoding": "UTF-8",
+    "compression": "none",
+}
 ProgressCallback = Callable[[str, str, int], None]
 #: a test's hook, called at (step, shard): "staged", "prepared", "decided", "committed"; it may raise
 FaultHook = Callable[[str, str], None]
@@ -356,15 +381,15 @@ def route_and_check(
     shapes: Mapping[str, QueueShape],
     columns: Columns,
     *,
-    only_shard: str | None = None,
+    only_shards: Collection[str] | None = None,
 ) -> DataFrame:
     """The source rows with their row key, shard and partition, and a ``reason`` (NULL: good).
 
     Columns: row_key, tenant, payload (JSON text), fire_at (timestamp or NULL), dedup_key, shard,
     partition, reason. A row with no shard (no tenant) is given the topology's first shard, where it
     is staged as a reject. The row key is ``monotonically_increasing_id()`` over ``df`` (or ``df``'s
-    own ``row_key`` column when it has one). ``only_shard``: keep that shard's rows only, before the
-    checks and the shuffle set are computed (Spark cannot move a filter below the row key's
+    own ``row_key`` column when it has one). ``only_shards``: keep those shards' rows only, before
+    the checks and the shuffle set are computed (Spark cannot move a filter below the row key's
     non-deterministic projection by itself). Raises ConfigurationError for a column the source does
     not have or cannot be used.
     """
@@ -393,8 +418,8 @@ def route_and_check(
     # the keyspace id once per row, whatever the number of shards
     routed = keyed.withColumn("_kid", sr.keyspace_hex(t)).withColumn("_shard", _shard_of(F.col("_kid"), topology))
     routed = routed.withColumn("shard", F.coalesce(F.col("_shard"), F.lit(topology.shards[0].name)))
-    if only_shard is not None:
-        routed = routed.filter(F.col("shard") == only_shard)
+    if only_shards is not None:
+        routed = routed.filter(F.col("shard").isin(sorted(only_shards)))
     s = F.col("_shard")
     limit = _per_shard(s, shapes, lambda q: F.lit(q.payload_limit_bytes))
     max_delay = _per_shard(s, shapes, lambda q: F.lit(int(q.max_delay_seconds)))
@@ -500,6 +525,7 @@ class _Plan:
     fault: FaultHook | None
     tasks: int
     batch: int
+    stage_with: StageWith
     #: rejected rows by reason, per shard (as counted by the shard)
     reasons: dict[str, dict[str, int]] = field(default_factory=dict)
     #: the run's stage table on each shard not yet published, as qm.stage_run gave it: the only one
@@ -509,6 +535,10 @@ class _Plan:
     @property
     def rows_path(self) -> str:
         return f"{self.run_dir}/rows"
+
+    @property
+    def stage_path(self) -> str:
+        return f"{self.run_dir}/stage"
 
     def hook(self, step: str, shard: str) -> None:
         if self.fault is not None:
@@ -529,6 +559,7 @@ def load_events(
     atomic: bool = False,
     tasks_per_shard: int = 2,
     batch_size: int = 10_000,
+    stage_with: StageWith = "copy",
     staging_ttl: float = STAGING_TTL_SECONDS,
     stop_after: Stage | None = None,
     wait_for_other_run: float = OTHER_RUN_WAIT_SECONDS,
@@ -545,8 +576,11 @@ def load_events(
     executor can read (default: under the system's temporary directory). ``materialize``: write the
     keyed rows once as Parquet before staging (None: only when ``df`` is not a deterministic scan,
     see :func:`is_deterministic_scan`). ``atomic``: the run is visible on every shard or on none
-    (two-phase commit; needs ``max_prepared_transactions > 0``). ``tasks_per_shard``: JDBC write
-    tasks (connections) per shard; ``batch_size``: rows per JDBC batch. ``staging_ttl``: seconds
+    (two-phase commit; needs ``max_prepared_transactions > 0``). ``stage_with``: ``"copy"``
+    (default: one Spark pass writes every shard's rows as CSV files under the work directory, then
+    the driver COPYs each shard's files into its stage table) or ``"jdbc"`` (a Spark pass per shard
+    through the JDBC writer). ``tasks_per_shard``: JDBC write tasks (connections) per shard and
+    ``batch_size``: rows per JDBC batch, with ``"jdbc"``. ``staging_ttl``: seconds
     after which staging left by dead runs is dropped (at the start of the run). ``stop_after``: stop
     after ``"staged"`` (as a job killed before publishing) or ``"validated"`` (a dry run: counts and
     rejects, nothing published; a later run of the id publishes without staging again).
@@ -560,6 +594,8 @@ def load_events(
     columns = columns or Columns()
     if tasks_per_shard < 1 or batch_size < 1:
         raise ConfigurationError("tasks_per_shard and batch_size must be at least 1")
+    if stage_with not in ("copy", "jdbc"):
+        raise ConfigurationError(f"stage_with must be 'copy' or 'jdbc', got {stage_with!r}")
     if bad_rows not in ("fail", "skip"):
         raise ConfigurationError(f"bad_rows must be 'fail' or 'skip', got {bad_rows!r}")
     if not (math.isfinite(wait_for_other_run) and wait_for_other_run >= 0):
@@ -593,6 +629,7 @@ def load_events(
             fault,
             tasks_per_shard,
             batch_size,
+            stage_with,
         )
         plan.reasons = {s.name: {} for s in topology.shards}
         result = LoadResult(run_id, queue, shards=[ShardResult(s.name) for s in topology.shards])
@@ -600,14 +637,22 @@ def load_events(
         to_stage = _begin(plan, result)
         if to_stage:
             routed, result.materialized = _routed(plan, df, shapes, columns, materialize)
+            if stage_with == "copy":
+                _write_stage_files(plan, routed(to_stage))
+                plan.say("written", "*", 0)
         for shard, part in zip(topology.shards, result.shards, strict=True):
             if shard.name in to_stage:
-                _stage(plan, routed(shard.name), shard, plan.tables[shard.name])
+                if stage_with == "copy":
+                    _copy_stage(plan, shard, plan.tables[shard.name])
+                else:
+                    _stage(plan, routed({shard.name}), shard, plan.tables[shard.name])
                 _count(plan, shard, part)
                 plan.say("staged", shard.name, part.rows + part.rejected)
                 plan.hook("staged", shard.name)
             elif part.state == "pending":  # staged completely by an earlier attempt: count its table
                 _count(plan, shard, part)
+        if _exists(plan.spark, plan.stage_path):
+            _delete(plan.spark, plan.stage_path)  # every shard is staged: its files are not needed again
         if stop_after == "staged":
             return result
 
@@ -685,13 +730,13 @@ def _begin(plan: _Plan, result: LoadResult) -> set[str]:
 
 def _routed(
     plan: _Plan, df: DataFrame, shapes: Mapping[str, QueueShape], columns: Columns, materialize: bool | None
-) -> tuple[Callable[[str], DataFrame], bool]:
-    """A function giving a shard's routed and checked rows to stage, and whether the keyed rows were
-    materialised first (they are when the keys could change on a recomputation)."""
+) -> tuple[Callable[[Collection[str]], DataFrame], bool]:
+    """A function giving some shards' routed and checked rows to stage, and whether the keyed rows
+    were materialised first (they are when the keys could change on a recomputation)."""
     if materialize is None:
         materialize = not is_deterministic_scan(df)
     if not materialize and not _exists(plan.spark, f"{plan.rows_path}/_SUCCESS"):
-        return (lambda name: route_and_check(df, plan.topology, shapes, columns, only_shard=name)), False
+        return (lambda names: route_and_check(df, plan.topology, shapes, columns, only_shards=names)), False
     # an earlier attempt of this run may have materialised its rows already: they are the run's rows
     if not _exists(plan.spark, f"{plan.rows_path}/_SUCCESS"):
         route_and_check(df, plan.topology, shapes, columns).write.mode("overwrite").partitionBy("shard").parquet(
@@ -699,11 +744,16 @@ def _routed(
         )
         plan.say("materialized", "*", 0)
     rows = plan.spark.read.parquet(plan.rows_path)
-    return (lambda name: rows.filter(F.col("shard") == name)), True
+    return (lambda names: rows.filter(F.col("shard").isin(sorted(names)))), True
+
+
+def _stage_columns(rows: DataFrame) -> list[Column]:
+    """The columns of a stage table (:data:`STAGE_COLUMNS`), in its order, from routed rows."""
+    return [F.unix_micros("fire_at").alias(c) if c == "fire_at_us" else F.col(c) for c in STAGE_COLUMNS]
 
 
 def _stage(plan: _Plan, rows: DataFrame, shard: Shard, table: str) -> None:
-    """Write the shard's rows into its stage table through the JDBC driver."""
+    """Write the shard's rows into its stage table through the JDBC driver (``stage_with="jdbc"``)."""
     target = shard_jdbc_target(shard.dsn)
     props = {
         **target.properties,
@@ -711,22 +761,56 @@ def _stage(plan: _Plan, rows: DataFrame, shard: Shard, table: str) -> None:
         "reWriteBatchedInserts": "true",
         "ApplicationName": "qm-spark-enqueue",
     }
-    rows = rows.select(
-        "row_key",
-        "tenant",
-        "partition",
-        "payload",
-        F.unix_micros("fire_at").alias("fire_at_us"),
-        "dedup_key",
-        "reason",
-        "traceparent",
-        "tracestate",
-        "baggage",
-    )
+    rows = rows.select(*_stage_columns(rows))
     # fewer tasks without a shuffle when the source has more partitions; more with one otherwise
     parts = rows.rdd.getNumPartitions()
     rows = rows.coalesce(plan.tasks) if parts >= plan.tasks else rows.repartition(plan.tasks)
     rows.write.jdbc(target.url, f"qm.{table}", mode="append", properties=props)
+
+
+def _write_stage_files(plan: _Plan, rows: DataFrame) -> None:
+    """One Spark pass over the rows of every shard to stage (``stage_with="copy"``): CSV files in
+    PostgreSQL's CSV dialect under ``<run dir>/stage/shard=<i>`` (i: the shard's place in the
+    topology), written by Spark's file committer, so that a retried or speculative task leaves its
+    rows there once."""
+    place = F.lit(None).cast("int")
+    for i, s in enumerate(plan.topology.shards):
+        place = F.when(F.col("shard") == s.name, F.lit(i)).otherwise(place)
+    out = rows.select(*_stage_columns(rows), place.alias("shard"))
+    if _exists(plan.spark, plan.stage_path):  # an earlier attempt's, whatever partitionOverwriteMode says
+        _delete(plan.spark, plan.stage_path)
+    out.write.mode("overwrite").partitionBy("shard").options(**_STAGE_CSV).csv(plan.stage_path)
+
+
+def _copy_stage(plan: _Plan, shard: Shard, table: str) -> None:
+    """COPY the shard's stage files (:func:`_write_stage_files`) into its stage table in one
+    transaction, through the JDBC driver's CopyManager in Spark's driver JVM: the files are read
+    where Spark wrote them (any file system Spark reads) and no row passes through Python."""
+    place = [s.name for s in plan.topology.shards].index(shard.name)
+    fs, path = _hadoop_path(plan.spark, f"{plan.stage_path}/shard={place}")
+    files = [st.getPath() for st in (fs.listStatus(path) if fs.exists(path) else [])]
+    copy = query("copy_stage", _SQL).replace("{stage}", sql.Identifier("qm", table).as_string(None))
+    try:
+        conn = jdbc_connection(plan.spark, shard_jdbc_target(shard.dsn))
+        try:
+            conn.setAutoCommit(False)
+            api = conn.getCopyAPI()
+            for file in sorted(files, key=lambda f: str(f.getName())):
+                if not str(file.getName()).startswith("part-"):
+                    continue
+                stream = fs.open(file)
+                try:
+                    api.copyIn(copy, stream)
+                finally:
+                    stream.close()
+            conn.commit()
+        finally:
+            conn.close()
+    except Py4JJavaError:
+        # the table is gone when another run of the id replaced it: say so rather than the JVM's error
+        with _connect(shard, autocommit=False) as check:
+            _fence(plan, shard, _ledger(plan, check), ("staging",))
+        raise
 
 
 def _ledger(plan: _Plan, conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
@@ -1018,6 +1102,7 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
             tasks_per_shard=args.tasks_per_shard,
             batch_size=args.batch_size,
             staging_ttl=args.staging_ttl,
+            stage_with=args.stage_with,
             stop_after=args.stop_after,
             wait_for_other_run=args.wait_for_other_run,
             progress=lambda stage, shard, n: emit(_progress_line(args.run_id, stage, shard, n)),

@@ -13,11 +13,12 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from queue_manager.errors import ConfigurationError
-from spark_jobs.jdbc import JDBC_DRIVER
+from spark_jobs.jdbc import JDBC_DRIVER, JdbcTarget
 
 #: Debian/Ubuntu's ``libpostgresql-jdbc-java`` installs the driver here
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -123,3 +124,20 @@ def require_jdbc_driver(spark: SparkSession) -> None:
         jvm.java.lang.Class.forName(JDBC_DRIVER, True, loader)
     except Exception:
         raise ConfigurationError(f"{NO_DRIVER_HINT} (the class {JDBC_DRIVER} does not load)") from None
+
+
+def jdbc_connection(spark: SparkSession, target: JdbcTarget) -> Any:
+    """A JDBC connection (a ``java.sql.Connection`` proxy) opened in Spark's driver JVM, with the
+    driver class Spark loaded: for the JDBC driver's own API (``getCopyAPI()``), which Spark's
+    reader and writer do not expose. The caller closes it."""
+    jvm: Any = spark.sparkContext._jvm
+    assert jvm is not None
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    driver = jvm.java.lang.Class.forName(JDBC_DRIVER, True, loader).newInstance()
+    props = jvm.java.util.Properties()
+    for key, value in {**target.properties, "ApplicationName": "qm-spark-enqueue"}.items():
+        props.setProperty(key, value)
+    conn = driver.connect(target.url, props)
+    if conn is None:  # the driver does not take the URL (it takes every jdbc:postgresql: URL)
+        raise ConfigurationError(f"the PostgreSQL JDBC driver refused the URL {target.url!r}")
+    return conn

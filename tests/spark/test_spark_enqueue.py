@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,49 @@ def test_100k_rows_land_on_the_right_shards_and_partitions(
     assert stage_tables(shards) == 0  # dropped by the publish: nothing left to vacuum
     # one wake-up per shard for the whole load, not one per row or per batch
     assert [len(w) for w in wakes] == [1, 1], wakes
+
+
+@pytest.mark.parametrize("stage_with", ["copy", "jdbc"])
+def test_awkward_text_arrives_as_it_was_written(
+    spark: SparkSession, shards: Topology, queue: str, tmp_path: Path, stage_with: ej.StageWith
+) -> None:
+    """Staged by COPY of Spark's CSV files (the default) or through the JDBC writer, every value
+    reaches the queue unchanged: separators, quotes, line breaks, backslashes, spaces at either end,
+    an empty dedup key apart from none, text beyond ASCII."""
+    tenants = [" lead", "trail ", "com,ma", 'q"uote', "new\nline", "back\\slash \\N", "\\.", "ünï 😀", "tab\tx", "#1"]
+    keys = ["", None, " k ", 'a,"b"', "\r\n", "\\N", "x" * 50, None, "", "é"]
+    payloads = [
+        '{"s": "a,\\"b\\"\\nc"}',
+        '{"s": " sp "}',
+        '{"s": "\\\\"}',
+        '{"s": "😀"}',
+        "[1, 2]",
+        '"text"',
+        '{"s": ""}',
+        "null",
+        '{"s": "\\t"}',
+        '{"s": "#"}',
+    ]
+    rows = [(t, p, k, i) for i, (t, p, k) in enumerate(zip(tenants, payloads, keys, strict=True))]
+    df = spark.createDataFrame(rows, "tenant string, payload string, dedup string, i int")
+    result = ej.load_events(
+        df,
+        shards,
+        queue,
+        run_id=f"awk-{stage_with}",
+        columns=ej.Columns(dedup_key="dedup"),
+        work_dir=str(tmp_path),
+        stage_with=stage_with,
+    )
+    assert (result.rows, result.rejected, result.published) == (10, 0, 10)
+    got = set()
+    for s in shards.shards:
+        with psycopg.connect(s.dsn) as conn:
+            got |= set(conn.execute(f"SELECT tenant, payload::text, dedup_key FROM {queue}").fetchall())
+    with psycopg.connect(shards.shards[0].dsn) as conn:  # the database's own text of each payload
+        want = {(t, conn.execute("SELECT %s::jsonb::text", (p,)).fetchone()[0], k) for t, p, k, _ in rows}  # type: ignore[index]
+    assert got == want
+    assert not (tmp_path / queue / f"awk-{stage_with}" / "stage").exists()  # staged: the files are gone
 
 
 def test_a_run_stopped_after_staging_shows_nothing_and_a_rerun_publishes_once(
@@ -484,6 +528,7 @@ def test_qm_spark_enqueue_command(
     ]  # fmt: skip
     assert qm_main(args) == 0
     out = capsys.readouterr().out
+    assert "run cli-1: written * rows=0" in out  # the stage files (COPY staging, the default)
     assert "run cli-1: staged" in out and "run cli-1: validated" in out and "run cli-1: published" in out
     assert count_events(shards, queue) == 200  # 200 distinct (tenant, dedup key) pairs
     with psycopg.connect(shards.shards[0].dsn) as conn:
@@ -491,7 +536,9 @@ def test_qm_spark_enqueue_command(
     assert row is not None and set(row[0]) == {"amount", "key"} and row[1] is True
     assert qm_main(args) == 0  # the same run again: nothing added
     assert "already published" in capsys.readouterr().out
-    assert qm_main([*args[:8], "--run-id", "cli-2", *args[10:]]) == 0  # another run: every key exists
+    # another run, staged through the JDBC writer: every key exists
+    assert qm_main([*args[:8], "--run-id", "cli-2", *args[10:], "--stage-with", "jdbc"]) == 0
+    assert "run cli-2: written" not in capsys.readouterr().out
     assert count_events(shards, queue) == 200  # every (tenant, dedup key) exists: nothing added
     assert qm_main(["spark", "cleanup", "--topology", str(topo), "--older-than", "0"]) == 0
     assert (
@@ -515,6 +562,8 @@ def test_bad_input_gets_a_clear_error(spark: SparkSession, shards: Topology, que
         ej.load_events(
             df.withColumn("n", F.lit(1).cast("long")), shards, queue, run_id="x3", columns=ej.Columns(payload="n")
         )
+    with pytest.raises(ConfigurationError, match="stage_with must be 'copy' or 'jdbc'"):
+        ej.load_events(df, shards, queue, run_id="x4", stage_with="ftp", work_dir=str(tmp_path))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="unknown input format"):
         ej.read_source(spark, str(tmp_path), "xml")
 
@@ -556,7 +605,13 @@ def test_the_cli_loads_a_parquet_source_with_a_line_per_stage(
     assert "run cli-1: staged s0" in out and "run cli-1: published s1" in out
     assert "1200 events published by this call" in out
     with psycopg.connect(shards.shards[0].dsn) as other:  # another live job of the run id holds it
-        assert other.execute(query("run_lock", "spark.sql"), {"queue": queue, "run": "cli-1"}).fetchone() == (True,)
+        # the finished job's lock goes when its backend has exited, a moment after its connection closed
+        for _ in range(100):
+            if other.execute(query("run_lock", "spark.sql"), {"queue": queue, "run": "cli-1"}).fetchone() == (True,):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the finished job's run lock was not released within 5 s")
         assert qm_main([*argv, "--wait-for-other-run", "0.2"]) == 2
     refused = capsys.readouterr()
     assert "run cli-1: waiting for another live run of this run id" in refused.out

@@ -28,6 +28,12 @@ SELECT set_config('lock_timeout', %(ms)s, false)
 -- Begin or resume the run's staging: the ledger row (state, stage_table)
 SELECT state, stage_table FROM qm.stage_run(%(run)s, %(queue)s)
 
+-- copy_stage --
+-- The rows of a run's stage table, from the CSV files Spark wrote (spark_jobs.enqueue._copy_stage),
+-- its columns in the order of spark_jobs.enqueue.STAGE_COLUMNS.
+COPY {stage} (row_key, tenant, partition, payload, fire_at_us, dedup_key, reason, traceparent, tracestate, baggage)
+    FROM STDIN (FORMAT csv)
+
 -- staged_run --
 SELECT reason, distinct_rows, written_rows FROM qm.staged_run(%(run)s, %(queue)s)
 
