@@ -81,7 +81,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks.lib import fleet
 from benchmarks.lib.backlog import event_rows, preload, reset, state_counts
@@ -89,7 +89,7 @@ from benchmarks.lib.fleet import make_events, manager_process, start_producer, s
 from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_snapshot
 from benchmarks.lib.peers import bench_peers, peers_python
 from benchmarks.lib.report import emit, header, median_of, ratio, summary_ms
-from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
+from benchmarks.lib.server import QUEUE, bench_server, checkout_database, one_shard_queue, server_info
 from queue_manager.producer import Event, enqueue_batch
 
 logger = logging.getLogger("bench.e2e")
@@ -275,21 +275,6 @@ def run_drain(
     return out
 
 
-#: run by the other checkout's own interpreter, in that checkout (``--other``): migrate its database,
-#: make it the only shard and create the queue, its code's way. Through queue_manager alone.
-OTHER_SETUP = """
-import json, sys
-import psycopg
-from queue_manager.db.migrate import set_identity, upgrade
-from queue_manager.domain.topology import KeyRange, Shard, Topology
-dsn = sys.argv[1]
-upgrade(dsn)
-shard = Shard('s0', dsn, KeyRange.parse('-'))
-set_identity(dsn, shard, Topology((shard,)))
-with psycopg.connect(dsn, autocommit=True) as conn:
-    conn.execute("SELECT qm.create_queue(%s, %s::jsonb)", (sys.argv[2], sys.argv[3]))
-"""
-
 #: one drain of the other checkout, by its own benchmarks.e2e.run_drain (the module layout of
 #: 8b05774 or of later commits), with the WAL position read beside its two CPU snapshots; prints
 #: the run's JSON on the last line of stdout
@@ -335,15 +320,7 @@ class Other:
 
     @classmethod
     def set_up(cls, checkout: Path, admin_dsn: str, settings: dict[str, Any]) -> Other:
-        name = "qm_e2e_other"
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        other = cls(checkout, make_conninfo(admin_dsn, dbname=name))
-        subprocess.run(
-            [other.python, "-c", OTHER_SETUP, other.dsn, QUEUE, json.dumps(settings)], cwd=checkout, check=True
-        )
-        return other
+        return cls(checkout, checkout_database(checkout, admin_dsn, "qm_e2e_other", QUEUE, settings))
 
     def drop(self, admin_dsn: str) -> None:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -924,16 +901,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if other is not None:
                 other.drop(admin_dsn)
-        if args.tracing_only:
+
+        def traced() -> dict[str, Any]:
             b = drain["best"]
-            tracing = bench_tracing(
-                dsn,
-                DrainConfig(b["receivers"], b["credit"], b["concurrency"]),
-                args.events,
-                args.reps,
-                args.trace_sample,
-            )
-            emit({**header("e2e"), **info, "code": code_at_start, "drain": drain, "tracing": tracing})
+            cfg = DrainConfig(b["receivers"], b["credit"], b["concurrency"])
+            return bench_tracing(dsn, cfg, args.events, args.reps, args.trace_sample)
+
+        if args.tracing_only:
+            emit({**header("e2e"), **info, "code": code_at_start, "drain": drain, "tracing": traced()})
             return 0
         latency: dict[str, Any] = {}
         fire: dict[str, Any] = {"p99_ms": None, "early": 0, "missing": 0}
@@ -954,16 +929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.latency_events,
                 args.reps,
             )
-        tracing = None
-        if args.tracing:
-            b = drain["best"]
-            tracing = bench_tracing(
-                dsn,
-                DrainConfig(b["receivers"], b["credit"], b["concurrency"]),
-                args.events,
-                args.reps,
-                args.trace_sample,
-            )
+        tracing = traced() if args.tracing else None
         profile = None
         if args.profile:
             b = drain["best"]

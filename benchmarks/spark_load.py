@@ -311,9 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             with managers(topology, topo_file) as procs:
                                 managers_before = sum(_proc_cpu(p.pid) for p in procs)
-                                samples[kind].append(
-                                    run_job(spark, source, topology, work, rep, args, steps, meter)
-                                )
+                                samples[kind].append(run_job(spark, source, topology, work, rep, args, steps, meter))
                                 manager_cpu.append(sum(_proc_cpu(p.pid) for p in procs) - managers_before)
                         shutil.rmtree(work, ignore_errors=True)
                     elif kind == "plain_jdbc":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -35,40 +34,22 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from benchmarks.lib.machine import ROOT, machine_info
-from benchmarks.lib.server import bench_server, server_info
+from benchmarks.lib.server import bench_server, checkout_database, server_info
 
 QUEUE = "bench_q"
 PLAIN = "bench_plain"
-#: run by each side's own interpreter, in its own checkout: migrate, make the only shard, create the
-#: queue (its code's way) and the plain table; through queue_manager alone, which every checkout has
-SETUP = """
-import json, sys
-import psycopg
-from queue_manager.db.migrate import set_identity, upgrade
-from queue_manager.domain.topology import KeyRange, Shard, Topology
-dsn = sys.argv[1]
-upgrade(dsn)
-shard = Shard('s0', dsn, KeyRange.parse('-'))
-set_identity(dsn, shard, Topology((shard,)))
-with psycopg.connect(dsn, autocommit=True) as conn:
-    conn.execute("SELECT qm.create_queue('bench_q', %s::jsonb)", (json.dumps({'partitions': 16, 'shuffle': 4}),))
-    conn.execute(
-        "CREATE TABLE bench_plain (id bigserial PRIMARY KEY, tenant text NOT NULL, payload jsonb NOT NULL,"
-        " partition smallint, state text NOT NULL DEFAULT 'to_be_fired', fire_at timestamptz NOT NULL DEFAULT now())"
-    )
-"""
+#: the plain table beside the queue, with the queue table's columns
+PLAIN_TABLE = (
+    "CREATE TABLE bench_plain (id bigserial PRIMARY KEY, tenant text NOT NULL, payload jsonb NOT NULL,"
+    " partition smallint, state text NOT NULL DEFAULT 'to_be_fired', fire_at timestamptz NOT NULL DEFAULT now())"
+)
 
 
 def set_up(admin_dsn: str, name: str, checkout: Path) -> str:
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = make_conninfo(admin_dsn, dbname=name)
-    subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c", SETUP, dsn], cwd=checkout, check=True)
-    return dsn
+    """Each side's database, set up by its own checkout's code: the queue and the plain table."""
+    return checkout_database(checkout, admin_dsn, name, QUEUE, {"partitions": 16, "shuffle": 4}, PLAIN_TABLE)
 
 
 def in_txn(dsn: str, table: str, rows: int) -> float:

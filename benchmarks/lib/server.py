@@ -8,6 +8,7 @@ import json
 import logging
 import secrets
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -77,3 +78,39 @@ def server_info(dsn: str) -> dict[str, Any]:
             row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
             settings[name] = row[0] if row else None
     return {"postgres": version[0] if version else None, "settings": settings}
+
+
+#: run by another checkout's own interpreter, in that checkout: migrate the database ``argv[1]``,
+#: make it the only shard, create the queue ``argv[2]`` with the settings ``argv[3]`` (JSON), its
+#: code's way, then run each further argument as a statement. Through queue_manager alone, which
+#: every checkout has.
+_CHECKOUT_SETUP = """
+import sys
+import psycopg
+from queue_manager.db.migrate import set_identity, upgrade
+from queue_manager.domain.topology import KeyRange, Shard, Topology
+dsn = sys.argv[1]
+upgrade(dsn)
+shard = Shard('s0', dsn, KeyRange.parse('-'))
+set_identity(dsn, shard, Topology((shard,)))
+with psycopg.connect(dsn, autocommit=True) as conn:
+    conn.execute("SELECT qm.create_queue(%s, %s::jsonb)", (sys.argv[2], sys.argv[3]))
+    for statement in sys.argv[4:]:
+        conn.execute(statement)
+"""
+
+
+def checkout_database(
+    checkout: Path, admin_dsn: str, name: str, queue: str, settings: Mapping[str, Any], *statements: str
+) -> str:
+    """A fresh database ``name`` set up by another checkout's code (its ``.venv``) as one shard with
+    ``queue``, then ``statements``; its DSN. For benchmarks that compare with an older build."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = make_conninfo(admin_dsn, dbname=name)
+    python = str(checkout / ".venv" / "bin" / "python")
+    subprocess.run(
+        [python, "-c", _CHECKOUT_SETUP, dsn, queue, json.dumps(dict(settings)), *statements], cwd=checkout, check=True
+    )
+    return dsn
