@@ -15,7 +15,7 @@ import multiprocessing as mp
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -206,6 +206,24 @@ def pacing(rate: float, total: int) -> Iterator[tuple[int, float]]:
     t0 = time.monotonic()
     for k in range(total):
         yield k, max(0.0, t0 + k / rate - time.monotonic())
+
+
+async def paced_sends(
+    rate: float, total: int, warmup: int, send: Callable[[int, float], Awaitable[object]]
+) -> tuple[dict[int, tuple[float, float]], float]:
+    """A peer's producer, open loop at ``rate``: ``send(seq, t_call)`` for ``total`` events, seq from
+    -``warmup`` on (negative: warm-up, not measured). Returns per seq (the call's time, its
+    return's) and the seconds the sends took."""
+    sent: dict[int, tuple[float, float]] = {}
+    started = time.monotonic()
+    for k, wait in pacing(rate, total):
+        if wait:
+            await asyncio.sleep(wait)
+        seq = k - warmup
+        t_call = time.time()
+        await send(seq, t_call)
+        sent[seq] = (t_call, time.time())
+    return sent, time.monotonic() - started
 
 
 def latency_run(

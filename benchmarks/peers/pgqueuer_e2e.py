@@ -111,18 +111,11 @@ def latency(dsn: str, args: Any) -> dict[str, Any]:
     async def produce(total: int, warmup: int) -> tuple[dict[int, tuple[float, float]], float]:
         conn = await asyncpg.connect(dsn)
         queries = Queries.from_asyncpg_connection(conn)
-        sent: dict[int, tuple[float, float]] = {}
-        started = time.monotonic()
-        for k, wait in harness.pacing(args.rate, total):
-            if wait:
-                await asyncio.sleep(wait)
-            seq = k - warmup  # negative: warm-up, not measured
-            t_call = time.time()
-            await queries.enqueue(ENTRYPOINT, payload(seq, t_call))
-            sent[seq] = (t_call, time.time())
-        elapsed = time.monotonic() - started
+        sent = await harness.paced_sends(
+            args.rate, total, warmup, lambda seq, t_call: queries.enqueue(ENTRYPOINT, payload(seq, t_call))
+        )
         await conn.close()
-        return sent, elapsed
+        return sent
 
     # the worker in run(): schema checked, LISTEN, an empty dequeue, then idle
     return harness.latency_run(

@@ -123,18 +123,10 @@ def latency(dsn: str, args: Any) -> dict[str, Any]:
     async def produce(total: int, warmup: int) -> tuple[dict[int, tuple[float, float]], float]:
         app = make_app(dsn)
         task = register(app)
-        sent: dict[int, tuple[float, float]] = {}
         async with app.open_async():
-            started = time.monotonic()
-            for k, wait in harness.pacing(args.rate, total):
-                if wait:
-                    await asyncio.sleep(wait)
-                seq = k - warmup  # negative: warm-up, not measured
-                t_call = time.time()
-                await task.defer_async(seq=seq, t=t_call)
-                sent[seq] = (t_call, time.time())
-            elapsed = time.monotonic() - started
-        return sent, elapsed
+            return await harness.paced_sends(
+                args.rate, total, warmup, lambda seq, t_call: task.defer_async(seq=seq, t=t_call)
+            )
 
     # the worker listens and has found the queue empty: idle
     return harness.latency_run(
