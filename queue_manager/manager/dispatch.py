@@ -295,23 +295,29 @@ class Dispatcher:
         used = q.wake_state.pick_floors()
         pick_time = self.rt.db_clock.now()
         started = self._started()
-        rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used)
+        rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used, q.last_pick)
+        since, q.last_pick = q.last_pick, pick_time
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         # more are due if the batch was full or some partition gave its whole quota
         per_part: dict[int, int] = {}
         tops: dict[int, float] = {}
+        heads: dict[int, float] = {}
         for r in rows:
             p = r[2]
             per_part[p] = per_part.get(p, 0) + 1
             if r[4] > tops.get(p, float("-inf")):
                 tops[p] = r[4]
+            if r[4] < heads.get(p, float("inf")):
+                heads[p] = r[4]
         # short of the limit: every partition was examined, and those that gave nothing have nothing due
         empty = range(q.settings.partitions_physical) if len(rows) < limit else ()
         q.wake_state.picked(tops, empty, pick_time)
         q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
         if rows:
-            q.cursor = plan.next_cursor(q.cursor, per_part, q.settings.partitions_physical)
+            sparse = plan.sparse_partitions(heads, since)
+            backlogged = {p: n for p, n in per_part.items() if p not in sparse}
+            q.cursor = plan.next_cursor(q.cursor, backlogged, q.settings.partitions_physical)
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
             choose = self._chooser(q, subs)

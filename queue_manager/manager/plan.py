@@ -183,6 +183,17 @@ def next_cursor(start: int, fired: Mapping[int, int], partitions: int) -> int:
     return (last + 1) % n
 
 
+def sparse_partitions(heads: Mapping[int, float], since: float | None) -> frozenset[int]:
+    """The partitions a pick walked first (``mgr_fire_due``): those whose earliest due event
+    (``heads``: partition -> the earliest fire_at it gave, epoch seconds) is not older than
+    ``since``, the previous pick's time; they had nothing due then. The cursor moves past the other
+    partitions only (:func:`next_cursor`): a sparse partition served out of turn does not make the
+    backlogged partitions before it in the walk lose theirs."""
+    if since is None:
+        return frozenset()
+    return frozenset(p for p, head in heads.items() if head >= since)
+
+
 S = TypeVar("S")
 
 

@@ -108,6 +108,9 @@ class QueueRuntime:
         self.scanned_future_only = False
         #: round-robin position of mgr_fire_due, kept across batches
         self.cursor = 0
+        #: the database time of the last mgr_fire_due: partitions with nothing due before it go
+        #: first in the next one (plan.sparse_partitions)
+        self.last_pick: float | None = None
         #: the subscriber that ties of free credit start from, moved on at each batch
         self.turn = 0
         #: the slice of partitions the next periodic rescan covers (see RESCAN_SLICES)

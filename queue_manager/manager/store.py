@@ -193,9 +193,7 @@ async def scan(
 FiredRow = tuple[int, str, int, int, float, str, str | None, str | None, str | None]
 
 
-async def fire(
-    conn: AsyncConn, q: QueueSettings, term: int, ids: list[int]
-) -> list[FiredRow]:
+async def fire(conn: AsyncConn, q: QueueSettings, term: int, ids: list[int]) -> list[FiredRow]:
     """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON, traceparent,
     tracestate, baggage) of those fired."""
     cur = await conn.execute(
@@ -213,9 +211,12 @@ async def fire_due(
     start: int,
     limit: int,
     floors: Sequence[float | None] | None = None,
+    since: float | None = None,
 ) -> tuple[list[FiredRow], int]:
     """Fire up to ``limit`` events due now, round-robin over partitions from ``start``, each
-    partition from its floor (epoch seconds; None or missing = from the start).
+    partition from its floor (epoch seconds; None or missing = from the start); the partitions
+    whose earliest due event is not older than ``since`` (database epoch seconds: the previous
+    pick's time) first (plan.sparse_partitions).
 
     Returns the rows (as fire()) and the per-partition quota used.
     """
@@ -231,6 +232,7 @@ async def fire_due(
             "quota": quota,
             "limit": limit,
             "floors": _array(lows),
+            "since": since,
             "ack_timeout": q.ack_timeout_seconds,
             "queue_id": q.id,
         },

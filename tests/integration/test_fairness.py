@@ -192,3 +192,46 @@ def test_the_fair_pick_walks_the_due_index_in_order_and_fires_by_primary_key(sha
             # a sort of the candidates (at most 1 000 rows) ranks them; none below the due index's scan
             due = next(n for n in nodes if n.get("Index Name") == "orders_due")
             assert not [n for n in _plan_nodes(due) if n["Node Type"] == "Sort"]
+
+
+async def test_a_partition_with_nothing_due_at_the_last_pick_goes_before_the_backlogged_ones(
+    shard: Shard, make_queue: Any
+) -> None:
+    """mgr_fire_due with ``since``: an event that arrived after the previous pick (its partition
+    had nothing due then) is fired first, whatever the round-robin cursor; without ``since``, or
+    once its partition is backlogged too, the cursor's order holds."""
+    from queue_manager.manager import store
+
+    make_queue("orders", partitions=4, shuffle=1)
+    noisy = next(t for t in tenants_of(shard, 400) if list(shuffle_set(t, 4, 1)) == [0])
+    quiet = next(t for t in tenants_of(shard, 400) if list(shuffle_set(t, 4, 1)) == [2])
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO orders (tenant, payload, fire_at) "
+            "SELECT %s, '{}', now() - interval '10 s' - g * interval '1 ms' FROM generate_series(1, 20) g",
+            (noisy,),
+        )
+        c.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (quiet,))
+        row = c.execute("SELECT extract(epoch FROM now() - interval '1 s')::float8").fetchone()
+        assert row is not None
+        since = row[0]
+    async with await store.connect(shard.dsn, "test") as conn:
+        term = await store.acquire(conn, "test-holder", 30.0)
+        assert term is not None
+        settings = {q.name: q for q in await store.load_queues(conn)}["orders"]
+        # the cursor at the backlog's partition: round-robin alone gives it the turn
+        rows, _ = await store.fire_due(conn, settings, term, 0, 1)
+        assert [r[1] for r in rows] == [noisy]
+        rows, _ = await store.fire_due(conn, settings, term, 0, 1, since=since)
+        assert [r[1] for r in rows] == [quiet]
+        # nothing sparse left: the backlog again, in fire_at order
+        rows, _ = await store.fire_due(conn, settings, term, 0, 8, since=since)  # quota 2 a partition
+        assert [r[1] for r in rows] == [noisy, noisy]
+    with psycopg.connect(shard.dsn) as c:
+        # the earliest of the backlog went first (FIFO within the partition)
+        row = c.execute(
+            "SELECT max(fire_at) < (SELECT min(fire_at) FROM orders WHERE state = 'to_be_fired') FROM orders "
+            "WHERE state = 'fired' AND tenant = %s",
+            (noisy,),
+        ).fetchone()
+        assert row == (True,)

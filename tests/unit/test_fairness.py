@@ -112,6 +112,36 @@ def test_round_robin_with_the_cursor_gives_every_partition_its_turn() -> None:
         assert sorted(served[i : i + 5]) == busy
 
 
+def test_sparse_partitions_are_those_with_nothing_due_at_the_previous_pick() -> None:
+    heads = {3: 100.0, 7: 104.9, 11: 105.0, 12: 106.5}
+    assert plan.sparse_partitions(heads, 105.0) == {11, 12}
+    assert plan.sparse_partitions(heads, None) == frozenset()
+    assert plan.sparse_partitions({}, 105.0) == frozenset()
+
+
+def test_a_sparse_partition_served_out_of_turn_does_not_move_the_cursor() -> None:
+    """Backlogged partitions 1, 3, 5 and a quiet tenant's partition 9 that has an event now and
+    then: 9 is served at once each time, and the backlogged ones still take turns in order."""
+    busy = [1, 3, 5]
+    cursor, served = 0, []
+    for i in range(30):
+        order = sorted(busy, key=lambda p: (p - cursor) % 16)
+        if i % 4 == 0:  # the quiet event, sparse: walked first
+            served.append(9)
+            heads = {9: float(i), order[0]: -1.0}
+            fired = {9: 1, order[0]: 1}
+            served.append(order[0])
+        else:
+            heads = {order[0]: -1.0}
+            fired = {order[0]: 1}
+            served.append(order[0])
+        backlogged = {p: n for p, n in fired.items() if p not in plan.sparse_partitions(heads, float(i) - 0.5)}
+        cursor = plan.next_cursor(cursor, backlogged, 16)
+    bulk = [p for p in served if p != 9]
+    assert bulk == [busy[i % 3] for i in range(len(bulk))]
+    assert served.count(9) == 8
+
+
 def test_the_ledger_counts_events_in_flight_by_tenant() -> None:
     ledger = Ledger()
     rng = random.Random(3)

@@ -101,18 +101,36 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 -- none: the index range scan then starts after what is known fired, not at the dead entries of
 -- everything fired since the last vacuum), at most %(quota)s each and %(limit)s in all. Locked
 -- rows are skipped. A paused queue picks and fires nothing.
+-- Sparse partitions first: a partition whose earliest due event is not older than %(since)s (the
+-- previous pick's time, epoch seconds; NULL: plain round-robin) had nothing due then, and is walked
+-- before the partitions that are working through a backlog, in the same round-robin order (as
+-- fq_codel serves new flows before old ones). A quiet tenant's event then waits for one pick, not
+-- for its partition's turn among the backlogged ones (docs/design.md, "Fair dispatch between
+-- tenants"). The walk is ordered before the picks so that LIMIT stops it where it would have.
 -- The picked ids reach the UPDATE as an array, so it probes the primary key: joined to the CTE,
 -- the planner hashed it against a sequential scan of the whole table (measured: 7.9 ms instead of
 -- 3.5 ms for 500 rows of a 30 000-row backlog, and growing with the backlog).
 WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
+     walk AS MATERIALIZED (
+        SELECT w.p
+          FROM (SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i
+                  FROM generate_series(0, %(partitions)s - 1) AS g(i)) w
+         ORDER BY coalesce((SELECT q.fire_at >= to_timestamp(%(since)s::double precision) FROM {queue} q
+                             WHERE %(since)s::double precision IS NOT NULL
+                               AND q.partition = w.p AND q.state = 'to_be_fired' AND q.fire_at <= now()
+                               AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[w.p + 1]),
+                                                         '-infinity'::timestamptz)
+                             ORDER BY q.fire_at
+                             LIMIT 1), false) DESC,
+                  w.i),
      pick AS MATERIALIZED (
         SELECT e.id
-          FROM f, generate_series(0, %(partitions)s - 1) AS g(i)
+          FROM f, walk w
          CROSS JOIN LATERAL (
                 SELECT q.id FROM {queue} q
-                 WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.state = 'to_be_fired'
+                 WHERE q.partition = w.p AND q.state = 'to_be_fired'
                    AND q.fire_at <= now()
-                   AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[(%(start)s + g.i) %% %(partitions)s + 1]),
+                   AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[w.p + 1]),
                                              '-infinity'::timestamptz)
                  ORDER BY q.fire_at
                  LIMIT %(quota)s
