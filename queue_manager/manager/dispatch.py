@@ -295,8 +295,11 @@ class Dispatcher:
         used = q.wake_state.pick_floors()
         pick_time = self.rt.db_clock.now()
         started = self._started()
-        rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used, q.last_pick)
-        since, q.last_pick = q.last_pick, pick_time
+        # sparse partitions first only behind a backlog: after a pick that took everything due,
+        # every partition's due events are new, and the walk's probes would buy nothing
+        since = q.last_pick if q.backlog else None
+        rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used, since)
+        q.last_pick = pick_time
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         # more are due if the batch was full or some partition gave its whole quota
@@ -315,9 +318,7 @@ class Dispatcher:
         q.wake_state.picked(tops, empty, pick_time)
         q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
         if rows:
-            sparse = plan.sparse_partitions(heads, since)
-            backlogged = {p: n for p, n in per_part.items() if p not in sparse}
-            q.cursor = plan.next_cursor(q.cursor, backlogged, q.settings.partitions_physical)
+            q.cursor = plan.cursor_after(q.cursor, per_part, heads, since, q.settings.partitions_physical)
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
             choose = self._chooser(q, subs)

@@ -194,6 +194,18 @@ def sparse_partitions(heads: Mapping[int, float], since: float | None) -> frozen
     return frozenset(p for p, head in heads.items() if head >= since)
 
 
+def cursor_after(
+    start: int, fired: Mapping[int, int], heads: Mapping[int, float], since: float | None, partitions: int
+) -> int:
+    """The round-robin cursor after a ``mgr_fire_due`` pick from ``start`` that fired ``fired``
+    (partition -> events) with ``heads`` (partition -> earliest fire_at): past the last backlogged
+    partition of the walk; a pick of sparse partitions only moves it past them, as before, so that
+    the walk turns even should the clock's estimate behind ``since`` lag."""
+    sparse = sparse_partitions(heads, since)
+    backlogged = {p: n for p, n in fired.items() if p not in sparse}
+    return next_cursor(start, backlogged or fired, partitions)
+
+
 S = TypeVar("S")
 
 

@@ -135,11 +135,17 @@ def test_a_sparse_partition_served_out_of_turn_does_not_move_the_cursor() -> Non
             heads = {order[0]: -1.0}
             fired = {order[0]: 1}
             served.append(order[0])
-        backlogged = {p: n for p, n in fired.items() if p not in plan.sparse_partitions(heads, float(i) - 0.5)}
-        cursor = plan.next_cursor(cursor, backlogged, 16)
+        cursor = plan.cursor_after(cursor, fired, heads, float(i) - 0.5, 16)
     bulk = [p for p in served if p != 9]
     assert bulk == [busy[i % 3] for i in range(len(bulk))]
     assert served.count(9) == 8
+
+
+def test_a_pick_of_sparse_partitions_only_still_turns_the_walk() -> None:
+    """Should ``since`` lag so far that every partition looks sparse, the cursor moves as before."""
+    assert plan.cursor_after(3, {3: 1, 5: 2}, {3: 10.0, 5: 11.0}, 0.0, 16) == 6
+    assert plan.cursor_after(3, {3: 1, 5: 2}, {3: 10.0, 5: 11.0}, 10.5, 16) == 4
+    assert plan.cursor_after(3, {3: 1, 5: 2}, {3: 10.0, 5: 11.0}, None, 16) == 6
 
 
 def test_the_ledger_counts_events_in_flight_by_tenant() -> None:
