@@ -112,6 +112,8 @@ class Writer:
                 traced = tracer is not None and kind in _TRACED and tracer.sampled()
                 started = ManagerTracer.now_ns() if traced else 0
                 items = [i for op in group for i in op.items]
+                # read before the batch: an ack of a queue without retention deletes the rows
+                contexts = await self._contexts(group[0].queue, items) if traced else []
                 try:
                     result = await _CALLS[kind](self.conn, group[0].queue, self.term, items)
                 except Exception as exc:
@@ -125,19 +127,16 @@ class Writer:
                     if not op.future.done():
                         op.future.set_result(result)
                 if traced and tracer is not None:
-                    await self._span(tracer, kind, group[0].queue, items, started)
+                    tracer.batch(_TRACED[kind], group[0].queue.name, len(items), contexts, started)
 
-    async def _span(
-        self, tracer: ManagerTracer, kind: OpKind, q: QueueSettings, items: list[Any], started: int
-    ) -> None:
-        """A sampled batch's span, linked to its events' trace contexts (read back by id: the
-        writer does not keep them)."""
+    async def _contexts(self, q: QueueSettings, items: list[Any]) -> list[str | None]:
+        """A sampled batch's events' trace contexts, for its span's links (read by id: the writer
+        does not keep them)."""
         try:
-            contexts = await store.trace_contexts(self.conn, q, [i[0] for i in items])
-        except psycopg.Error as exc:  # the batch is committed and answered: a span's read costs it nothing
+            return await store.trace_contexts(self.conn, q, [i[0] for i in items])
+        except psycopg.Error as exc:  # a span's read must not cost the batch anything
             logger.debug("no trace contexts for a batch span: %s", exc, extra={"action": "trace_batch"})
-            contexts = []
-        tracer.batch(_TRACED[kind], q.name, len(items), contexts, started)
+            return []
 
     @staticmethod
     def _fail(ops: list[_Op], exc: BaseException) -> None:

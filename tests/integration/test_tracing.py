@@ -286,10 +286,12 @@ async def test_a_malformed_trace_context_is_a_clear_error_and_loses_nothing_else
     assert stored[3][0] == "7" and stored[3][1] not in (None, good) and stored[3][2] is None
 
 
+@pytest.mark.parametrize("retention", [{}, {"retention_seconds": 0}], ids=["kept", "deleted-on-ack"])
 async def test_the_manager_traces_a_sample_of_its_fire_and_ack_batches_linked_to_the_events(
-    shard: Shard, make_queue: Any, spans: InMemorySpanExporter
+    shard: Shard, make_queue: Any, spans: InMemorySpanExporter, retention: dict[str, int]
 ) -> None:
-    make_queue("orders", partitions=2, shuffle=1)
+    # without retention an ack deletes the rows: the span's contexts are read before it
+    make_queue("orders", partitions=2, shuffle=1, **retention)
     tenants = tenants_of(shard, 2)
     tracer = trace.get_tracer("tests")
     with tracer.start_as_current_span("GET /batch", kind=SpanKind.SERVER), psycopg.connect(shard.dsn) as conn:
