@@ -112,14 +112,15 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 -- 3.5 ms for 500 rows of a 30 000-row backlog, and growing with the backlog).
 WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
      walk AS MATERIALIZED (
-        SELECT w.p
-          FROM (SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i
+        SELECT w.p, w.low
+          FROM (SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i,
+                       coalesce(to_timestamp((%(floors)s::double precision[])[(%(start)s + g.i) %% %(partitions)s + 1]),
+                                '-infinity'::timestamptz) AS low
                   FROM generate_series(0, %(partitions)s - 1) AS g(i)) w
          ORDER BY coalesce((SELECT q.fire_at >= to_timestamp(%(since)s::double precision) FROM {queue} q
                              WHERE %(since)s::double precision IS NOT NULL
                                AND q.partition = w.p AND q.state = 'to_be_fired' AND q.fire_at <= now()
-                               AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[w.p + 1]),
-                                                         '-infinity'::timestamptz)
+                               AND q.fire_at >= w.low
                              ORDER BY q.fire_at
                              LIMIT 1), false) DESC,
                   w.i),
@@ -129,9 +130,7 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHER
          CROSS JOIN LATERAL (
                 SELECT q.id FROM {queue} q
                  WHERE q.partition = w.p AND q.state = 'to_be_fired'
-                   AND q.fire_at <= now()
-                   AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[w.p + 1]),
-                                             '-infinity'::timestamptz)
+                   AND q.fire_at <= now() AND q.fire_at >= w.low
                  ORDER BY q.fire_at
                  LIMIT %(quota)s
                    FOR UPDATE SKIP LOCKED) e
