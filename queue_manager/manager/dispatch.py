@@ -116,7 +116,8 @@ class Dispatcher:
         """One queue's steps; True when events were fired and more may follow at once."""
         wake = q.wake_state
         wake.safety_net(now)
-        dirty, hint = q.take_nudges()
+        pick = q.pick
+        dirty, hint = pick.take_nudges()
         if q.room_again():  # a tenant held back by its cap has room: its due events go now
             hint = True
         direct = q.direct()
@@ -127,11 +128,11 @@ class Dispatcher:
                 direct=direct,
                 dirty=dirty,
                 due_hint=hint,
-                backlog=q.backlog,
-                next_scan=q.next_scan,
+                backlog=pick.backlog,
+                next_scan=pick.next_scan,
                 polling=wake.polling(now),
                 needs_refill=q.cache.needs_refill(),
-                scanned_future_only=q.scanned_future_only,
+                scanned_future_only=pick.scanned_future_only,
             ),
             now,
         )
@@ -143,11 +144,11 @@ class Dispatcher:
         if r.fire_direct:
             fired = await self._fire_direct(q)
             if not fired and q.limits.cut and (hint or dirty):
-                q.due_hint = True  # held back by the queue's limits: fire when they admit it (limits.py)
+                pick.due_hint = True  # held back by the queue's limits: fire when they admit it (limits.py)
             if fired and r.polling:
                 wake.polled(now)
             # a poll that emptied the queue waits POLL_INTERVAL before the next one
-            if fired and (q.backlog or not r.polling):
+            if fired and (pick.backlog or not r.polling):
                 progressed = True
         if await self._fire_cached(q):
             progressed = True
@@ -161,12 +162,12 @@ class Dispatcher:
             [
                 plan.IdleState(
                     id=q.id,
-                    backlog=q.backlog,
+                    backlog=q.pick.backlog,
                     polling=q.wake_state.polling(now),
                     has_due=q.cache.has_due(db_now),
-                    has_free=not q.cache_held and any(c.free > 0 for c in q.subscribers),
+                    has_free=not q.pick.cache_held and any(c.free > 0 for c in q.subscribers),
                     next_fire_at=q.cache.next_fire_at(),
-                    next_scan=q.next_scan,
+                    next_scan=q.pick.next_scan,
                     armed=q.wake_state.armed,
                     waiting=q.wake_state.waiting,
                     limit_wait=self._limit_wait(q, now, db_now),
@@ -242,8 +243,6 @@ class Dispatcher:
         pick_time = rt.db_clock.now()
         sent = rt.clock.wall()
         rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
-        if parts is None:
-            q.scanned_future_only = future_only
         if clock is not None:
             rt.db_clock.observe(clock, sent, rt.clock.wall())
         counts: dict[int, int] = {}
@@ -258,7 +257,8 @@ class Dispatcher:
             scanned = range(q.settings.partitions_physical) if parts is None else parts
             q.wake_state.picked(firsts, scanned, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
-        q.next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
+        next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
+        q.pick.scanned(parts is None, future_only, next_scan)
         rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))
 
     def _capacity(self, q: QueueRuntime) -> tuple[list[Subscriber], int]:
@@ -273,7 +273,7 @@ class Dispatcher:
 
     def _limit_wait(self, q: QueueRuntime, now: float, db_now: float) -> float:
         """Seconds until the queue's limits admit an event that is due (0: not held back by them)."""
-        if not (q.backlog or q.due_hint or q.cache.has_due(db_now)):
+        if not (q.pick.backlog or q.pick.due_hint or q.cache.has_due(db_now)):
             return 0.0
         s = q.settings
         return q.limits.wait(q.in_flight, s.max_qps, s.max_concurrency, now)
@@ -282,8 +282,7 @@ class Dispatcher:
     def _chooser(q: QueueRuntime, subs: list[Subscriber]) -> Callable[[str], Subscriber | None]:
         """Who gets each event of a batch (plan.chooser); ties start one subscriber further on
         than the last batch's."""
-        q.turn += 1
-        return plan.chooser(subs, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed, q.turn)
+        return plan.chooser(subs, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed, q.pick.next_turn())
 
     async def _fire_direct(self, q: QueueRuntime) -> int:
         """Fire events due now straight from the table (no scan round trip first)."""
@@ -295,11 +294,8 @@ class Dispatcher:
         used = q.wake_state.pick_floors()
         pick_time = self.rt.db_clock.now()
         started = self._started()
-        # sparse partitions first only behind a backlog: after a pick that took everything due,
-        # every partition's due events are new, and the walk's probes would buy nothing
-        since = q.last_pick if q.backlog else None
-        rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used, since)
-        q.last_pick = pick_time
+        cursor, since = q.pick.direct_start()
+        rows, quota = await store.fire_due(self.conn, q.settings, self.term, cursor, limit, used, since)
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         # more are due if the batch was full or some partition gave its whole quota
@@ -316,9 +312,9 @@ class Dispatcher:
         # short of the limit: every partition was examined, and those that gave nothing have nothing due
         empty = range(q.settings.partitions_physical) if len(rows) < limit else ()
         q.wake_state.picked(tops, empty, pick_time)
-        q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
+        full = len(rows) >= limit or any(n >= quota for n in per_part.values())
+        q.pick.direct_fired(per_part, heads, since, pick_time, full, q.settings.partitions_physical)
         if rows:
-            q.cursor = plan.cursor_after(q.cursor, per_part, heads, since, q.settings.partitions_physical)
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
             choose = self._chooser(q, subs)
@@ -338,7 +334,9 @@ class Dispatcher:
         pick = q.fair.pick(q.policy, in_flight, limit)
         used = q.wake_state.pick_floors()
         started = self._started()
-        rows, quota, seen = await store.fire_due_fair(self.conn, q.settings, self.term, q.cursor, limit, pick, used)
+        rows, quota, seen = await store.fire_due_fair(
+            self.conn, q.settings, self.term, q.pick.cursor, limit, pick, used
+        )
         self.rt.signals.fired.emit(q.name)
         per_part: dict[int, int] = {}
         fired: dict[str, int] = {}
@@ -346,16 +344,16 @@ class Dispatcher:
             per_part[r[2]] = per_part.get(r[2], 0) + 1
             fired[r[1]] = fired.get(r[1], 0) + 1
         # candidates left over, or a partition that gave its whole quota: more are due now
-        q.backlog = len(rows) >= limit or seen > len(rows) or any(n >= quota for n in per_part.values())
+        full = len(rows) >= limit or seen > len(rows) or any(n >= quota for n in per_part.values())
         # tenants at their cap, or that reached it in this batch, may have more due: fire when they have room
-        q.cap_blocked.update(pick.capped)
+        capped = list(pick.capped)
         for t, n in fired.items():
             room = q.policy.room(t, in_flight.get(t, 0))
             if room is not None and n >= room:
-                q.cap_blocked.add(t)
+                capped.append(t)
+        q.pick.fair_fired(per_part, full, capped, q.settings.partitions_physical)
         if rows:
             q.fair.charge((r[1] for r in rows), q.policy)
-            q.cursor = plan.next_cursor(q.cursor, per_part, q.settings.partitions_physical)
             if len(q.cache):
                 q.cache.discard_ids({r[0] for r in rows})
             choose = self._chooser(q, subs)
@@ -380,7 +378,7 @@ class Dispatcher:
 
             taken = q.cache.take_ordered(now_db, limit, lambda e: choose(e.tenant), order)
             # due events held back by their tenants' caps: idle until an ack wakes the dispatcher
-            q.cache_held = not taken and q.cache.has_due(now_db)
+            q.pick.cache_held = not taken and q.cache.has_due(now_db)
         else:
             taken = q.cache.take(now_db, limit, lambda e: choose(e.tenant))
         if not taken:

@@ -197,7 +197,7 @@ class Runtime:
                 continue
             if policy != q.policy:
                 q.policy = policy
-                q.cap_blocked.clear()
+                q.pick.policy_changed()
                 self.nudge(q, Reason.DUE)  # caps may have been raised
             old = q.settings
             q.settings = settings
