@@ -97,6 +97,9 @@ STAGE_COLUMNS = (
     "traceparent",
     "tracestate",
     "baggage",
+    "priority",
+    "concurrency_key",
+    "rate_key",
 )
 #: the forms of the trace context columns, as the queue tables' triggers test them (qm.rule_trace): a
 #: row breaking one is rejected with a reason
@@ -175,7 +178,10 @@ class Columns:
     columns. ``fire_at`` (optional) a timestamp, date or string column (NULL: now); ``dedup_key``
     optional. ``traceparent``, ``tracestate`` and ``baggage`` (optional): string columns holding
     each row's W3C trace context (NULL: none), stored with the event and carried to its receiver
-    (docs/observability.md); a malformed value rejects the row.
+    (docs/observability.md); a malformed value rejects the row. ``priority`` (optional): an integer
+    column, 1 (highest) to 5 (NULL: the queue's default_priority); ``concurrency_key`` and
+    ``rate_key`` (optional): string columns of the keys the queue's key limits count (NULL: none;
+    docs/sql.md); a value out of range rejects the row.
     """
 
     tenant: str = "tenant"
@@ -186,6 +192,9 @@ class Columns:
     traceparent: str | None = None
     tracestate: str | None = None
     baggage: str | None = None
+    priority: str | None = None
+    concurrency_key: str | None = None
+    rate_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -369,6 +378,8 @@ def _fire_at(df: DataFrame, name: str) -> Column:
 def _check_columns(df: DataFrame, columns: Columns) -> None:
     named = [("tenant", columns.tenant), ("fire_at", columns.fire_at), ("dedup key", columns.dedup_key)]
     named += [("traceparent", columns.traceparent), ("tracestate", columns.tracestate), ("baggage", columns.baggage)]
+    named += [("priority", columns.priority), ("concurrency key", columns.concurrency_key)]
+    named += [("rate key", columns.rate_key)]
     named += [("payload", c) for c in columns.payload_cols] if columns.payload_cols else [("payload", columns.payload)]
     for what, name in named:
         if name is not None and name not in df.columns:
@@ -411,8 +422,11 @@ def route_and_check(
                 ("traceparent", columns.traceparent),
                 ("tracestate", columns.tracestate),
                 ("baggage", columns.baggage),
+                ("concurrency_key", columns.concurrency_key),
+                ("rate_key", columns.rate_key),
             )
         ),
+        (F.col(columns.priority).cast("int") if columns.priority else F.lit(None).cast("int")).alias("priority"),
     )
     t = F.col("tenant")
     # the keyspace id once per row, whatever the number of shards
@@ -451,6 +465,9 @@ def route_and_check(
             (F.length("tracestate") > 512) | ~F.col("tracestate").rlike(PRINTABLE_ASCII_RE), F.lit("invalid tracestate")
         )
         .when((F.length("baggage") > 8192) | ~F.col("baggage").rlike(PRINTABLE_ASCII_RE), F.lit("invalid baggage"))
+        .when(~F.col("priority").between(1, 5), F.lit("invalid priority"))
+        .when(~F.length("concurrency_key").between(1, 256), F.lit("invalid concurrency_key"))
+        .when(~F.length("rate_key").between(1, 256), F.lit("invalid rate_key"))
     )
     partition = _per_shard(s, shapes, lambda q: _partition(t, F.col("row_key"), q))
     return routed.select(
@@ -465,6 +482,9 @@ def route_and_check(
         "traceparent",
         "tracestate",
         "baggage",
+        F.col("priority").cast("short").alias("priority"),
+        "concurrency_key",
+        "rate_key",
     )
 
 
@@ -1084,6 +1104,9 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
         args.traceparent_col,
         args.tracestate_col,
         args.baggage_col,
+        args.priority_col,
+        args.concurrency_key_col,
+        args.rate_key_col,
     )
     with job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
         require_jdbc_driver(spark)

@@ -78,9 +78,12 @@ SOURCE: tuple[str, ...] = (
     "settings/write_settings.sql",
     "settings/set_tenant.sql",
     "settings/unset_tenant.sql",
+    "settings/set_key.sql",
+    "settings/unset_key.sql",
     # the generator of a queue's counters, functions and triggers, and what the generated code calls
     "queue_triggers/rule_fresh.sql",
     "queue_triggers/rule_trace.sql",
+    "queue_triggers/rule_keys.sql",
     "queue_triggers/rule_valid.sql",
     "queue_triggers/rule_member.sql",
     "queue_triggers/route_picks.sql",
@@ -90,9 +93,11 @@ SOURCE: tuple[str, ...] = (
     "queue_triggers/verify_source.sql",
     "queue_triggers/apply_queue_counters.sql",
     "queue_triggers/apply_queue_triggers.sql",
+    "queue_triggers/apply_queue_default.sql",
     "queue_triggers/apply_queue.sql",
     "queue_triggers/refuse_event.sql",
     "queue_triggers/refuse_trace.sql",
+    "queue_triggers/refuse_keys.sql",
     "queue_triggers/refuse_fresh_partition.sql",
     "queue_triggers/notify_settled.sql",
     "queue_triggers/notify_rescheduled.sql",
@@ -137,6 +142,7 @@ SOURCE: tuple[str, ...] = (
     # settings notices: the functions and the triggers on qm.queues and qm.tenant_settings
     "notices/notify_settings_changed.sql",
     "notices/notify_tenant_settings_changed.sql",
+    "notices/notify_key_settings_changed.sql",
 )
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
 from queue_manager.manager.floors import holder_interval
+from queue_manager.manager.keys import SEP, UNLIMITED, KeyAdmission, KeyRooms, concurrency_rooms, scoped
+from queue_manager.manager.priority import level_order
 from queue_manager.manager.queues import QueueRuntime, Reason, Subscriber, active
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
@@ -63,10 +65,11 @@ class Dispatcher:
         waiters = rt.reload_starts()
         rows = await store.load_queues(self.conn)
         tenants = await store.load_tenant_settings(self.conn)
+        keys = await store.load_key_settings(self.conn)
         sent = rt.clock.wall()
         clock = await store.db_now(self.conn)
         rt.db_clock.observe(clock, sent, rt.clock.wall())
-        rt.apply_settings(rows, tenants)
+        rt.apply_settings(rows, tenants, keys)
         rt.reload_done(waiters)
         rt.signals.reloaded.emit(None)
 
@@ -118,7 +121,7 @@ class Dispatcher:
         wake.safety_net(now)
         pick = q.pick
         dirty, hint = pick.take_nudges()
-        if q.room_again():  # a tenant held back by its cap has room: its due events go now
+        if q.room_again(now):  # a tenant or a key held back by its limit has room: its due events go now
             hint = True
         direct = q.direct()
         if direct and wake.burst(now):
@@ -218,7 +221,7 @@ class Dispatcher:
                 return True
         timeout = min(idle.timeout, plan.ARM_RETRY) if retry else idle.timeout
         for q in queues:  # producers that do not notify: read their locks on schedule
-            timeout = min(timeout, q.wake_state.until_reading(now))
+            timeout = min(timeout, q.wake_state.until_reading(now), q.pick.rate_wait(now))
         rt.went_idle(spare=idle.spare)
         if timeout > 0:
             await self._sleep(timeout)
@@ -248,14 +251,19 @@ class Dispatcher:
         counts: dict[int, int] = {}
         firsts: dict[int, float] = {}
         entries = []
-        for ident, tenant, part, fire_at in rows:
-            if part not in counts:
-                firsts[part] = fire_at  # rows come in fire_at order per partition
+        ws = q.wake_state
+        for ident, tenant, part, fire_at, priority, ckey, rkey in rows:
+            slot = ws.slot(part, priority)
+            if slot not in firsts:
+                firsts[slot] = fire_at  # rows come in fire_at order per partition
             counts[part] = counts.get(part, 0) + 1
-            entries.append(Entry(ident, tenant, part, fire_at))
+            ck, rk = scoped(tenant, ckey), scoped(tenant, rkey)
+            entries.append(Entry(ident, tenant, part, fire_at, priority=priority, ckey=ck, rkey=rk))
         if not future_only:
             scanned = range(q.settings.partitions_physical) if parts is None else parts
-            q.wake_state.picked(firsts, scanned, pick_time)
+            # a partition cut short by its quota may hold rows of a level it did not return
+            empty = [s for p in scanned if counts.get(p, 0) < quota for s in ws.slots_of(p)]
+            ws.picked(firsts, empty, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
         next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
         q.pick.scanned(parts is None, future_only, next_scan)
@@ -285,34 +293,48 @@ class Dispatcher:
         return plan.chooser(subs, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed, q.pick.next_turn())
 
     async def _fire_direct(self, q: QueueRuntime) -> int:
-        """Fire events due now straight from the table (no scan round trip first)."""
+        """Fire events due now straight from the table (no scan round trip first), by priority
+        first (``mgr_fire_due``; priority.py)."""
         subs, limit = self._capacity(q)
         if limit <= 0:
             return 0
-        if q.policy.active:
+        if q.limited:
             return await self._fire_direct_fair(q, subs, limit)
-        used = q.wake_state.pick_floors()
+        ws = q.wake_state
+        used = ws.pick_floors()
         pick_time = self.rt.db_clock.now()
         started = self._started()
         cursor, since = q.pick.direct_start()
-        rows, quota = await store.fire_due(self.conn, q.settings, self.term, cursor, limit, used, since)
+        rows, order, quota = await store.fire_due(self.conn, q.settings, self.term, cursor, limit, used, since)
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
-        # more are due if the batch was full or some partition gave its whole quota
+        # the cursor turns at the last level served, where the batch was cut; the levels before it
+        # gave all they had (or their streams' quotas)
+        rank = {v: i for i, v in enumerate(order)}
+        last = max((rank[r[9]] for r in rows), default=0)
         per_part: dict[int, int] = {}
+        per_stream: dict[int, int] = {}
         tops: dict[int, float] = {}
         heads: dict[int, float] = {}
         for r in rows:
             p = r[2]
-            per_part[p] = per_part.get(p, 0) + 1
-            if r[4] > tops.get(p, float("-inf")):
-                tops[p] = r[4]
+            slot = ws.slot(p, r[9])
+            per_stream[slot] = per_stream.get(slot, 0) + 1
+            if r[4] > tops.get(slot, float("-inf")):
+                tops[slot] = r[4]
             if r[4] < heads.get(p, float("inf")):
                 heads[p] = r[4]
+            if rank[r[9]] == last:
+                per_part[p] = per_part.get(p, 0) + 1
         # short of the limit: every partition was examined, and those that gave nothing have nothing due
-        empty = range(q.settings.partitions_physical) if len(rows) < limit else ()
-        q.wake_state.picked(tops, empty, pick_time)
-        full = len(rows) >= limit or any(n >= quota for n in per_part.values())
+        empty = (
+            [s for p in range(q.settings.partitions_physical) if p not in heads for s in ws.slots_of(p)]
+            if len(rows) < limit
+            else ()
+        )
+        ws.picked(tops, empty, pick_time)
+        # more are due if the batch was full or some stream gave its whole quota
+        full = len(rows) >= limit or any(n >= quota for n in per_stream.values())
         q.pick.direct_fired(per_part, heads, since, pick_time, full, q.settings.partitions_physical)
         if rows:
             if len(q.cache):
@@ -326,16 +348,44 @@ class Dispatcher:
         tracer = self.rt.tracer
         return tracer.now_ns() if tracer is not None and tracer.sampled() else 0
 
+    def _key_rooms(self, q: QueueRuntime, limit: int) -> tuple[KeyRooms, KeyRooms]:
+        """What a pick of ``limit`` may take of each concurrency key and each rate key now."""
+        keys = q.keys
+        if not keys.active:
+            return UNLIMITED, UNLIMITED
+        now = self.rt.clock.monotonic()
+        q.rates.prune(keys, now)
+        return concurrency_rooms(keys, q.ledger.by_key(), limit), q.rates.rooms_at(keys, now)
+
+    def _keys_passed(self, q: QueueRuntime, ckeys: KeyRooms, rkeys: KeyRooms, rows: list[_Row]) -> None:
+        """After a limited pick: the concurrency keys it passed over or filled, and when the rate
+        keys it passed over have a token, so that the dispatcher fires again then."""
+        if not q.keys.active:
+            return
+        blocked = list(ckeys.blocked)
+        held = q.ledger.by_key()
+        for r in rows:
+            key = scoped(r[1], r[10])
+            if key is not None:
+                cap = q.keys.max_in_flight(key)
+                if cap is not None and held.get(key, 0) >= cap:
+                    blocked.append(key)
+        now = self.rt.clock.monotonic()
+        wait = q.rates.wait(q.keys, now) if rkeys.blocked else float("inf")
+        q.pick.keys_passed(blocked, None if wait == float("inf") else now + wait)
+
     async def _fire_direct_fair(self, q: QueueRuntime, subs: list[Subscriber], limit: int) -> int:
-        """The direct path of a queue with tenant settings: a fair pick (fairness.py). It leaves the
-        floors where they are: it may pass over rows below the ones it fires (a capped tenant's, or
-        candidates the weights did not choose), so "nothing is due below what was fired" does not hold."""
+        """The direct path of a queue with tenant settings or key limits: the limited pick
+        (fairness.py, keys.py). It leaves the floors where they are: it may pass over rows below the
+        ones it fires (a capped tenant's or key's, or candidates the weights did not choose), so
+        "nothing is due below what was fired" does not hold."""
         in_flight = q.ledger.by_tenant()
         pick = q.fair.pick(q.policy, in_flight, limit)
+        ckeys, rkeys = self._key_rooms(q, limit)
         used = q.wake_state.pick_floors()
         started = self._started()
         rows, quota, seen = await store.fire_due_fair(
-            self.conn, q.settings, self.term, q.pick.cursor, limit, pick, used
+            self.conn, q.settings, self.term, q.pick.cursor, limit, pick, used, ckeys, rkeys
         )
         self.rt.signals.fired.emit(q.name)
         per_part: dict[int, int] = {}
@@ -358,34 +408,55 @@ class Dispatcher:
                 q.cache.discard_ids({r[0] for r in rows})
             choose = self._chooser(q, subs)
             self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows}, started)
+        self._keys_passed(q, ckeys, rkeys, rows)
         return len(rows)
 
     async def _fire_cached(self, q: QueueRuntime) -> int:
-        """Fire due events of the window cache (scheduled events reach here at their fire_at)."""
+        """Fire due events of the window cache (scheduled events reach here at their fire_at), by
+        effective priority first, within the tenants' shares and the keys' rooms."""
         if not len(q.cache):
             return 0
         subs, limit = self._capacity(q)
         if limit <= 0:
             return 0
-        choose = self._chooser(q, subs)
+        chooser = self._chooser(q, subs)
         db_clock = self.rt.db_clock
         now_db = db_clock.now()
+        ckeys, rkeys = self._key_rooms(q, limit)
+        admit = KeyAdmission(ckeys, rkeys)
+
+        def choose(e: Entry) -> Subscriber | None:
+            if not admit.allows(e.ckey, e.rkey):
+                return None
+            c = chooser(e.tenant)
+            if c is not None:
+                admit.took(e.ckey, e.rkey)
+            return c
+
         if q.policy.active:
             in_flight = q.ledger.by_tenant()
 
-            def order(cands: list[Entry], n: int) -> list[Entry]:
-                return q.fair.order([(e, e.tenant, e.fire_at) for e in cands], q.policy, in_flight, n)
+            aging = q.settings.priority_aging_seconds
 
-            taken = q.cache.take_ordered(now_db, limit, lambda e: choose(e.tenant), order)
+            def order(cands: list[Entry], n: int) -> list[Entry]:
+                oldest: dict[int, float] = {}
+                for e in cands:
+                    oldest[e.priority] = min(e.fire_at, oldest.get(e.priority, e.fire_at))
+                rank = level_order(oldest, now_db, aging)
+                return q.fair.order([(e, e.tenant, e.fire_at, rank[e.priority]) for e in cands], q.policy, in_flight, n)
+
+            taken = q.cache.take_ordered(now_db, limit, choose, order)
             # due events held back by their tenants' caps: idle until an ack wakes the dispatcher
             q.pick.cache_held = not taken and q.cache.has_due(now_db)
         else:
-            taken = q.cache.take(now_db, limit, lambda e: choose(e.tenant))
+            taken = q.cache.take(now_db, limit, choose, q.settings.priority_aging_seconds)
         if not taken:
             # give the admitted tokens back now: held until the next admit, they would be lost to
             # the bucket's cap while it refills, and each round that found nothing due in the cache
             # would lower the queue's max_qps rate
             q.limits.spent(0, self.rt.clock.monotonic())
+            if admit.passed:
+                self._keys_passed(q, ckeys, rkeys, [])
             return 0
         started = self._started()
         rows = await store.fire(self.conn, q.settings, self.term, [e.id for e, _ in taken])
@@ -395,6 +466,8 @@ class Dispatcher:
             q.fair.charge((r[1] for r in rows), q.policy)
         by_id = {e.id: (e, c) for e, c in taken}
         self._push(q, rows, {i: c for i, (_, c) in by_id.items()}, started)
+        if admit.passed:
+            self._keys_passed(q, ckeys, rkeys, rows)
         for r in rows:
             by_id.pop(r[0], None)
         # not fired: already taken elsewhere, or a hair too early for the database clock
@@ -416,28 +489,38 @@ class Dispatcher:
         out: dict[Subscriber, list[str]] = {}
         orphans: list[ReleaseItem] = []
         unheard: list[ReleaseItem] = []
-        hold = q.ledger.hold
+        ledger = q.ledger
+        hold = ledger.hold
         delays = []
         tenants = []
         event_json = frames.event_json
         trace_json = frames.trace_json
-        for ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage in rows:
+        rates = q.rates if q.keys.limits_rate else None
+        for ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage, priority, ck, rk in rows:
             c = assign[ident]
+            key = None if ck is None else tenant + SEP + ck
+            if rates is not None and rk is not None:
+                rate_key = tenant + SEP + rk
+                rate = q.keys.max_qps(rate_key)
+                if rate is not None:
+                    rates.spent(rate_key, rate, mono)
             if c.closed:
                 orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
+                ledger.stray(ident, attempt, key)  # its key counts it until the release commits
                 continue
             if c.silent:  # the collector found it silent while this fire was on its way
                 unheard.append((ident, attempt, 0.0, "receiver fell silent before the push"))
+                ledger.stray(ident, attempt, key)
                 continue
-            hold(c.id, ident, attempt, mono, tenant)
+            hold(c.id, ident, attempt, mono, tenant, key)
             events = out.get(c)
             if events is None:
                 events = out[c] = []
             if traceparent is None and tracestate is None and baggage is None:
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload))
+                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, priority=priority))
             else:
                 trace = trace_json(traceparent, tracestate, baggage)
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace))
+                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace, priority=priority))
             delays.append(pushed_db - fire_at if pushed_db > fire_at else 0.0)
             tenants.append(tenant)
         if delays:

@@ -23,6 +23,9 @@ the same for a fair pick (tenant settings), with the tenants it stopped at their
 **Room again.** Tenants a pick passed over at their cap (:attr:`PickState.cap_blocked`) make the
 next round fire as soon as one of them has room (:meth:`PickState.room_again`), without waiting
 for a nudge; :attr:`PickState.cache_held` says the cache's due events were all held back by caps.
+So do the concurrency keys a pick passed over at their limit (:attr:`PickState.key_blocked`,
+:meth:`PickState.key_room_again`), and a pick that passed over rate keys without a token fires
+again when the first of them has one (:meth:`PickState.rate_wait`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from enum import Enum
 
 from queue_manager.manager import plan
 from queue_manager.manager.fairness import TenantPolicy
+from queue_manager.manager.keys import KeyPolicy
 
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
 RESCAN_SLICES = plan.RESCAN_SLICES
@@ -75,8 +79,10 @@ class PickState:
         "cursor",
         "dirty",
         "due_hint",
+        "key_blocked",
         "last_pick",
         "next_scan",
+        "rate_until",
         "rescan_slice",
         "scanned_future_only",
         "turn",
@@ -106,6 +112,10 @@ class PickState:
         self.cap_blocked: set[str] = set()
         #: the cache's due events were all held back by their tenants' caps in the last round
         self.cache_held = False
+        #: concurrency keys a pick passed over or stopped at their limit: when one has room, fire
+        self.key_blocked: set[str] = set()
+        #: a pick passed over rate keys without a token: fire again at this loop time (None: none)
+        self.rate_until: float | None = None
 
     # ------------------------------------------------------------------ nudges
 
@@ -188,9 +198,35 @@ class PickState:
                 return True
         return False
 
+    def key_room_again(self, held: Mapping[str, int], keys: KeyPolicy, now: float) -> bool:
+        """A concurrency key held back at its limit has room again, or the rate keys passed over
+        have a token by ``now`` (loop time): fire at once. Clears the record when so."""
+        if self.rate_until is not None and now >= self.rate_until:
+            self.rate_until = None
+            return True
+        for k in self.key_blocked:
+            cap = keys.max_in_flight(k)
+            if cap is None or held.get(k, 0) < cap:
+                self.key_blocked.clear()
+                return True
+        return False
+
+    def keys_passed(self, blocked: Iterable[str], rate_until: float | None) -> None:
+        """A pick passed over (or stopped at their limit) these concurrency keys, and rate keys
+        without a token, the first of which has one at ``rate_until`` (loop time; None: none)."""
+        self.key_blocked.update(blocked)
+        if rate_until is not None:
+            self.rate_until = rate_until if self.rate_until is None else min(self.rate_until, rate_until)
+
+    def rate_wait(self, now: float) -> float:
+        """Seconds until the rate keys passed over have a token (inf: none was)."""
+        return float("inf") if self.rate_until is None else max(0.0, self.rate_until - now)
+
     def policy_changed(self) -> None:
-        """The tenants' caps changed: who was held back is to be seen again."""
+        """The tenants' caps or the keys' limits changed: who was held back is to be seen again."""
         self.cap_blocked.clear()
+        self.key_blocked.clear()
+        self.rate_until = None
 
     def reset(self) -> None:
         """A session ended: nothing in memory is trusted, rescan from scratch."""

@@ -14,8 +14,10 @@ from typing import Protocol
 from queue_manager.domain.settings import QueueSettings
 from queue_manager.manager.cache import WindowCache
 from queue_manager.manager.fairness import FairShare, TenantPolicy
+from queue_manager.manager.keys import KeyPolicy, RateBuckets
 from queue_manager.manager.limits import QueueLimits
 from queue_manager.manager.pickstate import RESCAN_REASONS, RESCAN_SLICES, PickState, Reason
+from queue_manager.manager.priority import PRIORITY_LEVELS
 from queue_manager.manager.wakestate import WakeState
 from queue_manager.wire.ledger import Ledger
 
@@ -70,13 +72,16 @@ class QueueRuntime:
         #: nudges, backlog, round-robin cursor, rescan slices, tenants waiting for room (pickstate.py)
         self.pick = PickState()
         #: the wake-up lock, poll mode, the holder readings and the floors (wakestate.py)
-        self.wake_state = WakeState(settings.partitions_physical)
+        self.wake_state = WakeState(settings.partitions_physical, PRIORITY_LEVELS)
         #: this manager's slices of max_qps and max_concurrency, and its token bucket (budget.py)
         self.limits = QueueLimits()
         #: per-tenant weights and caps (fairness.py); inactive: dispatch by partition alone
         self.policy = TenantPolicy(default_cap=settings.tenant_max_in_flight)
         #: start-time fair queueing state across batches (used while the policy is active)
         self.fair = FairShare()
+        #: the concurrency and rate limits per key (keys.py), and the rate keys' token buckets
+        self.keys = KeyPolicy(settings.key_max_in_flight, settings.key_max_qps)
+        self.rates = RateBuckets()
 
     @property
     def name(self) -> str:
@@ -96,10 +101,17 @@ class QueueRuntime:
             self.wake_state.lower_floors(since)
         self.pick.nudge(reason)
 
-    def room_again(self) -> bool:
-        """A tenant held back by its cap has room again (an ack freed a slot): its due events may
-        be fired at once."""
-        return self.pick.room_again(self.ledger.by_tenant(), self.policy)
+    def room_again(self, now: float) -> bool:
+        """A tenant or a concurrency key held back by its cap has room again (an ack freed a slot),
+        or a rate key held back has a token: its due events may be fired at once."""
+        tenants = self.pick.room_again(self.ledger.by_tenant(), self.policy)
+        keys = self.pick.key_room_again(self.ledger.by_key(), self.keys, now)
+        return tenants or keys
+
+    @property
+    def limited(self) -> bool:
+        """Picks go by the limited pick (mgr_fire_due_fair): tenant settings or key limits apply."""
+        return self.policy.active or self.keys.active
 
     def direct(self) -> bool:
         """Due events go by mgr_fire_due when every subscriber takes every tenant."""

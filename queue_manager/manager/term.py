@@ -111,6 +111,12 @@ class TermSession:
             if held:
                 still = await store.in_hand(work, q.settings, held)
                 rt.settled_unheard(q, [h for h in held if h[0] not in still])
+        # events fired with a concurrency key that no connection of ours holds (the previous
+        # leader's, still in its receivers' hands until settled or collected): they count for their
+        # keys from the first pick on, so that a failover never admits more than a key's limit
+        for q in rt.queues.values():
+            fired = await store.fired_keys(work, q.settings)
+            rt.strays_found(q, fired)
         for q in rt.queues.values():
             q.reset()
         self._spawn(dispatcher.run(), "qm-dispatch")

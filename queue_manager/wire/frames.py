@@ -336,13 +336,21 @@ def _tenant_json(tenant: str) -> str:
 
 
 def event_json(
-    ident: int, attempt: int, tenant: str, partition: int, fire_at: float, payload_json: str, trace: str = ""
+    ident: int,
+    attempt: int,
+    tenant: str,
+    partition: int,
+    fire_at: float,
+    payload_json: str,
+    trace: str = "",
+    priority: int = 3,
 ) -> str:
     """One delivered event; the payload is spliced in as the JSON text the database stored, then
-    its trace context's members when it has one (``trace``, from :func:`trace_json`)."""
+    its trace context's members when it has one (``trace``, from :func:`trace_json`). ``priority``:
+    the event's (1 highest, docs/protocol.md, "deliver")."""
     return (
         f'{{"id":{ident},"attempt":{attempt},"tenant":{_tenant_json(tenant)},'
-        f'"partition":{partition},"fire_at":{fire_at!r},"payload":{payload_json}{trace}}}'
+        f'"partition":{partition},"fire_at":{fire_at!r},"priority":{priority},"payload":{payload_json}{trace}}}'
     )
 
 

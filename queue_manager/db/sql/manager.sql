@@ -14,13 +14,19 @@
 -- Columns are read by name into queue_manager.domain.settings.QueueSettings: select exactly its fields.
 SELECT id, name, partitions_physical, partitions, shuffle, window_seconds, cache_size, ack_timeout_seconds,
        backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
-       failed_retention_seconds, payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight
+       failed_retention_seconds, payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight,
+       default_priority, priority_aging_seconds, key_max_in_flight, key_max_qps
   FROM qm.queues ORDER BY id
 
 -- mgr_tenant_settings --
 -- Per-tenant overrides of this shard's queues (weight, max_in_flight), read with the queue settings.
 -- Columns are read by name into queue_manager.domain.settings.TenantSettings.
 SELECT queue_id, tenant, weight, max_in_flight FROM qm.tenant_settings ORDER BY queue_id, tenant
+
+-- mgr_key_settings --
+-- Per-key limits of this shard's queues (max_in_flight, max_qps), read with the queue settings.
+-- Columns are read by name into queue_manager.domain.settings.KeySettings.
+SELECT queue_id, tenant, key, max_in_flight, max_qps FROM qm.key_settings ORDER BY queue_id, tenant, key
 
 -- mgr_shard --
 SELECT name FROM qm.shard
@@ -61,22 +67,28 @@ SELECT DISTINCT pid FROM pg_locks
 
 -- mgr_scan --
 -- The window of one queue (the partitions in %(parts)s): per partition, the earliest to_be_fired events due before now + window,
--- at most %(quota)s each (an index range scan of {queue}_due per partition); with future_only, only
--- events not yet due (those due now go by mgr_fire_due), else only those after the partition's
--- floor (%(floors)s, epoch seconds, NULL = no floor; see queue_manager/manager/floors.py). Also
--- returns the database clock, so the manager can fire by the database's time.
+-- at most %(quota)s each, read as an index range scan of {queue}_due per partition and priority level
+-- (%(levels)s levels, each at most %(quota)s rows, the partition's earliest %(quota)s of them kept); with
+-- future_only, only events not yet due (those due now go by mgr_fire_due), else only those after
+-- their level's floor (%(floors)s: epoch seconds by partition * levels + level, NULL = no floor;
+-- see queue_manager/manager/floors.py). Also returns the database clock, so the manager can fire by
+-- the database's time.
 SELECT e.id, e.tenant, e.partition, extract(epoch FROM e.fire_at)::double precision AS fire_at,
-       extract(epoch FROM clock_timestamp())::double precision AS db_now
-  FROM unnest(%(parts)s::smallint[], %(floors)s::double precision[]) AS p(part, floor)
- CROSS JOIN LATERAL (
-        SELECT q.id, q.tenant, q.partition, q.fire_at
-          FROM {queue} q
-         WHERE q.partition = p.part AND q.state = 'to_be_fired'
-           AND q.fire_at <= now() + make_interval(secs => %(window)s)
-           AND q.fire_at > CASE WHEN %(future_only)s THEN now()
-                                ELSE coalesce(to_timestamp(p.floor), '-infinity'::timestamptz) END
-         ORDER BY q.fire_at
-         LIMIT %(quota)s) e
+       extract(epoch FROM clock_timestamp())::double precision AS db_now, e.priority, e.concurrency_key, e.rate_key
+  FROM (SELECT s.*, row_number() OVER (PARTITION BY s.partition ORDER BY s.fire_at, s.id) AS n
+          FROM unnest(%(parts)s::smallint[]) AS p(part)
+         CROSS JOIN generate_series(1, %(levels)s) AS lv(v)
+         CROSS JOIN LATERAL (
+                SELECT q.id, q.tenant, q.partition, q.fire_at, q.priority, q.concurrency_key, q.rate_key
+                  FROM {queue} q
+                 WHERE q.partition = p.part AND q.priority = lv.v AND q.state = 'to_be_fired'
+                   AND q.fire_at <= now() + make_interval(secs => %(window)s)
+                   AND q.fire_at > CASE WHEN %(future_only)s THEN now()
+                                        ELSE coalesce(to_timestamp((%(floors)s::double precision[])[p.part * %(levels)s + lv.v]),
+                                                      '-infinity'::timestamptz) END
+                 ORDER BY q.fire_at
+                 LIMIT %(quota)s) s) e
+ WHERE e.n <= %(quota)s
  ORDER BY e.partition, e.fire_at
 
 -- mgr_db_now --
@@ -84,7 +96,8 @@ SELECT extract(epoch FROM clock_timestamp())::double precision
 
 -- mgr_fire --
 -- Mark due events fired (attempt + 1, ack deadline) under the current term; only the rows returned
--- were fired and may be pushed (with their trace context, for the delivery frame). fire_at <= now() keeps "never early" by the database clock. A
+-- were fired and may be pushed (with their trace context and priority, for the delivery frame, and
+-- their keys, for the limits). fire_at <= now() keeps "never early" by the database clock. A
 -- paused queue fires nothing: a statement that starts after the pause commits sees it.
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
@@ -92,92 +105,151 @@ UPDATE {queue} q
   FROM (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused) f
  WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now() AND f.paused IS FALSE
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
-          q.traceparent, q.tracestate, q.baggage
+          q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key
 
 -- mgr_fire_due --
 -- Fire what is due now without a prior scan (the backlog and wake-up path, for queues whose
--- receivers all take every tenant): per partition, starting at %(start)s and wrapping around, the
--- earliest due events from the partition's floor (%(floors)s, epoch seconds by partition + 1, NULL =
--- none: the index range scan then starts after what is known fired, not at the dead entries of
--- everything fired since the last vacuum), at most %(quota)s each and %(limit)s in all. Locked
--- rows are skipped. A paused queue picks and fires nothing.
--- Sparse partitions first: a partition whose earliest due event is not older than %(since)s (the
--- previous pick's time, epoch seconds; NULL: plain round-robin) had nothing due then, and is walked
--- before the partitions that are working through a backlog, in the same round-robin order (as
--- fq_codel serves new flows before old ones). A quiet tenant's event then waits for one pick, not
--- for its partition's turn among the backlogged ones (docs/design.md, "Fair dispatch between
--- tenants"). The walk is ordered before the picks so that LIMIT stops it where it would have.
--- The picked ids reach the UPDATE as an array, so it probes the primary key: joined to the CTE,
--- the planner hashed it against a sequential scan of the whole table (measured: 7.9 ms instead of
--- 3.5 ms for 500 rows of a 30 000-row backlog, and growing with the backlog).
+-- receivers all take every tenant and that have no tenant or key limits), level by level:
+-- * the streams: each partition's priority levels (%(levels)s of them), walked from %(start)s round
+--   the partitions, each level read in fire_at order from its floor (%(floors)s, epoch seconds by
+--   partition * levels + level, NULL = none: the index range scan then starts after what is known
+--   fired, not at the dead entries of everything fired since the last vacuum), at most %(quota)s
+--   rows each, without locks;
+-- * the levels in order: a level counts one level higher per %(aging)s seconds its oldest due event
+--   has waited (NULL: no aging), never above 1; by that count, then oldest first, then the higher
+--   level (queue_manager/manager/priority.py). A whole level goes before the next, so that aging
+--   never reorders the events of one level;
+-- * the first level first: when it cannot fill the batch (%(limit)s) and some of its streams gave
+--   their whole quota (its backlog sits in a few partitions), those streams are read further, so
+--   that the batch's room goes to that level before any other;
+-- * within a level, as without priorities: the partitions whose earliest due event is not older
+--   than %(since)s (the previous pick's time, epoch seconds; NULL: plain round-robin) first (they had
+--   nothing due then: a quiet tenant's event waits for one pick, as fq_codel serves new flows before
+--   old ones; docs/design.md, "Fair dispatch between tenants"), then round-robin from %(start)s, each
+--   partition's rows in fire_at order; at most %(limit)s in all;
+-- * the chosen rows are locked by their ctid (SKIP LOCKED: a row an application holds is passed
+--   over) and fired by ctid: no index probe for either. A row that changed since it was read fails
+--   the lock's recheck and is not fired. A paused queue picks and fires nothing.
+-- The last column lists the levels in the order they were served (the same on every row).
 WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
-     walk AS MATERIALIZED (
-        SELECT w.p, w.low
-          FROM (SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i,
-                       coalesce(to_timestamp((%(floors)s::double precision[])[(%(start)s + g.i) %% %(partitions)s + 1]),
-                                '-infinity'::timestamptz) AS low
-                  FROM generate_series(0, %(partitions)s - 1) AS g(i)) w
-         ORDER BY coalesce((SELECT q.fire_at >= to_timestamp(%(since)s::double precision) FROM {queue} q
-                             WHERE %(since)s::double precision IS NOT NULL
-                               AND q.partition = w.p AND q.state = 'to_be_fired' AND q.fire_at <= now()
-                               AND q.fire_at >= w.low
-                             ORDER BY q.fire_at
-                             LIMIT 1), false) DESC,
-                  w.i),
-     pick AS MATERIALIZED (
-        SELECT e.id
-          FROM f, walk w
+     w AS MATERIALIZED (
+        SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i, lv.v,
+               coalesce(to_timestamp((%(floors)s::double precision[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v]),
+                        '-infinity'::timestamptz) AS low
+          FROM generate_series(0, %(partitions)s - 1) AS g(i) CROSS JOIN generate_series(1, %(levels)s) AS lv(v)),
+     c AS MATERIALIZED (
+        SELECT w.p, w.i, w.v, w.low, e.ctid AS row, e.fire_at
+          FROM f, w
          CROSS JOIN LATERAL (
-                SELECT q.id FROM {queue} q
-                 WHERE q.partition = w.p AND q.state = 'to_be_fired'
+                SELECT q.ctid, q.fire_at FROM {queue} q
+                 WHERE q.partition = w.p AND q.priority = w.v AND q.state = 'to_be_fired'
                    AND q.fire_at <= now() AND q.fire_at >= w.low
                  ORDER BY q.fire_at
-                 LIMIT %(quota)s
-                   FOR UPDATE SKIP LOCKED) e
-         WHERE f.paused IS FALSE
-         LIMIT %(limit)s)
+                 LIMIT %(quota)s) e
+         WHERE f.paused IS FALSE),
+     ranks AS MATERIALIZED (
+        SELECT v, row_number() OVER (ORDER BY eff, oldest, v) AS r
+          FROM (SELECT c.v, min(c.fire_at) AS oldest,
+                       CASE WHEN %(aging)s::double precision IS NULL THEN c.v
+                            ELSE greatest(1, c.v - floor(extract(epoch FROM now() - min(c.fire_at))
+                                                         / %(aging)s::double precision)::integer) END AS eff
+                  FROM c GROUP BY c.v) l),
+     best AS (
+        SELECT b.v, %(limit)s - (SELECT count(*) FROM c WHERE c.v = b.v) AS short FROM ranks b WHERE b.r = 1),
+     cut AS MATERIALIZED (
+        SELECT c.p, c.i, c.v, c.low FROM c JOIN best USING (v)
+         GROUP BY c.p, c.i, c.v, c.low HAVING count(*) >= %(quota)s),
+     more AS (
+        SELECT x.p, x.i, x.v, e.ctid AS row, e.fire_at
+          FROM best, cut x
+         CROSS JOIN LATERAL (
+                SELECT q.ctid, q.fire_at FROM {queue} q
+                 WHERE q.partition = x.p AND q.priority = x.v AND q.state = 'to_be_fired'
+                   AND q.fire_at <= now() AND q.fire_at >= x.low
+                 ORDER BY q.fire_at
+                 LIMIT %(quota)s + ceil(best.short::double precision / (SELECT count(*) FROM cut))::integer) e
+         WHERE best.short > 0),
+     cand AS (SELECT p, i, v, row, fire_at FROM c UNION SELECT p, i, v, row, fire_at FROM more),
+     walk AS (
+        SELECT p, coalesce(min(fire_at) >= to_timestamp(%(since)s::double precision), false) AS sparse FROM c GROUP BY p),
+     pick AS MATERIALIZED (
+        SELECT cand.row FROM cand JOIN ranks USING (v) JOIN walk USING (p)
+         ORDER BY ranks.r, walk.sparse DESC, cand.i, cand.fire_at
+         LIMIT %(limit)s),
+     locked AS MATERIALIZED (
+        SELECT q.ctid AS row FROM {queue} q WHERE q.ctid = ANY(ARRAY(SELECT row FROM pick)) FOR UPDATE SKIP LOCKED)
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM f
- WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state::text = 'to_be_fired'
+ WHERE q.ctid = ANY(ARRAY(SELECT row FROM locked)) AND q.state::text = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
-          q.traceparent, q.tracestate, q.baggage
+          q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key,
+          (SELECT array_agg(v ORDER BY r) FROM ranks)
 
 -- mgr_fire_due_fair --
--- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py): the same walk
--- over partitions from %(start)s and the floors, without locks, taking per partition at most
--- %(quota)s candidates among its first %(window)s due rows that are not of a tenant at its cap
--- (%(capped)s; the window bounds how far a pick looks past a capped tenant's backlog), at most
--- %(candidates)s in all. Each candidate gets its start tag: its tenant's offset ahead of the virtual
--- time (%(ahead)s, 0 when not listed) + (its rank by fire_at among its tenant's candidates - 1) /
+-- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py) or key limits
+-- (queue_manager/manager/keys.py): the same streams (each partition's priority levels, %(levels)s of
+-- them, walked from %(start)s, each from its floor in %(floors)s), without locks, taking per stream at
+-- most %(quota)s candidates among its first %(window)s due rows that are not of a tenant at its cap
+-- (%(capped)s) nor of a concurrency key or a rate key at its limit (%(cblocked)s, %(rblocked)s:
+-- tenant || chr(31) || key); the window bounds how far a pick looks past the events held back
+-- (no head-of-line blocking within it); at most %(candidates)s in all. The levels go in the order of
+-- mgr_fire_due (a level counts one level higher per %(aging)s seconds its oldest candidate waited,
+-- NULL: no aging). Each candidate gets its start tag: its tenant's offset ahead of the virtual time
+-- (%(ahead)s, 0 when not listed) + (its rank by level and fire_at among its tenant's candidates - 1) /
 -- the tenant's weight (1 when not listed); a tenant takes at most its room (%(rooms)s, else
--- %(default_room)s, NULL = no cap). The %(limit)s smallest tags (ties in walk order) are locked
--- (SKIP LOCKED) and fired by primary key. The last column counts the candidates seen.
-WITH f AS (SELECT qm.fence(%(term)s) AS term),
+-- %(default_room)s, NULL = no cap), a concurrency key at most its room (%(crooms)s, else
+-- %(cdefault)s) and a rate key at most its room (%(rrooms)s, else %(rdefault)s). The %(limit)s first by
+-- level, then tag (ties in walk order) are locked (SKIP LOCKED) and fired by primary key. A paused
+-- queue picks and fires nothing. The last column counts the candidates seen.
+WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
      seen AS MATERIALIZED (
-        SELECT e.id, e.tenant, e.fire_at, g.i AS turn
-          FROM generate_series(0, %(partitions)s - 1) AS g(i)
+        SELECT e.id, e.tenant, e.fire_at, e.ckey, e.rkey, g.i AS turn, lv.v
+          FROM f, generate_series(0, %(partitions)s - 1) AS g(i) CROSS JOIN generate_series(1, %(levels)s) AS lv(v)
          CROSS JOIN LATERAL (
-                SELECT s.id, s.tenant, s.fire_at
-                  FROM (SELECT q.id, q.tenant, q.fire_at FROM {queue} q
-                         WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.state = 'to_be_fired'
-                           AND q.fire_at <= now()
-                           AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[(%(start)s + g.i) %% %(partitions)s + 1]),
+                SELECT s.id, s.tenant, s.fire_at, s.ckey, s.rkey
+                  FROM (SELECT q.id, q.tenant, q.fire_at,
+                               q.tenant || chr(31) || q.concurrency_key AS ckey, q.tenant || chr(31) || q.rate_key AS rkey
+                          FROM {queue} q
+                         WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.priority = lv.v
+                           AND q.state = 'to_be_fired' AND q.fire_at <= now()
+                           AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v]),
                                                      '-infinity'::timestamptz)
                          ORDER BY q.fire_at
                          LIMIT %(window)s) s
                  WHERE s.tenant <> ALL(%(capped)s::text[])
+                   AND (s.ckey IS NULL OR s.ckey <> ALL(%(cblocked)s::text[]))
+                   AND (s.rkey IS NULL OR s.rkey <> ALL(%(rblocked)s::text[]))
                  LIMIT %(quota)s) e
+         WHERE f.paused IS FALSE
          LIMIT %(candidates)s),
+     levels AS (
+        SELECT v, row_number() OVER (ORDER BY eff, oldest, v) AS lr
+          FROM (SELECT s.v, min(s.fire_at) AS oldest,
+                       CASE WHEN %(aging)s::double precision IS NULL THEN s.v
+                            ELSE greatest(1, s.v - floor(extract(epoch FROM now() - min(s.fire_at))
+                                                         / %(aging)s::double precision)::integer) END AS eff
+                  FROM seen s GROUP BY s.v) l),
+     ranked AS (
+        SELECT r.*, l.lr,
+               row_number() OVER (PARTITION BY r.tenant ORDER BY l.lr, r.fire_at, r.id) AS j,
+               CASE WHEN r.ckey IS NULL THEN 1
+                    ELSE row_number() OVER (PARTITION BY r.ckey ORDER BY l.lr, r.fire_at, r.id) END AS cj,
+               CASE WHEN r.rkey IS NULL THEN 1
+                    ELSE row_number() OVER (PARTITION BY r.rkey ORDER BY l.lr, r.fire_at, r.id) END AS rj
+          FROM seen r JOIN levels l USING (v)),
      tagged AS (
-        SELECT r.id, r.turn, r.fire_at, coalesce(t.ahead, 0) + (r.j - 1) / coalesce(t.weight, 1) AS tag
-          FROM (SELECT id, tenant, fire_at, turn, row_number() OVER (PARTITION BY tenant ORDER BY fire_at, id) AS j
-                  FROM seen) r
+        SELECT r.id, r.turn, r.fire_at, r.lr, coalesce(t.ahead, 0) + (r.j - 1) / coalesce(t.weight, 1) AS tag
+          FROM ranked r
           LEFT JOIN unnest(%(tenants)s::text[], %(ahead)s::double precision[], %(weights)s::double precision[],
                            %(rooms)s::integer[]) AS t(tenant, ahead, weight, room) ON t.tenant = r.tenant
-         WHERE r.j <= coalesce(t.room, %(default_room)s::integer, 2147483647)),
-     chosen AS MATERIALIZED (SELECT id FROM tagged ORDER BY tag, turn, fire_at LIMIT %(limit)s),
+          LEFT JOIN unnest(%(ckeys)s::text[], %(crooms)s::integer[]) AS ck(key, room) ON ck.key = r.ckey
+          LEFT JOIN unnest(%(rkeys)s::text[], %(rrooms)s::integer[]) AS rk(key, room) ON rk.key = r.rkey
+         WHERE r.j <= coalesce(t.room, %(default_room)s::integer, 2147483647)
+           AND (r.ckey IS NULL OR r.cj <= coalesce(ck.room, %(cdefault)s::integer, 2147483647))
+           AND (r.rkey IS NULL OR r.rj <= coalesce(rk.room, %(rdefault)s::integer, 2147483647))),
+     chosen AS MATERIALIZED (SELECT id FROM tagged ORDER BY lr, tag, turn, fire_at LIMIT %(limit)s),
      locked AS MATERIALIZED (
         SELECT q.id FROM {queue} q
          WHERE q.id = ANY(ARRAY(SELECT id FROM chosen)) AND q.state::text = 'to_be_fired'
@@ -188,7 +260,8 @@ UPDATE {queue} q
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM locked)) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
-          q.traceparent, q.tracestate, q.baggage, (SELECT count(*) FROM seen)::integer
+          q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key,
+          (SELECT count(*) FROM seen)::integer
 
 -- mgr_trace_contexts --
 -- The traceparents of some events (a sampled ack or nack batch's span links to them).
@@ -246,6 +319,14 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
 SELECT q.id
   FROM {queue} q, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
  WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state::text = 'fired'
+
+-- mgr_fired_keys --
+-- The fired events that have a concurrency key, by the fired index (as many as are in flight): a
+-- new session counts those it does not hold for their keys before its first pick, so that a
+-- failover never admits more of a key than its limit (queue_manager/manager/keys.py).
+SELECT q.id, q.attempts, q.tenant, q.concurrency_key
+  FROM {queue} q
+ WHERE q.state = 'fired' AND q.concurrency_key IS NOT NULL
 
 -- mgr_settled --
 -- Events an application settled by SQL (acked, dead-lettered or deleted while fired): count them
