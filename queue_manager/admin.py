@@ -23,7 +23,7 @@ from queue_manager.db.sqlfiles import query
 from queue_manager.domain import health
 from queue_manager.domain.health import Thresholds, format_bytes
 from queue_manager.domain.names import check_queue_name
-from queue_manager.domain.settings import check_settings, check_tenant_settings
+from queue_manager.domain.settings import check_key_settings, check_settings, check_tenant_settings
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQueueError
 
@@ -104,6 +104,49 @@ def unset_tenant(topology: Topology, queue: str, tenant: str) -> bool:
     except psycopg.Error as exc:
         raise _admin_error(exc, queue) from exc
     return bool(row and row[0])
+
+
+def set_key(topology: Topology, queue: str, tenant: str, key: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Set the limits of one key of a tenant (max_in_flight for its concurrency_key, max_qps for its
+    rate_key) on the tenant's shard, the only one that dispatches its events; returns the stored
+    row. The change reaches the shard's manager at once (a NOTIFY from qm.key_settings)."""
+    check_queue_name(queue)
+    if not tenant or not key:
+        raise ConfigurationError("give a non-empty tenant and key")
+    if not settings:
+        raise ConfigurationError("nothing to change: give --max-in-flight and/or --max-qps")
+    shard = topology.shard_for(tenant)
+    params = {"queue": queue, "tenant": tenant, "key": key, "settings": json.dumps(check_key_settings(settings))}
+    try:
+        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+            row = conn.execute(query("set_key"), params).fetchone()
+    except psycopg.Error as exc:
+        raise _admin_error(exc, queue) from exc
+    assert row is not None
+    return {"shard": shard.name, **dict(row)}
+
+
+def unset_key(topology: Topology, queue: str, tenant: str, key: str) -> bool:
+    """Drop a key's own limits (the queue's key_max_in_flight and key_max_qps apply); True when it had some."""
+    check_queue_name(queue)
+    shard = topology.shard_for(tenant)
+    try:
+        with psycopg.connect(shard.dsn) as conn:
+            row = conn.execute(query("unset_key"), {"queue": queue, "tenant": tenant, "key": key}).fetchone()
+    except psycopg.Error as exc:
+        raise _admin_error(exc, queue) from exc
+    return bool(row and row[0])
+
+
+def list_keys(topology: Topology, queue: str | None = None) -> list[dict[str, Any]]:
+    """Every key's own limits of a queue (or of every queue), with the shard that holds them."""
+    if queue is not None:
+        check_queue_name(queue)
+    out = []
+    for shard in topology.shards:
+        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query("list_keys"), {"queue": queue})]
+    return out
 
 
 def list_tenants(topology: Topology, queue: str | None = None) -> list[dict[str, Any]]:

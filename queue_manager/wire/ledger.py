@@ -125,8 +125,7 @@ class Ledger:
             self._count_key(key, -1)
         self._strays = {}
         for ident, attempt, key in fired:
-            d = self._events.get(ident)
-            if d is None or d.attempt != attempt:
+            if ident not in self._events:  # a delivery of it counts it already (at whatever attempt)
                 self._strays[ident] = (attempt, key)
                 self._count_key(key, 1)
         return len(self._strays)

@@ -80,6 +80,21 @@ SELECT q.name AS queue, t.tenant, t.weight, t.max_in_flight, q.tenant_max_in_fli
  WHERE %(queue)s::text IS NULL OR q.name = %(queue)s::text
  ORDER BY q.name, t.tenant
 
+-- set_key --
+SELECT * FROM qm.set_key(%(queue)s, %(tenant)s, %(key)s, %(settings)s)
+
+-- unset_key --
+SELECT qm.unset_key(%(queue)s, %(tenant)s, %(key)s) AS removed
+
+-- list_keys --
+-- The keys' own limits of one queue (or of every queue when %(queue)s is NULL) on this shard.
+SELECT q.name AS queue, k.tenant, k.key, k.max_in_flight, k.max_qps,
+       q.key_max_in_flight AS queue_default_max_in_flight, q.key_max_qps AS queue_default_max_qps, k.updated_at
+  FROM qm.key_settings k
+  JOIN qm.queues q ON q.id = k.queue_id
+ WHERE %(queue)s::text IS NULL OR q.name = %(queue)s::text
+ ORDER BY q.name, k.tenant, k.key
+
 -- shard_identity --
 SELECT name, range_start, range_end FROM qm.shard
 
