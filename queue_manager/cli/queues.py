@@ -1,5 +1,5 @@
-"""``qm queue create|alter|list|pause|resume`` and ``qm queue tenant set|unset|list``
-(``qm queue adopt``: :mod:`.adopt`)."""
+"""``qm queue create|alter|list|pause|resume``, ``qm queue tenant set|unset|list`` and
+``qm queue key set|unset|list`` (``qm queue adopt``: :mod:`.adopt`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from queue_manager import admin
 from queue_manager.cli import adopt
 from queue_manager.cli.common import Subparsers, print_json, topology, with_topology
-from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS
+from queue_manager.domain.settings import KEY_SETTINGS, SETTINGS, TENANT_SETTINGS
 
 
 def register(sub: Subparsers) -> None:
@@ -22,6 +22,9 @@ def register(sub: Subparsers) -> None:
         for flag, key, typ, help_ in _queue_options():
             p.add_argument(flag, dest=key, type=typ, help=help_)
         p.add_argument("--paused", dest="paused", action="store_const", const=True, help="refuse to dispatch")
+        p.add_argument(
+            "--no-priority-aging", action="store_true", help="no aging: a priority level never counts higher"
+        )
         if verb == "create":
             p.add_argument("--if-not-exists", action="store_true", help="succeed if the queue exists")
         p.set_defaults(func=func)
@@ -56,6 +59,33 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_queue_tenant_list)
 
+    key = queue.add_parser(
+        "key",
+        help="limits of one key of a tenant: its concurrency_key's events in hand, its rate_key's fires per second "
+        "(on the tenant's shard)",
+    ).add_subparsers(dest="key_command", required=True)
+    p = with_topology(key.add_parser("set", help="set a key's in-flight and/or rate limit"))
+    p.add_argument("name", help="queue")
+    p.add_argument("tenant")
+    p.add_argument("key", help="the concurrency_key and/or rate_key the events name")
+    for name, spec in KEY_SETTINGS.items():
+        assert spec.flag is not None
+        p.add_argument(spec.flag, dest=name, type=spec.kind, help=spec.help)
+    p.add_argument(
+        "--default-max-in-flight", action="store_true", help="drop the key's own in-flight limit (the queue's applies)"
+    )
+    p.add_argument("--default-max-qps", action="store_true", help="drop the key's own rate (the queue's applies)")
+    p.set_defaults(func=cmd_queue_key_set)
+    p = with_topology(key.add_parser("unset", help="drop a key's own limits (the queue's apply)"))
+    p.add_argument("name", help="queue")
+    p.add_argument("tenant")
+    p.add_argument("key")
+    p.set_defaults(func=cmd_queue_key_unset)
+    p = with_topology(key.add_parser("list", help="list the keys' own limits"))
+    p.add_argument("name", nargs="?", help="queue (default: every queue)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_queue_key_list)
+
     adopt.register(queue)
 
 
@@ -74,6 +104,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     out = {key: getattr(args, key) for _, key, _, _ in _queue_options() if getattr(args, key) is not None}
     if getattr(args, "paused", None) is not None:
         out["paused"] = args.paused
+    if getattr(args, "no_priority_aging", False):
+        out["priority_aging_seconds"] = None
     return out
 
 
@@ -111,8 +143,54 @@ def cmd_queue_list(args: argparse.Namespace) -> int:
             print(
                 f"  {q['name']:<24} N={q['partitions']:<4} k={q['shuffle']:<3} window={q['window_seconds']}s "
                 f"cache={q['cache_size']} ack_timeout={q['ack_timeout_seconds']}s max_attempts={q['max_attempts']}"
+                f" priority={q['default_priority']} aging={_opt(q['priority_aging_seconds'], 's')}"
+                f" key_max_in_flight={_opt(q['key_max_in_flight'])} key_max_qps={_opt(q['key_max_qps'])}"
                 f"{' PAUSED' if q['paused'] else ''}"
             )
+    return 0
+
+
+def _opt(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:g}{unit}"
+
+
+def cmd_queue_key_set(args: argparse.Namespace) -> int:
+    settings = {name: getattr(args, name) for name in KEY_SETTINGS if getattr(args, name) is not None}
+    if args.default_max_in_flight:
+        settings["max_in_flight"] = None
+    if args.default_max_qps:
+        settings["max_qps"] = None
+    row = admin.set_key(topology(args), args.name, args.tenant, args.key, settings)
+    print(
+        f"{row['shard']}: queue {args.name} tenant {args.tenant} key {args.key}: "
+        f"max_in_flight={_opt(row['max_in_flight']) if row['max_in_flight'] is not None else 'queue default'} "
+        f"max_qps={_opt(row['max_qps']) if row['max_qps'] is not None else 'queue default'}"
+    )
+    return 0
+
+
+def cmd_queue_key_unset(args: argparse.Namespace) -> int:
+    removed = admin.unset_key(topology(args), args.name, args.tenant, args.key)
+    what = "removed" if removed else "had none"
+    print(f"queue {args.name} tenant {args.tenant} key {args.key}: limits {what} (the queue's key limits apply)")
+    return 0
+
+
+def cmd_queue_key_list(args: argparse.Namespace) -> int:
+    rows = admin.list_keys(topology(args), args.name)
+    if args.json:
+        print_json(rows)
+        return 0
+    for r in rows:
+        cap = (
+            _opt(r["max_in_flight"])
+            if r["max_in_flight"] is not None
+            else f"default ({_opt(r['queue_default_max_in_flight'])})"
+        )
+        qps = _opt(r["max_qps"]) if r["max_qps"] is not None else f"default ({_opt(r['queue_default_max_qps'])})"
+        print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<24} {r['key']:<24} max_in_flight={cap} max_qps={qps}")
+    if not rows:
+        print("no key limits of their own")
     return 0
 
 

@@ -158,7 +158,8 @@ class QueueSettings:
     priority_aging_seconds: float | None = _setting(
         30.0,
         "--priority-aging",
-        "seconds of waiting that make an event count one priority level higher (null: no aging)",
+        "seconds its oldest event waits that make a priority level count one level higher (null, "
+        "--no-priority-aging: no aging)",
         float,
         nullable=True,
         minimum=0,

@@ -238,3 +238,21 @@ class KeyAdmission:
             self._took_c[ckey] = self._took_c.get(ckey, 0) + 1
         if rkey is not None:
             self._took_r[rkey] = self._took_r.get(rkey, 0) + 1
+
+
+#: how many keys the metrics, /health and ``qm status`` list by events in hand
+TOP_KEYS = 10
+
+
+def top_keys(
+    held: Mapping[str, int], policy: KeyPolicy, n: int = TOP_KEYS
+) -> tuple[list[tuple[str, str, int, int | None]], int]:
+    """The ``n`` concurrency keys with the most events in hand, as (tenant, key, events in hand, its
+    limit or None), and how many keys are held at their limit."""
+    at_limit = 0
+    for key, count in held.items():
+        cap = policy.max_in_flight(key)
+        if cap is not None and count >= cap:
+            at_limit += 1
+    top = sorted(held.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return [(*unscoped(k), c, policy.max_in_flight(k)) for k, c in top], at_limit

@@ -300,11 +300,96 @@ async def test_a_rate_key_is_fired_at_most_its_rate_plus_one_in_any_second(shard
             )
         ]
         others = [
-            float(t)
-            for (t,) in c.execute("SELECT extract(epoch FROM fired_at) FROM orders WHERE rate_key <> 'r'")
+            float(t) for (t,) in c.execute("SELECT extract(epoch FROM fired_at) FROM orders WHERE rate_key <> 'r'")
         ]
     most = max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
     assert most <= 8 + 1, most
     rate = (len(times) - 1) / (times[-1] - times[0])
     assert 8 * 0.8 <= rate <= 8 * 1.1, rate
     assert max(others) < times[5], "the other keys waited behind the limited one"
+
+
+# ------------------------------------------------------------------------------------ where a user looks
+
+
+def test_the_cli_sets_priorities_and_key_limits_and_a_keys_own_limits(
+    shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from queue_manager.cli.main import main
+
+    topo = tmp_path / "t.toml"
+    topo.write_text(shards.to_toml())
+    t = ["--topology", str(topo)]
+    create = [
+        "queue",
+        "create",
+        "jobs",
+        "--default-priority",
+        "2",
+        "--priority-aging",
+        "10",
+        "--key-max-in-flight",
+        "3",
+    ]
+    assert main([*create, *t]) == 0
+    assert main(["queue", "alter", "jobs", "--key-max-qps", "5", *t]) == 0
+    capsys.readouterr()
+    assert main(["queue", "list", *t]) == 0
+    assert "priority=2 aging=10s key_max_in_flight=3 key_max_qps=5" in capsys.readouterr().out
+    assert main(["queue", "alter", "jobs", "--no-priority-aging", *t]) == 0
+    capsys.readouterr()
+    assert main(["queue", "list", "--json", *t]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["s0"]
+    assert (row["default_priority"], row["priority_aging_seconds"], row["key_max_qps"]) == (2, None, 5.0)
+    assert main(["queue", "alter", "jobs", "--default-priority", "6", *t]) == 2
+    assert "'default_priority' must be >= 1 and <= 5" in capsys.readouterr().err
+    tenant = tenants_of(shards.shards[1], 1)[0]
+    assert main(["queue", "key", "set", "jobs", tenant, "acct-1", "--max-in-flight", "1", *t]) == 0
+    assert (
+        f"s1: queue jobs tenant {tenant} key acct-1: max_in_flight=1 max_qps=queue default" in capsys.readouterr().out
+    )
+    assert (
+        main(["queue", "key", "set", "jobs", tenant, "acct-1", "--max-qps", "0.5", "--default-max-in-flight", *t]) == 0
+    )
+    assert "max_in_flight=queue default max_qps=0.5" in capsys.readouterr().out
+    assert main(["queue", "key", "list", "jobs", "--json", *t]) == 0
+    (key,) = json.loads(capsys.readouterr().out)
+    assert (key["shard"], key["key"], key["max_qps"], key["queue_default_max_in_flight"]) == ("s1", "acct-1", 0.5, 3)
+    with psycopg.connect(shards.shards[0].dsn) as c:  # only on the tenant's shard
+        assert c.execute("SELECT count(*) FROM qm.key_settings").fetchone() == (0,)
+    assert main(["queue", "key", "set", "jobs", tenant, "acct-1", "--max-qps", "0", *t]) == 2
+    assert "key setting 'max_qps' must be > 0" in capsys.readouterr().err
+    assert main(["queue", "key", "set", "jobs", tenant, "acct-1", *t]) == 2
+    assert "nothing to change" in capsys.readouterr().err
+    assert main(["queue", "key", "unset", "jobs", tenant, "acct-1", *t]) == 0
+    assert "limits removed" in capsys.readouterr().out
+    assert main(["queue", "key", "list", *t]) == 0
+    assert "no key limits of their own" in capsys.readouterr().out
+
+
+async def test_status_metrics_and_health_show_the_keys_in_hand_and_those_at_their_limit(
+    shards: Topology, make_queue: Any
+) -> None:
+    shard = shards.shards[0]
+    make_queue("orders", partitions=2, shuffle=1, key_max_in_flight=2)
+    tenant = tenants_of(shard, 1)[0]
+    rows = [{"tenant": tenant, "payload": {"i": i}, "concurrency_key": f"k{i % 3}"} for i in range(9)]
+    fill(shard.dsn, rows)
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), credit=10, mode="hold") as (_, rec):
+            await wait_for(lambda: len(rec.events) >= 6, timeout=20, what="two events of each key in hand")
+            health = m.health()["queues"]["orders"]
+            metrics = m.metrics.render()
+            data = admin.status(shards, queue="orders")
+    assert health["keys_at_limit"] == 3
+    assert sorted((k["key"], k["in_hand"], k["max_in_flight"]) for k in health["top_keys"]) == [
+        ("k0", 2, 2),
+        ("k1", 2, 2),
+        ("k2", 2, 2),
+    ]
+    assert f'qm_key_in_flight{{key="k0",queue="orders",tenant="{tenant}"}} 2' in metrics
+    assert 'qm_keys_at_limit{queue="orders"} 3' in metrics
+    (q,) = data["shards"][0]["queues"]
+    assert q["keys_at_limit"] == 3 and {k["key"] for k in q["top_keys"]} == {"k0", "k1", "k2"}
+    assert f"{tenant}/k0 2/2" in admin.render_status(data) and "3 at their limit" in admin.render_status(data)

@@ -111,6 +111,25 @@ SELECT extract(epoch FROM now() - min(fire_at))::double precision AS oldest_due_
   FROM {queue}
  WHERE state = 'to_be_fired' AND fire_at <= now()
 
+-- queue_keys_in_hand --
+-- The concurrency keys with the most events in hand (fired, through the fired index, at most
+-- %(cap)s of them read), each with its limit (its own max_in_flight, else the queue's
+-- key_max_in_flight), and how many keys are held at their limit (the same on every row).
+WITH q AS (SELECT id, key_max_in_flight FROM qm.queues WHERE name = %(queue)s),
+     held AS (
+        SELECT f.tenant, f.concurrency_key AS key, count(*) AS in_hand
+          FROM (SELECT tenant, concurrency_key FROM {queue}
+                 WHERE state = 'fired' AND concurrency_key IS NOT NULL LIMIT %(cap)s) f
+         GROUP BY 1, 2),
+     lim AS (
+        SELECT h.tenant, h.key, h.in_hand, coalesce(k.max_in_flight, q.key_max_in_flight) AS max_in_flight
+          FROM held h CROSS JOIN q
+          LEFT JOIN qm.key_settings k ON k.queue_id = q.id AND k.tenant = h.tenant AND k.key = h.key)
+SELECT tenant, key, in_hand, max_in_flight, (SELECT count(*) FROM lim WHERE in_hand >= max_in_flight) AS at_limit
+  FROM lim
+ ORDER BY in_hand DESC, tenant, key
+ LIMIT %(top)s
+
 -- xmin_horizon --
 -- What holds back vacuum in this database: the oldest of the sessions' transactions and snapshots,
 -- the prepared transactions and the replication slots. Ties in xid age go to the oldest
