@@ -38,7 +38,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from queue_manager.domain.names import check_queue_name
-from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS, Setting
+from queue_manager.domain.settings import PRIORITY_LEVELS, SETTINGS, TENANT_SETTINGS, Setting
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import ConfigurationError, InvalidNameError, QueueManagerError, UnknownQueueError
 from queue_manager.web import data, managers
@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 COOKIE = "qm_session"
 #: the fields of a bulk form that are not the event filter
-BULK_FIELDS = frozenset({"csrf", "sel", "do", "confirm", "new_fire_at"})
+BULK_FIELDS = frozenset({"csrf", "sel", "do", "confirm", "new_fire_at", "new_priority"})
 Selection = dict[str, list[int]]
 HERE = Path(str(resources.files("queue_manager.web")))
 
@@ -534,6 +534,17 @@ def create_app(config: WebConfig) -> Starlette:
             raise Refused(400, f"selection: more than {limits.bulk_cap} events; use a filter and 'all matching'")
         return out
 
+    def _new_priority(form: FormData) -> int | None:
+        """A reschedule's new priority (None: kept)."""
+        raw = str(form.get("new_priority") or "").strip()
+        if not raw:
+            return None
+        if not raw.isdigit() or not 1 <= int(raw) <= PRIORITY_LEVELS:
+            raise Refused(
+                400, f"reschedule: the new priority must be 1 (highest) to {PRIORITY_LEVELS}, got {raw[:20]!r}"
+            )
+        return int(raw)
+
     def _bulk_request(form: FormData) -> tuple[data.BulkAction, EventFilter | None, Selection | None, datetime | None]:
         """The action, the filter or the selection, and the new fire_at of a bulk form."""
         do = str(form.get("do") or "")
@@ -544,9 +555,12 @@ def create_app(config: WebConfig) -> Starlette:
         fire_at = None
         if action.name == "reschedule":
             raw = str(form.get("new_fire_at") or "").strip()
-            if not raw:
-                raise Refused(400, "reschedule: give the new fire_at (ISO 8601, e.g. 2026-11-28T09:00:00Z)")
-            fire_at = parse_time("new fire_at", raw)
+            if not raw and _new_priority(form) is None:
+                raise Refused(
+                    400,
+                    "reschedule: give the new fire_at (ISO 8601, e.g. 2026-11-28T09:00:00Z) and/or the new priority",
+                )
+            fire_at = parse_time("new fire_at", raw) if raw else None
         if scope == "all":
             fields = {k: str(v) for k, v in form.items() if k not in BULK_FIELDS}
             return action, parse_filter(fields, shard_names), None, fire_at
@@ -570,6 +584,7 @@ def create_app(config: WebConfig) -> Starlette:
             action=action,
             do=str(form.get("do")),
             new_fire_at=fire_at.isoformat() if fire_at else "",
+            new_priority=_new_priority(form),
             counts=counts,
             total=min(total, limits.bulk_cap),
             over=total > limits.bulk_cap,
@@ -602,6 +617,7 @@ def create_app(config: WebConfig) -> Starlette:
                 cap=cap,
                 slice_size=limits.bulk_slice,
                 fire_at=fire_at,
+                priority=_new_priority(form),
             )
         )
         notice = f"{action.verb}: {sum(changed.values())} {action.noun} of {queue} ({description[:200]})"

@@ -311,6 +311,11 @@ def queue_detail(db: Shards, queue: str, limits: Limits, snapshot: dict[str, Any
                     sql.SQL(_q("web_top_tenants")).format(queue=sql.Identifier(queue)),
                     {"scan": limits.tenant_scan_rows, "limit": 10},
                 ).fetchall()
+                # the concurrency keys with the most events in hand, as qm status shows them
+                entry["keys"] = conn.execute(
+                    sql.SQL(query("queue_keys_in_hand")).format(queue=sql.Identifier(queue)),
+                    {"queue": queue, "cap": limits.tenant_scan_rows, "top": 10},
+                ).fetchall()
         except psycopg.Error as exc:
             entry["error"] = str(_on(shard, queue, exc))
         shards.append(entry)
@@ -496,6 +501,7 @@ def _change(
     action: BulkAction,
     ids: list[int],
     fire_at: datetime | None,
+    priority: int | None = None,
 ) -> int:
     """One slice's change, in the caller's transaction; how many events changed."""
     if action.name == "retry_dead":
@@ -510,10 +516,9 @@ def _change(
     if action.name == "fire_now":
         return len(conn.execute(sql.SQL(_q("web_fire_now")).format(queue=table), {"ids": ids}).fetchall())
     if action.name == "reschedule":
-        assert fire_at is not None
-        return len(
-            conn.execute(sql.SQL(_q("web_reschedule")).format(queue=table), {"ids": ids, "fire_at": fire_at}).fetchall()
-        )
+        assert fire_at is not None or priority is not None
+        params = {"ids": ids, "fire_at": fire_at, "priority": priority}
+        return len(conn.execute(sql.SQL(_q("web_reschedule")).format(queue=table), params).fetchall())
     if action.name == "cancel":
         row = conn.execute(sql.SQL(_q("web_cancel")).format(queue=table), {"ids": ids, "queue": queue}).fetchone()
         assert row is not None
@@ -534,6 +539,7 @@ def run_action(
     slice_size: int,
     fire_at: datetime | None = None,
     requested: dict[str, int] | None = None,
+    priority: int | None = None,
 ) -> dict[str, int]:
     """Do ``action`` in slices to the events of ``selection`` (shard -> ids) or all matching
     ``flt``, at most ``cap`` in all. Each slice selects its ids and changes them with a
@@ -541,8 +547,8 @@ def run_action(
     shard's audit row; an event a manager or another action changed in between is simply not
     changed. Returns the events changed per shard."""
     check_queue_name(queue)
-    if action.name == "reschedule" and fire_at is None:
-        raise DashboardError("reschedule: give the new fire_at")
+    if action.name == "reschedule" and fire_at is None and priority is None:
+        raise DashboardError("reschedule: give the new fire_at and/or the new priority")
     table = sql.Identifier(queue)
     remaining = cap
     changed: dict[str, int] = {}
@@ -550,6 +556,7 @@ def run_action(
         ids = None if selection is None else selection[shard.name]
         changed[shard.name] = 0
         audit_filter = description if fire_at is None else f"{description}; fire_at {fire_at.isoformat()}"
+        audit_filter += "" if priority is None else f"; priority {priority}"
         try:
             with db.connect(shard) as conn:
                 row = conn.execute(
@@ -574,7 +581,7 @@ def run_action(
                         ]
                         if not found:
                             break
-                        n = _change(conn, table, queue, action, found, fire_at)
+                        n = _change(conn, table, queue, action, found, fire_at, priority)
                         conn.execute(_q("web_audit_progress"), {"n": n, "audit": audit_id})
                     below = min(found)
                     remaining -= n

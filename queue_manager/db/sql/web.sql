@@ -84,9 +84,11 @@ UPDATE {queue} SET fire_at = now()
 RETURNING id
 
 -- web_reschedule --
--- Scheduled events moved to %(fire_at)s (earlier or later). Only rows still to_be_fired change; a
--- manager that cached one at its old time cannot fire it early: its fire needs fire_at <= now().
-UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
+-- Scheduled events moved to %(fire_at)s (earlier or later) and/or to priority %(priority)s (NULL: kept).
+-- Only rows still to_be_fired change; a manager that cached one at its old time cannot fire it
+-- early: its fire needs fire_at <= now(). The queue's qm_rescheduled trigger wakes it at commit.
+UPDATE {queue}
+   SET fire_at = coalesce(%(fire_at)s::timestamptz, fire_at), priority = coalesce(%(priority)s::smallint, priority)
  WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired'
 RETURNING id
 
@@ -181,15 +183,18 @@ SELECT q.name, q.partitions, q.partitions_physical, q.paused, q.max_qps, q.max_c
 -- web_live_queue --
 -- The bounded reads of one queue's overview row, each through a partial index: events in hand
 -- (<queue>_fired) and dead letters (<queue>_failed), each counted up to %(cap)s; per partition,
--- the first due event (the first entry of <queue>_due) and the due events counted up to
+-- the first due event (the first entry of each priority level of <queue>_due) and the due events counted up to
 -- %(due_cap)s; and the pickup delay (fire_at to the last fire) of the newest acked events, at most
 -- %(recent)s per partition and acked within the last %(recent_seconds)s seconds (<queue>_acked).
 WITH parts AS (
     SELECT p.part, first.fire_at AS first_fire_at, due.n AS due
       FROM generate_series(0, %(parts)s - 1) AS p(part)
-      LEFT JOIN LATERAL (SELECT e.fire_at FROM {queue} e
-                          WHERE e.state = 'to_be_fired' AND e.partition = p.part
-                          ORDER BY e.fire_at LIMIT 1) first ON true
+      LEFT JOIN LATERAL (SELECT min(l.fire_at) AS fire_at
+                           FROM generate_series(1, 5) AS lv(v)
+                          CROSS JOIN LATERAL (SELECT e.fire_at FROM {queue} e
+                                               WHERE e.state = 'to_be_fired' AND e.partition = p.part
+                                                 AND e.priority = lv.v
+                                               ORDER BY e.fire_at LIMIT 1) l) first ON true
      CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM {queue} e
                           WHERE e.state = 'to_be_fired' AND e.partition = p.part AND e.fire_at <= now()
                           LIMIT %(due_cap)s) x) due
