@@ -20,7 +20,7 @@ from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
 from queue_manager.manager.floors import holder_interval
 from queue_manager.manager.keys import SEP, UNLIMITED, KeyAdmission, KeyRooms, concurrency_rooms, scoped
-from queue_manager.manager.priority import level_order
+from queue_manager.manager.priority import level_order, next_caps
 from queue_manager.manager.queues import QueueRuntime, Reason, Subscriber, active
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
@@ -305,21 +305,28 @@ class Dispatcher:
         pick_time = self.rt.db_clock.now()
         started = self._started()
         cursor, since = q.pick.direct_start()
-        rows, order, quota = await store.fire_due(self.conn, q.settings, self.term, cursor, limit, used, since)
+        order = q.pick.level_order(pick_time, q.settings.priority_aging_seconds)
+        caps = q.pick.caps
+        rows, oldest, quota = await store.fire_due(
+            self.conn, q.settings, self.term, cursor, limit, used, since, order, caps
+        )
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
+        if rows:
+            q.pick.levels_read(oldest)
         # the cursor turns at the last level served, where the batch was cut; the levels before it
-        # gave all they had (or their streams' quotas)
+        # gave all they had (or their streams' caps)
         rank = {v: i for i, v in enumerate(order)}
         last = max((rank[r[9]] for r in rows), default=0)
         per_part: dict[int, int] = {}
-        per_stream: dict[int, int] = {}
+        per_stream: dict[tuple[int, int], int] = {}
         tops: dict[int, float] = {}
         heads: dict[int, float] = {}
         for r in rows:
             p = r[2]
+            stream = (p, r[9])
+            per_stream[stream] = per_stream.get(stream, 0) + 1
             slot = ws.slot(p, r[9])
-            per_stream[slot] = per_stream.get(slot, 0) + 1
             if r[4] > tops.get(slot, float("-inf")):
                 tops[slot] = r[4]
             if r[4] < heads.get(p, float("inf")):
@@ -333,9 +340,10 @@ class Dispatcher:
             else ()
         )
         ws.picked(tops, empty, pick_time)
-        # more are due if the batch was full or some stream gave its whole quota
-        full = len(rows) >= limit or any(n >= quota for n in per_stream.values())
+        # more are due if the batch was full or some stream gave all it was allowed
+        full = len(rows) >= limit or any(n >= caps.get(s, quota) for s, n in per_stream.items())
         q.pick.direct_fired(per_part, heads, since, pick_time, full, q.settings.partitions_physical)
+        q.pick.caps = next_caps(per_stream, order, caps, quota, limit)
         if rows:
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
@@ -384,10 +392,13 @@ class Dispatcher:
         ckeys, rkeys = self._key_rooms(q, limit)
         used = q.wake_state.pick_floors()
         started = self._started()
-        rows, quota, seen = await store.fire_due_fair(
-            self.conn, q.settings, self.term, q.pick.cursor, limit, pick, used, ckeys, rkeys
+        order = q.pick.level_order(self.rt.db_clock.now(), q.settings.priority_aging_seconds)
+        rows, quota, seen, oldest = await store.fire_due_fair(
+            self.conn, q.settings, self.term, q.pick.cursor, limit, pick, used, ckeys, rkeys, order
         )
         self.rt.signals.fired.emit(q.name)
+        if rows:
+            q.pick.levels_read(oldest)
         per_part: dict[int, int] = {}
         fired: dict[str, int] = {}
         for r in rows:

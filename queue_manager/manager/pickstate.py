@@ -30,12 +30,13 @@ again when the first of them has one (:meth:`PickState.rate_wait`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 
 from queue_manager.manager import plan
 from queue_manager.manager.fairness import TenantPolicy
 from queue_manager.manager.keys import KeyPolicy
+from queue_manager.manager.priority import pick_order
 
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
 RESCAN_SLICES = plan.RESCAN_SLICES
@@ -76,11 +77,13 @@ class PickState:
         "backlog",
         "cache_held",
         "cap_blocked",
+        "caps",
         "cursor",
         "dirty",
         "due_hint",
         "key_blocked",
         "last_pick",
+        "level_oldest",
         "next_scan",
         "rate_until",
         "rescan_slice",
@@ -116,6 +119,12 @@ class PickState:
         self.key_blocked: set[str] = set()
         #: a pick passed over rate keys without a token: fire again at this loop time (None: none)
         self.rate_until: float | None = None
+        #: each priority level's oldest due event as the last pick read it (level -> epoch seconds,
+        #: database clock), from which the next pick's order of levels comes (priority.pick_order)
+        self.level_oldest: dict[int, float | None] = {}
+        #: the read caps of the next mgr_fire_due's streams ((partition, level) -> rows; others: the
+        #: quota), when the first level's backlog sits in a few partitions (priority.next_caps)
+        self.caps: dict[tuple[int, int], int] = {}
 
     # ------------------------------------------------------------------ nudges
 
@@ -152,6 +161,14 @@ class PickState:
         """Where ties of free credit start in this batch: one subscriber further on than the last."""
         self.turn += 1
         return self.turn
+
+    def level_order(self, now: float, aging: float | None) -> list[int]:
+        """The order of the levels for a pick at database time ``now``."""
+        return pick_order(self.level_oldest, now, aging)
+
+    def levels_read(self, oldest: Sequence[float | None]) -> None:
+        """A pick read these oldest due events of levels 1, 2, ... (None: none of that level)."""
+        self.level_oldest = {v: t for v, t in enumerate(oldest, start=1)}
 
     def direct_start(self) -> tuple[int, float | None]:
         """(cursor, since) of a ``mgr_fire_due`` pick: sparse partitions first only behind a

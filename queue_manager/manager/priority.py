@@ -23,11 +23,11 @@ priority u < v whose fire_at is more than ``(v - u) * A`` later than its own goe
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from queue_manager.domain.settings import PRIORITY_LEVELS
 
-__all__ = ["PRIORITY_LEVELS", "aging_bound", "effective", "level_order"]
+__all__ = ["PRIORITY_LEVELS", "aging_bound", "effective", "level_order", "next_caps", "pick_order"]
 
 
 def effective(priority: int, oldest: float, now: float, aging: float | None) -> int:
@@ -52,3 +52,42 @@ def aging_bound(priority: int, aging: float | None) -> float:
     if priority <= 1:
         return 0.0
     return math.inf if aging is None else (priority - 1) * aging
+
+
+def pick_order(oldest: Mapping[int, float | None], now: float, aging: float | None) -> list[int]:
+    """The order of every level for a pick (what ``mgr_fire_due`` takes as ``order``), from the
+    levels' oldest due events as the last pick read them (``oldest``: level -> fire_at, None or
+    absent: none then), as :func:`level_order` orders them; a level with nothing due then counts as
+    fresh (at its own level, after the levels of that count that were there)."""
+
+    def key(v: int) -> tuple[int, float, int]:
+        t = oldest.get(v)
+        return (v, math.inf, v) if t is None else (effective(v, t, now, aging), t, v)
+
+    return sorted(range(1, PRIORITY_LEVELS + 1), key=key)
+
+
+def next_caps(
+    fired: Mapping[tuple[int, int], int],
+    order: Sequence[int],
+    caps: Mapping[tuple[int, int], int],
+    quota: int,
+    limit: int,
+) -> dict[tuple[int, int], int]:
+    """The read caps of the next pick's streams ((partition, level) -> rows), after a pick that fired
+    ``fired`` per stream with ``caps`` (others: ``quota``). When the first level it served could not
+    fill the batch and some of its streams gave all they were allowed (its backlog sits in a few
+    partitions), those streams may give the batch's room left to that level next time, so that it
+    goes to that level before any other; otherwise none (every stream reads ``quota``)."""
+    levels = {v for _, v in fired}
+    first = next((v for v in order if v in levels), None)
+    if first is None:
+        return {}
+    best = {s: n for s, n in fired.items() if s[1] == first}
+    cut = [s for s, n in best.items() if n >= caps.get(s, quota)]
+    at_best = sum(best.values())
+    if not cut or at_best >= limit:
+        return {}
+    others = at_best - sum(best[s] for s in cut)
+    share = math.ceil(max(0, limit - others) / len(cut))
+    return {s: share for s in cut if share > quota}

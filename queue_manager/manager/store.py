@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -223,18 +223,26 @@ async def fire_due(
     limit: int,
     floors: Sequence[float | None] | None = None,
     since: float | None = None,
-) -> tuple[list[FiredRow], list[int], int]:
-    """Fire up to ``limit`` events due now, level by level (priority.py), then
-    round-robin over partitions from ``start``, each partition's levels from their floors (by slot,
-    epoch seconds; None or missing = from the start); the partitions whose earliest due event is
-    not older than ``since`` (database epoch seconds: the previous pick's time) first
-    (plan.sparse_partitions).
+    order: Sequence[int] = tuple(range(1, PRIORITY_LEVELS + 1)),
+    caps: Mapping[tuple[int, int], int] | None = None,
+) -> tuple[list[FiredRow], list[float | None], int]:
+    """Fire up to ``limit`` events due now, level by level in ``order`` (priority.py), then
+    round-robin over partitions from ``start``, each (partition, level) from its floor (by slot,
+    epoch seconds; None or missing = from the start) and up to its cap (``caps``; others: the
+    quota); within a level, the streams whose earliest due event is not older than ``since``
+    (database epoch seconds: the previous pick's time) first (plan.sparse_partitions).
 
-    Returns the rows (as fire()), the levels in the order the pick served them, and the quota of
-    each partition's level.
+    Returns the rows (as fire()), each level's oldest due event the pick read (epoch seconds, None:
+    none; empty when nothing was fired), and the quota of each stream.
     """
     partitions = max(1, q.partitions_physical)
     quota = max(1, math.ceil(limit / partitions))
+    cap_slots: list[int | None] = []
+    for (p, v), n in (caps or {}).items():
+        if p < partitions:
+            slot = p * PRIORITY_LEVELS + v - 1
+            cap_slots.extend([None] * (slot + 1 - len(cap_slots)))
+            cap_slots[slot] = n
     cur = await conn.execute(
         queue_sql("mgr_fire_due", q.name),
         {
@@ -245,8 +253,9 @@ async def fire_due(
             "quota": quota,
             "limit": limit,
             "floors": _array(floors or ()),
+            "caps": _array(cap_slots),
+            "order": _ints(order),
             "since": since,
-            "aging": q.priority_aging_seconds,
             "ack_timeout": q.ack_timeout_seconds,
             "queue_id": q.id,
         },
@@ -266,11 +275,12 @@ async def fire_due_fair(
     floors: Sequence[float | None] | None = None,
     ckeys: KeyRooms = UNLIMITED,
     rkeys: KeyRooms = UNLIMITED,
-) -> tuple[list[FiredRow], int, int]:
+    order: Sequence[int] = tuple(range(1, PRIORITY_LEVELS + 1)),
+) -> tuple[list[FiredRow], int, int, list[float | None]]:
     """As :func:`fire_due`, within the tenants' shares and caps (``mgr_fire_due_fair``, see
     fairness.py) and the keys' rooms (``ckeys`` of concurrency keys, ``rkeys`` of rate keys, see
-    keys.py): returns the rows, the per-partition quota of candidates and how many candidates were
-    seen."""
+    keys.py): returns the rows, the per-partition quota of candidates, how many candidates were
+    seen and each level's oldest candidate (as :func:`fire_due`)."""
     partitions = max(1, q.partitions_physical)
     quota, candidates = candidate_quota(limit, partitions)
     passed = bool(pick.capped or ckeys.blocked or rkeys.blocked)
@@ -286,7 +296,7 @@ async def fire_due_fair(
             "candidates": candidates,
             "limit": limit,
             "floors": _array(floors or ()),
-            "aging": q.priority_aging_seconds,
+            "order": _ints(order),
             "capped": list(pick.capped),
             "tenants": list(pick.tenants),
             "ahead": _array(pick.ahead),
@@ -308,7 +318,7 @@ async def fire_due_fair(
     )
     rows = await cur.fetchall()
     seen = int(rows[0][12]) if rows else 0
-    return [r[:12] for r in rows], quota, seen
+    return [r[:12] for r in rows], quota, seen, list(rows[0][13]) if rows else []
 
 
 def _array(values: Iterable[int | float | None]) -> str:

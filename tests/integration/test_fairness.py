@@ -173,7 +173,7 @@ def test_the_fair_pick_walks_the_due_index_in_order_and_fires_by_primary_key(sha
             "window": 250,
             "candidates": 1000,
             "limit": 500,
-            "aging": 30.0,
+            "order": "{3,1,2,4,5}",
             "ack_timeout": 30.0,
             "queue_id": 1,
             "capped": [],
@@ -211,8 +211,8 @@ async def test_a_partition_with_nothing_due_at_the_last_pick_goes_before_the_bac
 ) -> None:
     """mgr_fire_due with ``since``: an event that arrived after the previous pick (its partition
     had nothing due then) is fired first, whatever the round-robin cursor; without ``since``, or
-    once its partition is backlogged too, the cursor's order holds. A backlog that sits in one
-    partition fills the batch: the other partitions gave all they had."""
+    once its partition is backlogged too, the cursor's order holds. A stream given a larger cap
+    (its level's backlog sits in few partitions) fills the batch."""
     from queue_manager.manager import store
 
     make_queue("orders", partitions=4, shuffle=1)
@@ -237,9 +237,12 @@ async def test_a_partition_with_nothing_due_at_the_last_pick_goes_before_the_bac
         assert [r[1] for r in rows] == [noisy]
         rows, _, _ = await store.fire_due(conn, settings, term, 0, 1, since=since)
         assert [r[1] for r in rows] == [quiet]
-        # nothing sparse left: the backlog again, in fire_at order; its partition is the only one
-        # with events, so it fills the batch past its quota of 2 (the others gave all they had)
+        # nothing sparse left: the backlog again, in fire_at order, its quota of 2
         rows, _, _ = await store.fire_due(conn, settings, term, 0, 8, since=since)
+        assert [r[1] for r in rows] == [noisy, noisy]
+        # its partition is the only one with events: the next pick may read it further (its cap,
+        # priority.next_caps), and the batch goes to it
+        rows, _, _ = await store.fire_due(conn, settings, term, 0, 8, since=since, caps={(0, 3): 8})
         assert [r[1] for r in rows] == [noisy] * 8
     with psycopg.connect(shard.dsn) as c:
         # the earliest of the backlog went first (FIFO within the partition)

@@ -26,7 +26,7 @@ from queue_manager.manager.keys import (
     unscoped,
 )
 from queue_manager.manager.pickstate import PickState
-from queue_manager.manager.priority import aging_bound, effective, level_order
+from queue_manager.manager.priority import aging_bound, effective, level_order, next_caps, pick_order
 from queue_manager.wire.ledger import Ledger
 
 NOW = 1_750_000_000.0
@@ -335,3 +335,31 @@ def test_random_ledger_operations_keep_every_key_count_exact() -> None:
         if step % 97 == 0:
             ledger.check()
     ledger.check()
+
+
+# ---------------------------------------------------------------------------------- the direct pick's inputs
+
+
+def test_a_picks_order_of_levels_comes_from_the_oldest_events_the_last_pick_read() -> None:
+    assert pick_order({}, NOW, 30.0) == [1, 2, 3, 4, 5]  # nothing known: the natural order
+    # level 5's oldest waited 4 intervals: it counts 1, older than level 1's, so it goes first
+    assert pick_order({1: NOW - 1.0, 3: NOW - 2.0, 5: NOW - 125.0}, NOW, 30.0) == [5, 1, 2, 3, 4]
+    # level 3 counts 2 after one interval: before a fresh level 2 (nothing due at the last pick)
+    assert pick_order({3: NOW - 31.0, 2: None}, NOW, 30.0) == [1, 3, 2, 4, 5]
+    assert pick_order({3: NOW - 1000.0}, NOW, None) == [1, 2, 3, 4, 5]  # no aging
+
+
+def test_the_first_levels_streams_that_gave_all_they_could_are_read_further_next_time() -> None:
+    # level 1 in one partition gave its quota of 2 while the batch of 8 went to level 3: next time
+    # that stream may give the room left
+    fired = {(0, 1): 2, (1, 3): 2, (2, 3): 2, (3, 3): 2}
+    assert next_caps(fired, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {(0, 1): 8}
+    # two streams of the first level, one of which had less than its quota: the other takes the rest
+    fired = {(0, 1): 2, (1, 1): 1, (2, 3): 2}
+    assert next_caps(fired, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {(0, 1): 7}
+    # the first level filled the batch, or none of its streams was cut: every stream at its quota
+    assert next_caps({(0, 1): 8}, [1, 2, 3, 4, 5], {(0, 1): 8}, quota=2, limit=8) == {}
+    assert next_caps({(0, 1): 1, (1, 3): 2}, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {}
+    # the order decides which level is first
+    assert next_caps({(0, 1): 2, (1, 5): 2}, [5, 1, 2, 3, 4], {}, quota=2, limit=8) == {(1, 5): 8}
+    assert next_caps({}, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {}

@@ -113,68 +113,39 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 -- * the streams: each partition's priority levels (%(levels)s of them), walked from %(start)s round
 --   the partitions, each level read in fire_at order from its floor (%(floors)s, epoch seconds by
 --   partition * levels + level, NULL = none: the index range scan then starts after what is known
---   fired, not at the dead entries of everything fired since the last vacuum), at most %(quota)s
---   rows each, without locks;
--- * the levels in order: a level counts one level higher per %(aging)s seconds its oldest due event
---   has waited (NULL: no aging), never above 1; by that count, then oldest first, then the higher
---   level (queue_manager/manager/priority.py). A whole level goes before the next, so that aging
---   never reorders the events of one level;
--- * the first level first: when it cannot fill the batch (%(limit)s) and some of its streams gave
---   their whole quota (its backlog sits in a few partitions), those streams are read further, so
---   that the batch's room goes to that level before any other;
--- * within a level, as without priorities: the partitions whose earliest due event is not older
---   than %(since)s (the previous pick's time, epoch seconds; NULL: plain round-robin) first (they had
---   nothing due then: a quiet tenant's event waits for one pick, as fq_codel serves new flows before
---   old ones; docs/design.md, "Fair dispatch between tenants"), then round-robin from %(start)s, each
+--   fired, not at the dead entries of everything fired since the last vacuum), up to its cap
+--   (%(caps)s, by the same index; NULL: %(quota)s), without locks;
+-- * the levels in the order %(order)s gives (the manager's, from the levels' oldest events and their
+--   aging: queue_manager/manager/priority.py), a whole level before the next, so that aging never
+--   reorders the events of one level;
+-- * within a level, as without priorities: the streams whose earliest due event is not older than
+--   %(since)s (the previous pick's time, epoch seconds; NULL: plain round-robin) first (they had nothing
+--   due then: a quiet tenant's event waits for one pick, as fq_codel serves new flows before old ones;
+--   docs/design.md, "Fair dispatch between tenants"), then round-robin from %(start)s, each
 --   partition's rows in fire_at order; at most %(limit)s in all;
 -- * the chosen rows are locked by their ctid (SKIP LOCKED: a row an application holds is passed
 --   over) and fired by ctid: no index probe for either. A row that changed since it was read fails
 --   the lock's recheck and is not fired. A paused queue picks and fires nothing.
--- The last column lists the levels in the order they were served (the same on every row).
+-- The last column (the same on every row) is each level's oldest due event read (epoch seconds,
+-- NULL: none), from which the manager orders the levels of the next pick.
 WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
-     w AS MATERIALIZED (
-        SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i, lv.v,
-               coalesce(to_timestamp((%(floors)s::double precision[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v]),
-                        '-infinity'::timestamptz) AS low
-          FROM generate_series(0, %(partitions)s - 1) AS g(i) CROSS JOIN generate_series(1, %(levels)s) AS lv(v)),
      c AS MATERIALIZED (
-        SELECT w.p, w.i, w.v, w.low, e.ctid AS row, e.fire_at
-          FROM f, w
+        SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i, lv.v, e.row, e.fire_at, e.sparse
+          FROM f, generate_series(0, %(partitions)s - 1) AS g(i) CROSS JOIN generate_series(1, %(levels)s) AS lv(v)
          CROSS JOIN LATERAL (
-                SELECT q.ctid, q.fire_at FROM {queue} q
-                 WHERE q.partition = w.p AND q.priority = w.v AND q.state = 'to_be_fired'
-                   AND q.fire_at <= now() AND q.fire_at >= w.low
-                 ORDER BY q.fire_at
-                 LIMIT %(quota)s) e
+                SELECT s.row, s.fire_at,
+                       coalesce(first_value(s.fire_at) OVER () >= to_timestamp(%(since)s::double precision), false) AS sparse
+                  FROM (SELECT q.ctid AS row, q.fire_at FROM {queue} q
+                         WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.priority = lv.v
+                           AND q.state = 'to_be_fired' AND q.fire_at <= now()
+                           AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v]),
+                                                     '-infinity'::timestamptz)
+                         ORDER BY q.fire_at
+                         LIMIT coalesce((%(caps)s::integer[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v], %(quota)s)) s) e
          WHERE f.paused IS FALSE),
-     ranks AS MATERIALIZED (
-        SELECT v, row_number() OVER (ORDER BY eff, oldest, v) AS r
-          FROM (SELECT c.v, min(c.fire_at) AS oldest,
-                       CASE WHEN %(aging)s::double precision IS NULL THEN c.v
-                            ELSE greatest(1, c.v - floor(extract(epoch FROM now() - min(c.fire_at))
-                                                         / %(aging)s::double precision)::integer) END AS eff
-                  FROM c GROUP BY c.v) l),
-     best AS (
-        SELECT b.v, %(limit)s - (SELECT count(*) FROM c WHERE c.v = b.v) AS short FROM ranks b WHERE b.r = 1),
-     cut AS MATERIALIZED (
-        SELECT c.p, c.i, c.v, c.low FROM c JOIN best USING (v)
-         GROUP BY c.p, c.i, c.v, c.low HAVING count(*) >= %(quota)s),
-     more AS (
-        SELECT x.p, x.i, x.v, e.ctid AS row, e.fire_at
-          FROM best, cut x
-         CROSS JOIN LATERAL (
-                SELECT q.ctid, q.fire_at FROM {queue} q
-                 WHERE q.partition = x.p AND q.priority = x.v AND q.state = 'to_be_fired'
-                   AND q.fire_at <= now() AND q.fire_at >= x.low
-                 ORDER BY q.fire_at
-                 LIMIT %(quota)s + ceil(best.short::double precision / (SELECT count(*) FROM cut))::integer) e
-         WHERE best.short > 0),
-     cand AS (SELECT p, i, v, row, fire_at FROM c UNION SELECT p, i, v, row, fire_at FROM more),
-     walk AS (
-        SELECT p, coalesce(min(fire_at) >= to_timestamp(%(since)s::double precision), false) AS sparse FROM c GROUP BY p),
      pick AS MATERIALIZED (
-        SELECT cand.row FROM cand JOIN ranks USING (v) JOIN walk USING (p)
-         ORDER BY ranks.r, walk.sparse DESC, cand.i, cand.fire_at
+        SELECT c.row FROM c
+         ORDER BY array_position(%(order)s::integer[], c.v), c.sparse DESC, c.i, c.fire_at
          LIMIT %(limit)s),
      locked AS MATERIALIZED (
         SELECT q.ctid AS row FROM {queue} q WHERE q.ctid = ANY(ARRAY(SELECT row FROM pick)) FOR UPDATE SKIP LOCKED)
@@ -185,7 +156,9 @@ UPDATE {queue} q
  WHERE q.ctid = ANY(ARRAY(SELECT row FROM locked)) AND q.state::text = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
           q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key,
-          (SELECT array_agg(v ORDER BY r) FROM ranks)
+          (SELECT array_agg(extract(epoch FROM (SELECT min(c.fire_at) FROM c WHERE c.v = lv.v))::double precision
+                            ORDER BY lv.v)
+             FROM generate_series(1, %(levels)s) AS lv(v))
 
 -- mgr_fire_due_fair --
 -- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py) or key limits
@@ -194,15 +167,15 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 -- most %(quota)s candidates among its first %(window)s due rows that are not of a tenant at its cap
 -- (%(capped)s) nor of a concurrency key or a rate key at its limit (%(cblocked)s, %(rblocked)s:
 -- tenant || chr(31) || key); the window bounds how far a pick looks past the events held back
--- (no head-of-line blocking within it); at most %(candidates)s in all. The levels go in the order of
--- mgr_fire_due (a level counts one level higher per %(aging)s seconds its oldest candidate waited,
--- NULL: no aging). Each candidate gets its start tag: its tenant's offset ahead of the virtual time
+-- (no head-of-line blocking within it); at most %(candidates)s in all. The levels go in the order
+-- %(order)s gives, as in mgr_fire_due. Each candidate gets its start tag: its tenant's offset ahead of the virtual time
 -- (%(ahead)s, 0 when not listed) + (its rank by level and fire_at among its tenant's candidates - 1) /
 -- the tenant's weight (1 when not listed); a tenant takes at most its room (%(rooms)s, else
 -- %(default_room)s, NULL = no cap), a concurrency key at most its room (%(crooms)s, else
 -- %(cdefault)s) and a rate key at most its room (%(rrooms)s, else %(rdefault)s). The %(limit)s first by
 -- level, then tag (ties in walk order) are locked (SKIP LOCKED) and fired by primary key. A paused
--- queue picks and fires nothing. The last column counts the candidates seen.
+-- queue picks and fires nothing. The last two columns count the candidates seen and give each level's
+-- oldest candidate (as mgr_fire_due's last column).
 WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
      seen AS MATERIALIZED (
         SELECT e.id, e.tenant, e.fire_at, e.ckey, e.rkey, g.i AS turn, lv.v
@@ -224,21 +197,16 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHER
                  LIMIT %(quota)s) e
          WHERE f.paused IS FALSE
          LIMIT %(candidates)s),
-     levels AS (
-        SELECT v, row_number() OVER (ORDER BY eff, oldest, v) AS lr
-          FROM (SELECT s.v, min(s.fire_at) AS oldest,
-                       CASE WHEN %(aging)s::double precision IS NULL THEN s.v
-                            ELSE greatest(1, s.v - floor(extract(epoch FROM now() - min(s.fire_at))
-                                                         / %(aging)s::double precision)::integer) END AS eff
-                  FROM seen s GROUP BY s.v) l),
      ranked AS (
-        SELECT r.*, l.lr,
-               row_number() OVER (PARTITION BY r.tenant ORDER BY l.lr, r.fire_at, r.id) AS j,
+        SELECT r.*, array_position(%(order)s::integer[], r.v) AS lr,
+               row_number() OVER (PARTITION BY r.tenant ORDER BY array_position(%(order)s::integer[], r.v), r.fire_at, r.id) AS j,
                CASE WHEN r.ckey IS NULL THEN 1
-                    ELSE row_number() OVER (PARTITION BY r.ckey ORDER BY l.lr, r.fire_at, r.id) END AS cj,
+                    ELSE row_number() OVER (PARTITION BY r.ckey
+                                            ORDER BY array_position(%(order)s::integer[], r.v), r.fire_at, r.id) END AS cj,
                CASE WHEN r.rkey IS NULL THEN 1
-                    ELSE row_number() OVER (PARTITION BY r.rkey ORDER BY l.lr, r.fire_at, r.id) END AS rj
-          FROM seen r JOIN levels l USING (v)),
+                    ELSE row_number() OVER (PARTITION BY r.rkey
+                                            ORDER BY array_position(%(order)s::integer[], r.v), r.fire_at, r.id) END AS rj
+          FROM seen r),
      tagged AS (
         SELECT r.id, r.turn, r.fire_at, r.lr, coalesce(t.ahead, 0) + (r.j - 1) / coalesce(t.weight, 1) AS tag
           FROM ranked r
@@ -261,7 +229,10 @@ UPDATE {queue} q
  WHERE q.id = ANY(ARRAY(SELECT id FROM locked)) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
           q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key,
-          (SELECT count(*) FROM seen)::integer
+          (SELECT count(*) FROM seen)::integer,
+          (SELECT array_agg(extract(epoch FROM (SELECT min(s.fire_at) FROM seen s WHERE s.v = lv.v))::double precision
+                            ORDER BY lv.v)
+             FROM generate_series(1, %(levels)s) AS lv(v))
 
 -- mgr_trace_contexts --
 -- The traceparents of some events (a sampled ack or nack batch's span links to them).
