@@ -122,10 +122,10 @@ def run_once(
                 ).fetchone()
                 backlog_left = int(row[0]) if row else 0
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # the stream's (and the late) events: all in
+            while time.monotonic() < deadline:  # the stream's (and the late) events: all handled
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     row = conn.execute(
-                        f"SELECT count(*) FROM {QUEUE} WHERE priority <> 3 AND state = 'to_be_fired'"
+                        f"SELECT count(*) FROM {QUEUE} WHERE priority <> 3 AND state IN ('to_be_fired', 'fired')"
                     ).fetchone()
                 if row is not None and int(row[0]) == 0:
                     break

@@ -379,7 +379,7 @@ class Dispatcher:
                 if cap is not None and held.get(key, 0) >= cap:
                     blocked.append(key)
         now = self.rt.clock.monotonic()
-        wait = q.rates.wait(q.keys, now) if rkeys.blocked else float("inf")
+        wait = q.rates.wait(q.keys, now) if rkeys.holds_back else float("inf")
         q.pick.keys_passed(blocked, None if wait == float("inf") else now + wait)
 
     async def _fire_direct_fair(self, q: QueueRuntime, subs: list[Subscriber], limit: int) -> int:

@@ -98,6 +98,11 @@ class KeyRooms:
     rooms: tuple[int, ...] = ()
     default: int | None = None
 
+    @property
+    def holds_back(self) -> bool:
+        """Some key may have nothing taken now."""
+        return bool(self.blocked) or self.default == 0 or 0 in self.rooms
+
     def room(self, key: str) -> int | None:
         if key in self.blocked:
             return 0
@@ -140,16 +145,21 @@ def concurrency_rooms(policy: KeyPolicy, held: Mapping[str, int], limit: int) ->
 class RateBuckets:
     """One token bucket per rate key of a queue, of depth RATE_BURST, refilled at the key's max_qps.
 
-    A key without a bucket has a full one. :meth:`spent` takes one token per event fired; a bucket
-    is dropped once it is full again (:meth:`prune`), so memory follows the keys fired lately.
+    A key without a bucket has a full one, or, in the first moments of a leadership session, the
+    tokens earned since the session's start (``origin``): a new leader does not know what its
+    predecessor fired, so it starts every key empty, and a failover never adds a burst.
+    :meth:`spent` takes one token per event fired; a bucket is dropped once it is full again
+    (:meth:`prune`), so memory follows the keys fired lately.
     """
 
-    __slots__ = ("_buckets", "_pruned_at")
+    __slots__ = ("_buckets", "_pruned_at", "origin")
 
-    def __init__(self) -> None:
+    def __init__(self, origin: float = -math.inf) -> None:
         #: key -> (tokens, as of) for the keys below a full bucket
         self._buckets: dict[str, tuple[float, float]] = {}
         self._pruned_at = -math.inf
+        #: every bucket was empty then (a session's start, monotonic seconds)
+        self.origin = origin
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -157,7 +167,7 @@ class RateBuckets:
     def tokens(self, key: str, rate: float, now: float) -> float:
         b = self._buckets.get(key)
         if b is None:
-            return RATE_BURST
+            b = (0.0, self.origin)
         tokens, at = b
         return min(RATE_BURST, tokens + max(0.0, now - at) * rate)
 
@@ -188,14 +198,26 @@ class RateBuckets:
             rate = policy.max_qps(key)
             if rate is not None and self.tokens(key, rate, now) < 1.0 - _EPS:
                 blocked.append(key)
-        default = 1 if policy.default_qps is not None else None
-        # with no default, only the keys with an override are limited: listed at one each
-        listed = () if default is not None else tuple(k for k in policy.qps if k not in blocked)
-        return KeyRooms(tuple(blocked), listed, (1,) * len(listed), default)
+
+        def fresh(rate: float) -> int:
+            """The room of a key not fired in this session: one once a whole token is earned."""
+            return 1 if (now - self.origin) * rate >= 1.0 - _EPS else 0
+
+        default = None if policy.default_qps is None else fresh(policy.default_qps)
+        keys: list[str] = []
+        rooms: list[int] = []
+        for key, rate in policy.qps.items():
+            if key not in self._buckets and (default is None or fresh(rate) != default):
+                keys.append(key)
+                rooms.append(fresh(rate))
+        return KeyRooms(tuple(blocked), tuple(keys), tuple(rooms), default)
 
     def wait(self, policy: KeyPolicy, now: float) -> float:
         """Seconds until the next key below one token has one (inf: none is)."""
         best = math.inf
+        for rate in (policy.default_qps, *policy.qps.values()):
+            if rate and (now - self.origin) * rate < 1.0:  # a session's first token of a key not fired yet
+                best = min(best, self.origin + 1.0 / rate - now)
         for key in self._buckets:
             rate = policy.max_qps(key)
             if rate is None or rate <= 0:

@@ -363,3 +363,13 @@ def test_the_first_levels_streams_that_gave_all_they_could_are_read_further_next
     # the order decides which level is first
     assert next_caps({(0, 1): 2, (1, 5): 2}, [5, 1, 2, 3, 4], {}, quota=2, limit=8) == {(1, 5): 8}
     assert next_caps({}, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {}
+
+
+def test_a_new_sessions_rate_keys_start_empty_so_a_failover_adds_no_burst() -> None:
+    policy = KeyPolicy(default_qps=2.0)
+    b = RateBuckets(origin=100.0)  # a session started at 100 s
+    assert b.rooms_at(policy, 100.1).default == 0  # a key not fired yet has earned a fifth of a token
+    assert b.wait(policy, 100.1) == pytest.approx(0.4)
+    assert b.rooms_at(policy, 100.5).default == 1
+    assert b.rooms_at(KeyPolicy(qps={"t" + SEP + "k": 4.0}), 100.3) == KeyRooms((), ("t" + SEP + "k",), (1,), None)
+    assert RateBuckets().rooms_at(policy, 0.0).default == 1  # a queue new to the session: full
