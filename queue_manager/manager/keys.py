@@ -193,19 +193,24 @@ class RateBuckets:
         any other limited key (the burst is one); keys without a limit are not counted."""
         if not policy.limits_rate:
             return UNLIMITED
-        blocked = []
-        for key in self._buckets:
-            rate = policy.max_qps(key)
-            if rate is not None and self.tokens(key, rate, now) < 1.0 - _EPS:
-                blocked.append(key)
 
         def fresh(rate: float) -> int:
             """The room of a key not fired in this session: one once a whole token is earned."""
             return 1 if (now - self.origin) * rate >= 1.0 - _EPS else 0
 
         default = None if policy.default_qps is None else fresh(policy.default_qps)
+        blocked = []
         keys: list[str] = []
         rooms: list[int] = []
+        for key in self._buckets:
+            rate = policy.max_qps(key)
+            if rate is None:
+                continue
+            if self.tokens(key, rate, now) < 1.0 - _EPS:
+                blocked.append(key)
+            elif default != 1:  # a whole token (full again, not pruned yet): one event
+                keys.append(key)
+                rooms.append(1)
         for key, rate in policy.qps.items():
             if key not in self._buckets and (default is None or fresh(rate) != default):
                 keys.append(key)

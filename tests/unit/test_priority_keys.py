@@ -373,3 +373,19 @@ def test_a_new_sessions_rate_keys_start_empty_so_a_failover_adds_no_burst() -> N
     assert b.rooms_at(policy, 100.5).default == 1
     assert b.rooms_at(KeyPolicy(qps={"t" + SEP + "k": 4.0}), 100.3) == KeyRooms((), ("t" + SEP + "k",), (1,), None)
     assert RateBuckets().rooms_at(policy, 0.0).default == 1  # a queue new to the session: full
+
+
+@pytest.mark.parametrize("default", [None, 2.0])
+def test_a_key_whose_bucket_holds_a_token_gets_at_most_one_event_a_pick(default: float | None) -> None:
+    """A bucket full again but not pruned yet (pruning runs once a second) still allows one event:
+    the burst is one token, whether or not the queue has a default rate."""
+    key = "t" + SEP + "k"
+    policy = KeyPolicy(default_qps=default, qps={key: 4.0})
+    b = RateBuckets()
+    b.spent(key, 4.0, 0.0)
+    assert b.rooms_at(policy, 0.1).room(key) == 0
+    assert b.rooms_at(policy, 0.3).room(key) == 1  # a whole token again, the bucket still held
+    admit = KeyAdmission(UNLIMITED, b.rooms_at(policy, 0.3))
+    assert admit.allows(None, key)
+    admit.took(None, key)
+    assert not admit.allows(None, key)
