@@ -18,6 +18,9 @@ def register_enqueue(sub: Subparsers) -> None:
     p.add_argument("payload", nargs="?", default="{}", help="JSON payload (default {})")
     p.add_argument("--fire-at", help="ISO-8601 time with offset, e.g. 2026-01-01T12:00:00+00:00")
     p.add_argument("--dedup-key")
+    p.add_argument("--priority", type=int, help="1 (highest) to 5 (default: the queue's default_priority)")
+    p.add_argument("--concurrency-key", help="a key of the tenant, limited by the queue's key_max_in_flight")
+    p.add_argument("--rate-key", help="a key of the tenant, limited by the queue's key_max_qps")
     p.set_defaults(func=cmd_enqueue)
 
 
@@ -40,7 +43,16 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     fire_at = datetime.fromisoformat(args.fire_at) if args.fire_at else None
     with Router(topology(args)) as router:
         shard = router.shard_for(args.tenant)
-        event_id = router.enqueue(args.queue, args.tenant, payload, fire_at=fire_at, dedup_key=args.dedup_key)
+        event_id = router.enqueue(
+            args.queue,
+            args.tenant,
+            payload,
+            fire_at=fire_at,
+            dedup_key=args.dedup_key,
+            priority=args.priority,
+            concurrency_key=args.concurrency_key,
+            rate_key=args.rate_key,
+        )
     if event_id is None:
         print(f"duplicate: an event with dedup key {args.dedup_key!r} exists on shard {shard.name}")
     else:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from queue_manager.manager.priority import level_order
+from queue_manager.manager.priority import level_counts, level_ties
 
 R = TypeVar("R")
 
@@ -141,11 +141,12 @@ class WindowCache:
             del self._streams[s]
 
     def take(
-        self, now: float, limit: int, choose: Callable[[Entry], R | None], aging: float | None = None
+        self, now: float, limit: int, choose: Callable[[Entry], R | None], aging: float | None = None, turn: int = 0
     ) -> list[tuple[Entry, R]]:
-        """Remove and return up to ``limit`` due events (fire_at <= now): level by level, in the order
-        priority.level_order gives (``aging``: the queue's priority_aging_seconds), then round-robin
-        by partition, one per partition per turn.
+        """Remove and return up to ``limit`` due events (fire_at <= now): the levels of the lowest
+        count first (priority.level_counts; ``aging``: the queue's priority_aging_seconds), then
+        round-robin by partition, one per partition per turn; levels of one count take the same
+        turns (``turn`` says which goes first: priority.level_ties).
 
         ``choose(entry)`` returns where the event goes (a receiver) or None when nobody can take
         it now; such an event stays, and the partition's next candidates are tried in its next turns.
@@ -157,22 +158,22 @@ class WindowCache:
         if not cands:
             return out
         pos = self._walk(cands)
-        oldest: dict[int, float] = {}
+        oldest: dict[int, float | None] = {}
         for es in cands.values():
             for e in es:
-                oldest[e.priority] = min(e.fire_at, oldest.get(e.priority, e.fire_at))
-        rank = level_order(oldest, now, aging)
-        ranked: list[tuple[int, int, int, float, Entry]] = []
+                t = oldest.get(e.priority)
+                oldest[e.priority] = e.fire_at if t is None else min(e.fire_at, t)
+        counts = level_counts(oldest, now, aging)
+        ties = level_ties(turn)
+        ranked: list[tuple[int, int, int, int, float, Entry]] = []
         for p, es in cands.items():
-            levels = [(rank[e.priority], e.fire_at, e) for e in es]
-            levels.sort(key=lambda x: (x[0], x[1]))
             turns: dict[int, int] = {}
-            for v, fire_at, e in levels:
-                j = turns.get(v, 0)
-                turns[v] = j + 1
-                ranked.append((v, j, pos[p], fire_at, e))
-        ranked.sort(key=lambda x: x[:4])
-        for _, _, _, _, e in ranked:
+            for e in sorted(es, key=lambda e: e.fire_at):
+                j = turns.get(e.priority, 0)
+                turns[e.priority] = j + 1
+                ranked.append((counts[e.priority - 1], j, pos[p], ties[e.priority - 1], e.fire_at, e))
+        ranked.sort(key=lambda x: x[:5])
+        for *_, e in ranked:
             if len(out) >= limit:
                 break
             target = choose(e)

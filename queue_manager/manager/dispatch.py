@@ -20,7 +20,7 @@ from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
 from queue_manager.manager.floors import holder_interval
 from queue_manager.manager.keys import SEP, UNLIMITED, KeyAdmission, KeyRooms, concurrency_rooms, scoped
-from queue_manager.manager.priority import level_order, next_caps
+from queue_manager.manager.priority import level_counts, level_ties, next_caps
 from queue_manager.manager.queues import QueueRuntime, Reason, Subscriber, active
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
@@ -305,19 +305,18 @@ class Dispatcher:
         pick_time = self.rt.db_clock.now()
         started = self._started()
         cursor, since = q.pick.direct_start()
-        order = q.pick.level_order(pick_time, q.settings.priority_aging_seconds)
+        counts = q.pick.level_counts(pick_time, q.settings.priority_aging_seconds)
         caps = q.pick.caps
         rows, oldest, quota = await store.fire_due(
-            self.conn, q.settings, self.term, cursor, limit, used, since, order, caps
+            self.conn, q.settings, self.term, cursor, limit, used, since, counts, q.pick.level_ties(), caps
         )
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         if rows:
             q.pick.levels_read(oldest)
-        # the cursor turns at the last level served, where the batch was cut; the levels before it
-        # gave all they had (or their streams' caps)
-        rank = {v: i for i, v in enumerate(order)}
-        last = max((rank[r[9]] for r in rows), default=0)
+        # the cursor turns at the levels of the last count served, where the batch was cut; the levels
+        # before them gave all they had (or their streams' caps)
+        last = max((counts[r[9] - 1] for r in rows), default=0)
         per_part: dict[int, int] = {}
         per_stream: dict[tuple[int, int], int] = {}
         tops: dict[int, float] = {}
@@ -331,7 +330,7 @@ class Dispatcher:
                 tops[slot] = r[4]
             if r[4] < heads.get(p, float("inf")):
                 heads[p] = r[4]
-            if rank[r[9]] == last:
+            if counts[r[9] - 1] == last:
                 per_part[p] = per_part.get(p, 0) + 1
         # short of the limit: every partition was examined, and those that gave nothing have nothing due
         empty = (
@@ -343,7 +342,7 @@ class Dispatcher:
         # more are due if the batch was full or some stream gave all it was allowed
         full = len(rows) >= limit or any(n >= caps.get(s, quota) for s, n in per_stream.items())
         q.pick.direct_fired(per_part, heads, since, pick_time, full, q.settings.partitions_physical)
-        q.pick.caps = next_caps(per_stream, order, caps, quota, limit)
+        q.pick.caps = next_caps(per_stream, counts, caps, quota, limit, q.settings.partitions_physical)
         if rows:
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
@@ -392,9 +391,10 @@ class Dispatcher:
         ckeys, rkeys = self._key_rooms(q, limit)
         used = q.wake_state.pick_floors()
         started = self._started()
-        order = q.pick.level_order(self.rt.db_clock.now(), q.settings.priority_aging_seconds)
+        counts = q.pick.level_counts(self.rt.db_clock.now(), q.settings.priority_aging_seconds)
+        ties = q.pick.level_ties()
         rows, quota, seen, oldest = await store.fire_due_fair(
-            self.conn, q.settings, self.term, q.pick.cursor, limit, pick, used, ckeys, rkeys, order
+            self.conn, q.settings, self.term, q.pick.cursor, limit, pick, used, ckeys, rkeys, counts, ties
         )
         self.rt.signals.fired.emit(q.name)
         if rows:
@@ -449,18 +449,26 @@ class Dispatcher:
 
             aging = q.settings.priority_aging_seconds
 
+            ties = level_ties(q.pick.turn)
+
             def order(cands: list[Entry], n: int) -> list[Entry]:
-                oldest: dict[int, float] = {}
+                oldest: dict[int, float | None] = {}
                 for e in cands:
-                    oldest[e.priority] = min(e.fire_at, oldest.get(e.priority, e.fire_at))
-                rank = level_order(oldest, now_db, aging)
-                return q.fair.order([(e, e.tenant, e.fire_at, rank[e.priority]) for e in cands], q.policy, in_flight, n)
+                    t = oldest.get(e.priority)
+                    oldest[e.priority] = e.fire_at if t is None else min(e.fire_at, t)
+                counts = level_counts(oldest, now_db, aging)
+                return q.fair.order(
+                    [(e, e.tenant, e.fire_at, counts[e.priority - 1], ties[e.priority - 1]) for e in cands],
+                    q.policy,
+                    in_flight,
+                    n,
+                )
 
             taken = q.cache.take_ordered(now_db, limit, choose, order)
             # due events held back by their tenants' caps: idle until an ack wakes the dispatcher
             q.pick.cache_held = not taken and q.cache.has_due(now_db)
         else:
-            taken = q.cache.take(now_db, limit, choose, q.settings.priority_aging_seconds)
+            taken = q.cache.take(now_db, limit, choose, q.settings.priority_aging_seconds, q.pick.turn)
         if not taken:
             # give the admitted tokens back now: held until the next admit, they would be lost to
             # the bucket's cap while it refills, and each round that found nothing due in the cache

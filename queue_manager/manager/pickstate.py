@@ -36,7 +36,7 @@ from enum import Enum
 from queue_manager.manager import plan
 from queue_manager.manager.fairness import TenantPolicy
 from queue_manager.manager.keys import KeyPolicy
-from queue_manager.manager.priority import pick_order
+from queue_manager.manager.priority import level_counts, level_ties
 
 #: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
 RESCAN_SLICES = plan.RESCAN_SLICES
@@ -120,7 +120,7 @@ class PickState:
         #: a pick passed over rate keys without a token: fire again at this loop time (None: none)
         self.rate_until: float | None = None
         #: each priority level's oldest due event as the last pick read it (level -> epoch seconds,
-        #: database clock), from which the next pick's order of levels comes (priority.pick_order)
+        #: database clock), from which the next pick's counts of the levels come (priority.level_counts)
         self.level_oldest: dict[int, float | None] = {}
         #: the read caps of the next mgr_fire_due's streams ((partition, level) -> rows; others: the
         #: quota), when the first level's backlog sits in a few partitions (priority.next_caps)
@@ -162,9 +162,15 @@ class PickState:
         self.turn += 1
         return self.turn
 
-    def level_order(self, now: float, aging: float | None) -> list[int]:
-        """The order of the levels for a pick at database time ``now``."""
-        return pick_order(self.level_oldest, now, aging)
+    def level_counts(self, now: float, aging: float | None) -> list[int]:
+        """Each level's count for a pick at database time ``now`` (priority.level_counts), from the
+        oldest due events the last pick read."""
+        return level_counts(self.level_oldest, now, aging)
+
+    def level_ties(self) -> list[int]:
+        """Which of the levels that count the same goes first in this pick (priority.level_ties):
+        they take turns, one further on per batch."""
+        return level_ties(self.turn)
 
     def levels_read(self, oldest: Sequence[float | None]) -> None:
         """A pick read these oldest due events of levels 1, 2, ... (None: none of that level)."""

@@ -223,13 +223,15 @@ async def fire_due(
     limit: int,
     floors: Sequence[float | None] | None = None,
     since: float | None = None,
-    order: Sequence[int] = tuple(range(1, PRIORITY_LEVELS + 1)),
+    counts: Sequence[int] = tuple(range(1, PRIORITY_LEVELS + 1)),
+    ties: Sequence[int] = tuple(range(PRIORITY_LEVELS)),
     caps: Mapping[tuple[int, int], int] | None = None,
 ) -> tuple[list[FiredRow], list[float | None], int]:
-    """Fire up to ``limit`` events due now, level by level in ``order`` (priority.py), then
-    round-robin over partitions from ``start``, each (partition, level) from its floor (by slot,
-    epoch seconds; None or missing = from the start) and up to its cap (``caps``; others: the
-    quota); within a level, the streams whose earliest due event is not older than ``since``
+    """Fire up to ``limit`` events due now, the levels of the lowest count first (``counts`` of
+    levels 1, 2, ..., levels of one count taking turns, ``ties`` saying which goes first:
+    priority.py), within a level round-robin over partitions from ``start``, each (partition,
+    level) from its floor (by slot, epoch seconds; None or missing = from the start) and up to its
+    cap (``caps``; others: the quota); within a level, the streams whose earliest due event is not older than ``since``
     (database epoch seconds: the previous pick's time) first (plan.sparse_partitions).
 
     Returns the rows (as fire()), each level's oldest due event the pick read (epoch seconds, None:
@@ -254,7 +256,8 @@ async def fire_due(
             "limit": limit,
             "floors": _array(floors or ()),
             "caps": _array(cap_slots),
-            "order": _ints(order),
+            "counts": _ints(counts),
+            "ties": _ints(ties),
             "since": since,
             "ack_timeout": q.ack_timeout_seconds,
             "queue_id": q.id,
@@ -275,7 +278,8 @@ async def fire_due_fair(
     floors: Sequence[float | None] | None = None,
     ckeys: KeyRooms = UNLIMITED,
     rkeys: KeyRooms = UNLIMITED,
-    order: Sequence[int] = tuple(range(1, PRIORITY_LEVELS + 1)),
+    counts: Sequence[int] = tuple(range(1, PRIORITY_LEVELS + 1)),
+    ties: Sequence[int] = tuple(range(PRIORITY_LEVELS)),
 ) -> tuple[list[FiredRow], int, int, list[float | None]]:
     """As :func:`fire_due`, within the tenants' shares and caps (``mgr_fire_due_fair``, see
     fairness.py) and the keys' rooms (``ckeys`` of concurrency keys, ``rkeys`` of rate keys, see
@@ -296,7 +300,8 @@ async def fire_due_fair(
             "candidates": candidates,
             "limit": limit,
             "floors": _array(floors or ()),
-            "order": _ints(order),
+            "counts": _ints(counts),
+            "ties": _ints(ties),
             "capped": list(pick.capped),
             "tenants": list(pick.tenants),
             "ahead": _array(pick.ahead),

@@ -786,7 +786,8 @@ FIRE_DUE = {
     "ack_timeout": 30.0,
     "floors": "{}",
     "caps": "{}",
-    "order": "{1,2,3,4,5}",
+    "counts": "{1,2,3,4,5}",
+    "ties": "{0,1,2,3,4}",
     "since": None,
     "queue_id": 1,
 }
@@ -828,7 +829,7 @@ def test_the_pick_reads_each_level_of_each_partition_in_index_order_and_fires_by
         assert ("Seq Scan", None) not in scans and ("Index Scan", f"{queue}_pkey") in scans, scans
         floors = "{" + ",".join(str(low) if i % 3 else "NULL" for i in range(20)) + "}"
         caps = "{" + ",".join("500" if i == 2 else "NULL" for i in range(20)) + "}"
-        for args in ({**FIRE_DUE}, {**FIRE_DUE, "floors": floors, "since": low, "caps": caps, "order": "{5,1,2,3,4}"}):
+        for args in ({**FIRE_DUE}, {**FIRE_DUE, "floors": floors, "since": low, "caps": caps, "counts": "{1,1,3,4,1}"}):
             plan = _explain(c, store.queue_sql("mgr_fire_due", queue).as_string(c), args)
             nodes = _plan_nodes(plan)
             scans = [

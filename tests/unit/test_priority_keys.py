@@ -26,7 +26,7 @@ from queue_manager.manager.keys import (
     unscoped,
 )
 from queue_manager.manager.pickstate import PickState
-from queue_manager.manager.priority import aging_bound, effective, level_order, next_caps, pick_order
+from queue_manager.manager.priority import aging_bound, effective, level_counts, level_ties, next_caps
 from queue_manager.wire.ledger import Ledger
 
 NOW = 1_750_000_000.0
@@ -54,17 +54,18 @@ def test_a_level_counts_one_higher_per_aging_interval_of_its_oldest_event_never_
     assert aging_bound(5, 30.0) == 120.0 and aging_bound(1, 30.0) == 0.0 and aging_bound(3, None) == math.inf
 
 
-def test_levels_go_by_count_then_oldest_then_the_higher_level() -> None:
-    # fresh levels: the higher first
-    assert level_order({1: NOW, 3: NOW - 1.0, 5: NOW - 2.0}, NOW, 30.0) == {1: 0, 3: 1, 5: 2}
-    # level 5 waited 4 intervals: it counts 1, and its oldest event is older than level 1's
-    assert level_order({1: NOW - 1.0, 5: NOW - 121.0}, NOW, 30.0) == {5: 0, 1: 1}
-    # level 3 counts 2 after one interval, level 2 counts 2 fresh: the older level first
-    assert level_order({2: NOW - 5.0, 3: NOW - 31.0}, NOW, 30.0) == {3: 0, 2: 1}
-    # the same count and the same oldest event: the higher level
-    assert level_order({2: NOW - 31.0, 3: NOW - 31.0}, NOW, 30.0) == {2: 0, 3: 1}
-    # without aging the levels never move
-    assert level_order({1: NOW, 5: NOW - 10_000.0}, NOW, None) == {1: 0, 5: 1}
+def test_each_level_counts_by_its_oldest_event_and_levels_of_one_count_take_turns() -> None:
+    assert level_counts({}, NOW, 30.0) == [1, 2, 3, 4, 5]  # nothing known: each at its own level
+    # level 5's oldest waited 4 intervals: it counts 1, as level 1 does
+    assert level_counts({1: NOW - 1.0, 3: NOW - 2.0, 5: NOW - 125.0}, NOW, 30.0) == [1, 2, 3, 4, 1]
+    # level 3 counts 2 after one interval, as a fresh level 2 (nothing due at the last pick)
+    assert level_counts({3: NOW - 31.0, 2: None}, NOW, 30.0) == [1, 2, 2, 4, 5]
+    assert level_counts({3: NOW - 1000.0}, NOW, None) == [1, 2, 3, 4, 5]  # no aging
+    # which level of one count goes first rotates, pick by pick: each goes first once in five
+    assert level_ties(0) == [0, 1, 2, 3, 4]
+    assert level_ties(1) == [4, 0, 1, 2, 3]
+    firsts = {min(range(5), key=lambda v: level_ties(turn)[v]) for turn in range(5)}
+    assert firsts == {0, 1, 2, 3, 4}
 
 
 # ---------------------------------------------------------------------------------- the cached pick
@@ -83,14 +84,34 @@ def test_the_higher_level_goes_first_across_partitions_then_round_robin_within_a
     assert out[2:] == [0, 10, 1, 11]  # round-robin within level 3, each partition in fire_at order
 
 
-def test_a_level_that_waited_its_aging_goes_before_a_stream_of_higher_events() -> None:
+def test_a_level_that_waited_its_aging_shares_the_pick_with_a_stream_of_higher_events() -> None:
+    def fill() -> None:
+        c.replace(
+            [entry(1 + i, 0, 5, NOW - 121.0 + i) for i in range(3)]
+            + [entry(10 + i, 0, 1, NOW - 1 + i * 0.01) for i in range(20)],
+            [],
+        )
+
     c = WindowCache()
-    c.replace([entry(1, 0, 5, NOW - 121.0)] + [entry(10 + i, 1, 1, NOW - i * 0.01) for i in range(20)], [])
-    # 4 intervals of 30 s: level 5 counts 1, and its oldest event is older than any of level 1
-    assert [e.id for e, _ in c.take(NOW, 1, anyone, aging=30.0)] == [1]
+    fill()
+    # 4 intervals of 30 s: level 5 counts 1, as level 1 does: they take turns, level 1 first in this pick
+    assert [e.id for e, _ in c.take(NOW, 4, anyone, aging=30.0)] == [10, 1, 11, 2]
+    # a pick of one event: the levels go first in turn (level 5 at the next)
+    fill()
+    assert [e.id for e, _ in c.take(NOW, 1, anyone, aging=30.0, turn=1)] == [1]
     # without aging it waits for the whole of level 1
-    c.replace([entry(1, 0, 5, NOW - 121.0)] + [entry(10 + i, 1, 1, NOW - i * 0.01) for i in range(20)], [])
-    assert 1 not in [e.id for e, _ in c.take(NOW, 15, anyone, aging=None)]
+    fill()
+    assert not {1, 2, 3} & {e.id for e, _ in c.take(NOW, 15, anyone, aging=None)}
+
+
+def test_an_aged_backlog_does_not_shut_out_a_stream_of_higher_events() -> None:
+    """A backlog of level 3 that waited two intervals counts 1: the fresh events of level 1 still
+    get every other place of a pick, not the place after the whole backlog."""
+    c = WindowCache()
+    c.replace(
+        [entry(i, i % 4, 3, NOW - 300.0 + i * 0.01) for i in range(200)] + [entry(1000, 1, 1, NOW - 0.001)], []
+    )
+    assert 1000 in [e.id for e, _ in c.take(NOW, 2, anyone, aging=30.0)]
 
 
 def test_aging_never_reorders_the_events_of_one_level() -> None:
@@ -174,12 +195,13 @@ def test_the_cached_pick_serves_the_levels_in_order_and_keeps_every_key_within_i
         if e.ckey is not None:
             per_key[e.ckey] = per_key.get(e.ckey, 0) + 1
     assert all(n <= 2 for n in per_key.values())
-    # levels in order: a level's events never follow a level served after it
-    oldest: dict[int, float] = {}
+    # levels by count: a level's events never follow those of a higher count
+    oldest: dict[int, float | None] = {}
     for e in entries:
-        oldest[e.priority] = min(e.fire_at, oldest.get(e.priority, e.fire_at))
-    rank = level_order(oldest, NOW, aging)
-    ranks = [rank[e.priority] for e in taken]
+        t = oldest.get(e.priority)
+        oldest[e.priority] = e.fire_at if t is None else min(e.fire_at, t)
+    counts = level_counts(oldest, NOW, aging)
+    ranks = [counts[e.priority - 1] for e in taken]
     assert ranks == sorted(ranks)
     # nothing left behind that could have been taken: a level served later only once the earlier
     # ones had nothing more to give within the keys' rooms (when every event was a candidate)
@@ -340,29 +362,34 @@ def test_random_ledger_operations_keep_every_key_count_exact() -> None:
 # ---------------------------------------------------------------------------------- the direct pick's inputs
 
 
-def test_a_picks_order_of_levels_comes_from_the_oldest_events_the_last_pick_read() -> None:
-    assert pick_order({}, NOW, 30.0) == [1, 2, 3, 4, 5]  # nothing known: the natural order
-    # level 5's oldest waited 4 intervals: it counts 1, older than level 1's, so it goes first
-    assert pick_order({1: NOW - 1.0, 3: NOW - 2.0, 5: NOW - 125.0}, NOW, 30.0) == [5, 1, 2, 3, 4]
-    # level 3 counts 2 after one interval: before a fresh level 2 (nothing due at the last pick)
-    assert pick_order({3: NOW - 31.0, 2: None}, NOW, 30.0) == [1, 3, 2, 4, 5]
-    assert pick_order({3: NOW - 1000.0}, NOW, None) == [1, 2, 3, 4, 5]  # no aging
-
-
 def test_the_first_levels_streams_that_gave_all_they_could_are_read_further_next_time() -> None:
+    def caps(
+        fired: dict[tuple[int, int], int], counts: list[int], old: dict[tuple[int, int], int] | None = None
+    ) -> dict[tuple[int, int], int]:
+        return next_caps(fired, counts, old or {}, quota=2, limit=8, partitions=4)
+
     # level 1 in one partition gave its quota of 2 while the batch of 8 went to level 3: next time
     # that stream may give the room left
-    fired = {(0, 1): 2, (1, 3): 2, (2, 3): 2, (3, 3): 2}
-    assert next_caps(fired, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {(0, 1): 8}
+    assert caps({(0, 1): 2, (1, 3): 2, (2, 3): 2, (3, 3): 2}, [1, 2, 3, 4, 5]) == {(0, 1): 8}
     # two streams of the first level, one of which had less than its quota: the other takes the rest
-    fired = {(0, 1): 2, (1, 1): 1, (2, 3): 2}
-    assert next_caps(fired, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {(0, 1): 7}
-    # the first level filled the batch, or none of its streams was cut: every stream at its quota
-    assert next_caps({(0, 1): 8}, [1, 2, 3, 4, 5], {(0, 1): 8}, quota=2, limit=8) == {}
-    assert next_caps({(0, 1): 1, (1, 3): 2}, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {}
-    # the order decides which level is first
-    assert next_caps({(0, 1): 2, (1, 5): 2}, [5, 1, 2, 3, 4], {}, quota=2, limit=8) == {(1, 5): 8}
-    assert next_caps({}, [1, 2, 3, 4, 5], {}, quota=2, limit=8) == {}
+    assert caps({(0, 1): 2, (1, 1): 1, (2, 3): 2}, [1, 2, 3, 4, 5]) == {(0, 1): 7}
+    # none of the first level's streams was cut: every stream at its quota
+    assert caps({(0, 1): 1, (1, 3): 2}, [1, 2, 3, 4, 5]) == {}
+    # the counts decide which levels are first; levels of one count are first together
+    assert caps({(0, 1): 2, (1, 5): 2}, [2, 2, 3, 4, 1]) == {(1, 5): 8}
+    assert caps({(0, 1): 2, (1, 5): 2}, [1, 2, 3, 4, 1]) == {(0, 1): 4, (1, 5): 4}
+    assert caps({}, [1, 2, 3, 4, 5]) == {}
+
+
+def test_while_the_first_levels_fill_the_batch_the_others_read_one_row_a_stream() -> None:
+    """A drain of one level reads the others' heads only (their oldest events, for their counts),
+    not their quota at every pick; once the first levels leave room, the caps are gone."""
+    full = next_caps({(0, 1): 8}, [1, 2, 3, 4, 5], {(0, 1): 8}, quota=2, limit=8, partitions=2)
+    assert full == {(p, v): 1 for p in (0, 1) for v in (2, 3, 4, 5)}
+    # level 5 aged to count 1: it is among the first levels, and reads its quota
+    caps_after = next_caps({(0, 1): 6, (1, 5): 2}, [1, 2, 3, 4, 1], {}, quota=2, limit=8, partitions=2)
+    assert caps_after == {(p, v): 1 for p in (0, 1) for v in (2, 3, 4)}
+    assert next_caps({(0, 1): 1, (0, 3): 1, (1, 3): 1}, [1, 2, 3, 4, 5], full, quota=2, limit=8, partitions=2) == {}
 
 
 def test_a_new_sessions_rate_keys_start_empty_so_a_failover_adds_no_burst() -> None:

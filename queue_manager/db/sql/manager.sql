@@ -115,9 +115,11 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 --   partition * levels + level, NULL = none: the index range scan then starts after what is known
 --   fired, not at the dead entries of everything fired since the last vacuum), up to its cap
 --   (%(caps)s, by the same index; NULL: %(quota)s), without locks;
--- * the levels in the order %(order)s gives (the manager's, from the levels' oldest events and their
---   aging: queue_manager/manager/priority.py), a whole level before the next, so that aging never
---   reorders the events of one level;
+-- * the levels by their count, the lowest first (%(counts)s: each level's, by level; the manager's,
+--   from the levels' oldest events and their aging: queue_manager/manager/priority.py); levels of
+--   one count take turns (each one's first row, then each one's second...; %(ties)s by level says
+--   which goes first at each turn), so that aging never reorders the events of one level and an
+--   aged level shares the pick with a higher one rather than shutting it out;
 -- * within a level, as without priorities: the streams whose earliest due event is not older than
 --   %(since)s (the previous pick's time, epoch seconds; NULL: plain round-robin) first (they had nothing
 --   due then: a quiet tenant's event waits for one pick, as fq_codel serves new flows before old ones;
@@ -144,8 +146,10 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHER
                          LIMIT coalesce((%(caps)s::integer[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v], %(quota)s)) s) e
          WHERE f.paused IS FALSE),
      pick AS MATERIALIZED (
-        SELECT c.row FROM c
-         ORDER BY array_position(%(order)s::integer[], c.v), c.sparse DESC, c.i, c.fire_at
+        SELECT r.row FROM (
+            SELECT c.row, c.v, row_number() OVER (PARTITION BY c.v ORDER BY c.sparse DESC, c.i, c.fire_at) AS turn
+              FROM c) r
+         ORDER BY (%(counts)s::integer[])[r.v], r.turn, (%(ties)s::integer[])[r.v]
          LIMIT %(limit)s),
      locked AS MATERIALIZED (
         SELECT q.ctid AS row FROM {queue} q WHERE q.ctid = ANY(ARRAY(SELECT row FROM pick)) FOR UPDATE SKIP LOCKED)
@@ -167,9 +171,10 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 -- most %(quota)s candidates among its first %(window)s due rows that are not of a tenant at its cap
 -- (%(capped)s) nor of a concurrency key or a rate key at its limit (%(cblocked)s, %(rblocked)s:
 -- tenant || chr(31) || key); the window bounds how far a pick looks past the events held back
--- (no head-of-line blocking within it); at most %(candidates)s in all. The levels go in the order
--- %(order)s gives, as in mgr_fire_due. Each candidate gets its start tag: its tenant's offset ahead of the virtual time
--- (%(ahead)s, 0 when not listed) + (its rank by level and fire_at among its tenant's candidates - 1) /
+-- (no head-of-line blocking within it); at most %(candidates)s in all. The levels go by their count
+-- (%(counts)s), levels of one count taking turns (%(ties)s), as in mgr_fire_due. Each candidate gets
+-- its start tag: its tenant's offset ahead of the virtual time (%(ahead)s, 0 when not listed) + (its
+-- rank among its tenant's candidates, by count, its turn in its level (fire_at order), ties - 1) /
 -- the tenant's weight (1 when not listed); a tenant takes at most its room (%(rooms)s, else
 -- %(default_room)s, NULL = no cap), a concurrency key at most its room (%(crooms)s, else
 -- %(cdefault)s) and a rate key at most its room (%(rrooms)s, else %(rdefault)s). The %(limit)s first by
@@ -197,16 +202,18 @@ WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHER
                  LIMIT %(quota)s) e
          WHERE f.paused IS FALSE
          LIMIT %(candidates)s),
-     ranked AS (
-        SELECT r.*, array_position(%(order)s::integer[], r.v) AS lr,
-               row_number() OVER (PARTITION BY r.tenant ORDER BY array_position(%(order)s::integer[], r.v), r.fire_at, r.id) AS j,
-               CASE WHEN r.ckey IS NULL THEN 1
-                    ELSE row_number() OVER (PARTITION BY r.ckey
-                                            ORDER BY array_position(%(order)s::integer[], r.v), r.fire_at, r.id) END AS cj,
-               CASE WHEN r.rkey IS NULL THEN 1
-                    ELSE row_number() OVER (PARTITION BY r.rkey
-                                            ORDER BY array_position(%(order)s::integer[], r.v), r.fire_at, r.id) END AS rj
+     levels AS (
+        SELECT r.*, (%(counts)s::integer[])[r.v] AS lr, (%(ties)s::integer[])[r.v] AS tie,
+               row_number() OVER (PARTITION BY r.tenant, r.v ORDER BY r.fire_at, r.id) AS lt
           FROM seen r),
+     ranked AS (
+        SELECT r.*,
+               row_number() OVER (PARTITION BY r.tenant ORDER BY r.lr, r.lt, r.tie) AS j,
+               CASE WHEN r.ckey IS NULL THEN 1
+                    ELSE row_number() OVER (PARTITION BY r.ckey ORDER BY r.lr, r.lt, r.tie) END AS cj,
+               CASE WHEN r.rkey IS NULL THEN 1
+                    ELSE row_number() OVER (PARTITION BY r.rkey ORDER BY r.lr, r.lt, r.tie) END AS rj
+          FROM levels r),
      tagged AS (
         SELECT r.id, r.turn, r.fire_at, r.lr, coalesce(t.ahead, 0) + (r.j - 1) / coalesce(t.weight, 1) AS tag
           FROM ranked r
