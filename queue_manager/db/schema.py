@@ -76,6 +76,7 @@ SOURCE: tuple[str, ...] = (
     "settings/settable_columns.sql",
     "settings/check_settings.sql",
     "settings/write_settings.sql",
+    "settings/override_queue.sql",
     "settings/set_tenant.sql",
     "settings/unset_tenant.sql",
     "settings/set_key.sql",
@@ -142,7 +143,6 @@ SOURCE: tuple[str, ...] = (
     # settings notices: the functions and the triggers on qm.queues and qm.tenant_settings
     "notices/notify_settings_changed.sql",
     "notices/notify_tenant_settings_changed.sql",
-    "notices/notify_key_settings_changed.sql",
 )
 
 

@@ -1,6 +1,6 @@
 -- Undo 0007_priorities_keys: the priority and key columns leave every queue table, the due index is
 -- (partition, fire_at) again, the registry loses the settings and qm.key_settings goes, with the
--- functions of the schema source that only this revision's tables use. Run `qm migrate` with the
+-- functions of the schema source that only this revision's code has. Run `qm migrate` with the
 -- code of revision 0006_trace_context afterwards: it applies that code's functions.
 DO $$
 DECLARE
@@ -8,6 +8,8 @@ DECLARE
 BEGIN
     FOR q IN SELECT name FROM qm.queues ORDER BY id LOOP
         EXECUTE format('DROP INDEX public.%I', q.name || '_due');
+        -- names priority among its columns (UPDATE OF); the code of 0006 makes it again
+        EXECUTE format('DROP TRIGGER IF EXISTS qm_rescheduled ON public.%I', q.name);
         EXECUTE format('ALTER TABLE public.%I DROP COLUMN IF EXISTS priority, DROP COLUMN IF EXISTS concurrency_key,
                         DROP COLUMN IF EXISTS rate_key', q.name);
         EXECUTE format('CREATE INDEX %I ON public.%I (partition, fire_at) WHERE state = ''to_be_fired''',
@@ -20,7 +22,7 @@ $$;
 DROP FUNCTION IF EXISTS qm.set_key(text, text, text, jsonb);
 DROP TABLE qm.key_settings;
 DROP FUNCTION IF EXISTS qm.unset_key(text, text, text);
-DROP FUNCTION IF EXISTS qm.notify_key_settings_changed();
+DROP FUNCTION IF EXISTS qm.override_queue(text, text, jsonb, text[]);
 DROP FUNCTION IF EXISTS qm.rule_keys();
 DROP FUNCTION IF EXISTS qm.refuse_keys(text, smallint, text, text);
 DROP FUNCTION IF EXISTS qm.apply_queue_default(qm.queues);

@@ -7,24 +7,9 @@ CREATE OR REPLACE FUNCTION qm.set_key(queue_name text, tenant_name text, key_nam
 RETURNS qm.key_settings
 LANGUAGE plpgsql AS $$
 DECLARE
-    qid integer;
-    k text;
+    qid integer := qm.override_queue(queue_name, 'key', settings, ARRAY['max_in_flight', 'max_qps']);
     r qm.key_settings;
 BEGIN
-    SELECT id INTO qid FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
-    IF settings IS NULL OR jsonb_typeof(settings) <> 'object' THEN
-        RAISE EXCEPTION 'key settings must be a JSON object, got %', coalesce(jsonb_typeof(settings), 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
-    FOR k IN SELECT jsonb_object_keys(settings) LOOP
-        IF k NOT IN ('max_in_flight', 'max_qps') THEN
-            RAISE EXCEPTION 'unknown key setting "%"; known settings: max_in_flight, max_qps', k
-                USING ERRCODE = '22023';
-        END IF;
-    END LOOP;
     INSERT INTO qm.key_settings AS t (queue_id, tenant, key, max_in_flight, max_qps)
     VALUES (qid, tenant_name, key_name, (settings->>'max_in_flight')::integer,
             (settings->>'max_qps')::double precision)
