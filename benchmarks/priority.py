@@ -20,11 +20,12 @@ partitions, shuffle 4), one manager process. Three parts:
   level of priority 5 counts at the top once its oldest event has waited (5 - 1) x aging, and then
   goes first (its events are the oldest of all): each waits at most that, plus a free slot and a
   pick (``BOUND_SLACK``). Without aging it would wait for the whole backlog and the stream.
-* **drain**: the backlog drained by fast no-op receivers (``benchmarks.e2e.run_drain``). With
-  ``--other DIR`` (a checkout of a build without priorities, with its own ``.venv``) the same
-  backlog is drained by that build beside ours, alternated, in the same run; the target is ours >=
-  0.95 x the other's (medians). Also a backlog of the same size spread over priorities 1, 3 and 5,
-  ours only.
+* **drain**: the backlog drained by fast no-op receivers (``make bench-e2e``'s drain, run as
+  ``python -m benchmarks.e2e --drain-only`` on the same server). With ``--other DIR`` (a checkout
+  of a build without priorities, with its own ``.venv``) the same backlog is drained by that build
+  beside ours, alternated, in the same run; the target is ours >= 0.95 x the other's (medians).
+  Also a backlog of the same size spread over priorities 1, 3 and 5 (``--event-priorities``), ours
+  only.
 
     .venv/bin/python -m benchmarks.priority [--reps 3] [--seconds 30] [--rate 20] [--backlog 100000]
                                             [--receivers 2] [--credit 50] [--service 0.05]
@@ -39,17 +40,16 @@ import contextlib
 import json
 import logging
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from benchmarks import e2e
 from benchmarks.lib.backlog import preload, reset
 from benchmarks.lib.fleet import make_events, manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server
@@ -223,23 +223,36 @@ def bench_aging(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def bench_drains(admin_dsn: str, dsn: str, args: argparse.Namespace) -> dict[str, Any]:
-    alter(dsn, priority_aging_seconds=DEFAULT_AGING, paused=False)
-    cfg = e2e.DrainConfig(args.drain_receivers, args.drain_credit, args.drain_concurrency)
-    other = None if args.other is None else e2e.Other.set_up(args.other.resolve(), admin_dsn, QUEUE_SETTINGS)
-    try:
-        same = e2e.bench_drain(dsn, [cfg], args.backlog, args.drain_reps, other)
-    finally:
-        if other is not None:
-            other.drop(admin_dsn)
+def e2e_drain(admin_dsn: str, args: argparse.Namespace, *extra: str) -> dict[str, Any]:
+    """``make bench-e2e``'s drain of ``--backlog`` events on this server (its own database), as
+    its report's ``drain``."""
+    cmd = [
+        *(sys.executable, "-m", "benchmarks.e2e", "--drain-only", "--no-peers", "--no-library", "--dsn", admin_dsn),
+        *("--events", str(args.backlog), "--reps", str(args.drain_reps), "--receivers", str(args.drain_receivers)),
+        *("--credit", str(args.drain_credit), "--concurrency", str(args.drain_concurrency), *extra),
+    ]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1]).stdout
+    drain: dict[str, Any] = json.loads(out)["drain"]
+    return drain
+
+
+def bench_drains(admin_dsn: str, args: argparse.Namespace) -> dict[str, Any]:
+    same = e2e_drain(admin_dsn, args, *(() if args.other is None else ("--other", str(args.other.resolve()))))
     # the same size spread over three levels: each pick reads the levels it finds
-    events = [replace(ev, priority=(1, 3, 5)[i % 3]) for i, ev in enumerate(make_events(args.backlog, 4242))]
-    mixed = [e2e.run_drain(dsn, cfg, events)["events_per_s"] for _ in range(args.drain_reps)]
+    mixed = e2e_drain(admin_dsn, args, "--event-priorities", "1,3,5")
     out: dict[str, Any] = {
         "events": args.backlog,
-        "config": {"receivers": cfg.receivers, "credit": cfg.credit, "concurrency": cfg.concurrency},
+        "config": {
+            "receivers": args.drain_receivers,
+            "credit": args.drain_credit,
+            "concurrency": args.drain_concurrency,
+        },
         "priority_3": same["best"],
-        "mixed_levels_events_per_s": {"median": statistics.median(mixed), "samples": mixed},
+        "mixed_levels_events_per_s": {
+            "median": mixed["best"]["events_per_s"],
+            "samples": mixed["best"]["samples"],
+            "per_event_median": mixed["best"]["per_event_median"],
+        },
     }
     if "other" in same:
         out["other"] = {k: same["other"][k] for k in ("checkout", "code", "best")}
@@ -293,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = server_info(dsn)
         stream = None if "stream" in skip else bench_stream(dsn, args)
         aging = None if "aging" in skip else bench_aging(dsn, args)
-        drain = None if "drain" in skip else bench_drains(admin_dsn, dsn, args)
+        drain = None if "drain" in skip else bench_drains(admin_dsn, args)
     met = [part["met"] for part in (stream, aging, drain) if part is not None and "met" in part]
     report = {
         **header("priority"),
