@@ -318,20 +318,22 @@ class Dispatcher:
         # before them gave all they had (or their streams' caps)
         last = max((counts[r[9] - 1] for r in rows), default=0)
         per_part: dict[int, int] = {}
-        per_stream: dict[tuple[int, int], int] = {}
+        per_slot: dict[int, int] = {}  # by stream, as the floors' slots (WakeState.slot)
         tops: dict[int, float] = {}
         heads: dict[int, float] = {}
+        levels = ws.levels
+        inf = float("inf")
         for r in rows:
-            p = r[2]
-            stream = (p, r[9])
-            per_stream[stream] = per_stream.get(stream, 0) + 1
-            slot = ws.slot(p, r[9])
-            if r[4] > tops.get(slot, float("-inf")):
-                tops[slot] = r[4]
-            if r[4] < heads.get(p, float("inf")):
-                heads[p] = r[4]
-            if counts[r[9] - 1] == last:
+            p, fire_at, v = r[2], r[4], r[9]
+            slot = p * levels + v - 1
+            per_slot[slot] = per_slot.get(slot, 0) + 1
+            if fire_at > tops.get(slot, -inf):
+                tops[slot] = fire_at
+            if fire_at < heads.get(p, inf):
+                heads[p] = fire_at
+            if counts[v - 1] == last:
                 per_part[p] = per_part.get(p, 0) + 1
+        per_stream = {(s // levels, s % levels + 1): n for s, n in per_slot.items()}
         # short of the limit: every partition was examined, and those that gave nothing have nothing due
         empty = (
             [s for p in range(q.settings.partitions_physical) if p not in heads for s in ws.slots_of(p)]
@@ -536,10 +538,10 @@ class Dispatcher:
             if events is None:
                 events = out[c] = []
             if traceparent is None and tracestate is None and baggage is None:
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, priority=priority))
+                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, "", priority))
             else:
                 trace = trace_json(traceparent, tracestate, baggage)
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace, priority=priority))
+                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace, priority))
             delays.append(pushed_db - fire_at if pushed_db > fire_at else 0.0)
             tenants.append(tenant)
         if delays:
