@@ -312,8 +312,6 @@ class Dispatcher:
         )
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
-        if rows:
-            q.pick.levels_read(oldest)
         # the cursor turns at the levels of the last count served, where the batch was cut; the levels
         # before them gave all they had (or their streams' caps)
         last = max((counts[r[9] - 1] for r in rows), default=0)
@@ -321,6 +319,7 @@ class Dispatcher:
         per_slot: dict[int, int] = {}  # by stream, as the floors' slots (WakeState.slot)
         tops: dict[int, float] = {}
         heads: dict[int, float] = {}
+        lows: dict[int, float] = {}
         levels = ws.levels
         inf = float("inf")
         for r in rows:
@@ -331,12 +330,21 @@ class Dispatcher:
                 tops[slot] = fire_at
             if fire_at < heads.get(p, inf):
                 heads[p] = fire_at
+            if fire_at < lows.get(v, inf):
+                lows[v] = fire_at
             if counts[v - 1] == last:
                 per_part[p] = per_part.get(p, 0) + 1
+        if rows:
+            # each level's oldest due event: its streams' heads probed (behind a backlog), or its
+            # oldest fired
+            probed = list(oldest) or [None] * levels
+            q.pick.levels_read(
+                [min(t, lows.get(v, inf)) if t is not None else lows.get(v) for v, t in enumerate(probed, 1)]
+            )
         per_stream = {(s // levels, s % levels + 1): n for s, n in per_slot.items()}
-        # short of the limit: every partition was examined, and those that gave nothing have nothing due
+        # short of the limit: every stream was read, and those that gave nothing have nothing due
         empty = (
-            [s for p in range(q.settings.partitions_physical) if p not in heads for s in ws.slots_of(p)]
+            [s for s in range(q.settings.partitions_physical * levels) if s not in per_slot]
             if len(rows) < limit
             else ()
         )
@@ -344,7 +352,7 @@ class Dispatcher:
         # more are due if the batch was full or some stream gave all it was allowed
         full = len(rows) >= limit or any(n >= caps.get(s, quota) for s, n in per_stream.items())
         q.pick.direct_fired(per_part, heads, since, pick_time, full, q.settings.partitions_physical)
-        q.pick.caps = next_caps(per_stream, counts, caps, quota, limit, q.settings.partitions_physical)
+        q.pick.caps = next_caps(per_stream, counts, caps, quota, limit)
         if rows:
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})

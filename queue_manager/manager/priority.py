@@ -13,18 +13,20 @@ at its own level (:func:`level_counts`). Aging moves whole levels, not single ev
 never reorders the events of one level: an old backlog of a level does not go before a quiet
 tenant's fresh event of the same level (event-by-event aging did exactly that).
 
-**Levels that count the same share the pick.** They take turns: each level's first event (in its
-own round-robin order), then each one's second, and so on; which of them goes first at each turn
-rotates from pick to pick (:func:`level_ties`). Sharing, rather than oldest level first, keeps an
-aged backlog from shutting out the fresh events of a higher level: a priority-3 backlog that has
-waited 2A counts 1, and a stream of priority-1 events then gets every other event of each pick
-(oldest first would have held the stream until the backlog was gone).
+**Levels that count the same take turns.** Which of them goes first rotates from pick to pick
+(:func:`level_ties`): a direct pick walks their streams with the fresh ones first (a stream whose
+head was not due at the previous pick), then the level whose turn it is, then the others; the
+window cache takes their events turn by turn (each level's first, then each one's second...).
+Taking turns, rather than oldest level first, keeps an aged backlog from shutting out the fresh
+events of a higher level: a priority-3 backlog that has waited 2A counts 1, and a stream of
+priority-1 events then still goes first in its turns and whenever its streams are fresh (oldest
+first would have held the stream until the backlog was gone).
 
 What aging bounds (:func:`aging_bound`): an event of priority v that has waited ``(v - 1) * A``
-keeps its level at count 1 for as long as it waits, and a level at count 1 gets at least one
-event of every pick that fires ``PRIORITY_LEVELS`` or more, and the first place in its turn
-otherwise. So it waits at most ``(v - 1) * A`` plus the time to serve,
-at that share, the events of its own level ahead of it in the level's round robin.
+keeps its level at count 1 for as long as it waits, and a level at count 1 goes first in at least
+one pick of every ``PRIORITY_LEVELS`` (with as much of the batch as its streams give). So it waits at
+most ``(v - 1) * A`` plus the turns its own level's events ahead of it in the level's round robin
+take.
 """
 
 from __future__ import annotations
@@ -57,9 +59,9 @@ def level_counts(oldest: Mapping[int, float | None], now: float, aging: float | 
 
 
 def level_ties(turn: int) -> list[int]:
-    """Which of the levels that count the same goes first at each turn of a pick (index ``v - 1``,
-    the lowest first): the order 1, 2, ..., rotated by ``turn`` (the dispatcher's pick counter), so
-    that each level goes first in one pick of every ``PRIORITY_LEVELS``."""
+    """Which of the levels that count the same goes first in a pick (index ``v - 1``, the lowest
+    first): the order 1, 2, ..., rotated by ``turn`` (the dispatcher's batch counter), so that each
+    level goes first in turn."""
     return [(v - 1 - turn) % PRIORITY_LEVELS for v in range(1, PRIORITY_LEVELS + 1)]
 
 
@@ -77,29 +79,21 @@ def next_caps(
     caps: Mapping[tuple[int, int], int],
     quota: int,
     limit: int,
-    partitions: int,
 ) -> dict[tuple[int, int], int]:
     """The read caps of the next pick's streams ((partition, level) -> rows), after a pick that fired
-    ``fired`` per stream with ``caps`` (others: ``quota``) and the levels' ``counts``:
-
-    * when the levels of the lowest count it served filled the batch, the streams of every other
-      level read one row next time (enough for their oldest event, which their count needs): a
-      drain of one level does not read and sort the quota of every other level at every pick;
-    * when they could not fill it and some of their streams gave all they were allowed (their
-      backlog sits in a few partitions), those streams may give the batch's room left next time,
-      so that it goes to those levels before any other;
-    * otherwise none (every stream reads ``quota``)."""
+    ``fired`` per stream with ``caps`` (others: ``quota``) and the levels' ``counts``. When the
+    levels of the lowest count it served could not fill the batch and some of their streams gave all
+    they were allowed (their backlog sits in a few partitions), those streams may give the batch's
+    room left next time, so that it goes to those levels before any other; otherwise none (every
+    stream reads ``quota``)."""
     if not fired:
         return {}
     first = min(counts[v - 1] for _, v in fired)
     best = {s: n for s, n in fired.items() if counts[s[1] - 1] == first}
-    at_best = sum(best.values())
-    if at_best >= limit:
-        others = [v for v in range(1, PRIORITY_LEVELS + 1) if counts[v - 1] != first]
-        return {(p, v): 1 for p in range(partitions) for v in others}
     cut = [s for s, n in best.items() if n >= caps.get(s, quota)]
-    if not cut:
+    at_best = sum(best.values())
+    if not cut or at_best >= limit:
         return {}
-    others_n = at_best - sum(best[s] for s in cut)
-    share = math.ceil(max(0, limit - others_n) / len(cut))
+    others = at_best - sum(best[s] for s in cut)
+    share = math.ceil(max(0, limit - others) / len(cut))
     return {s: share for s in cut if share > quota}

@@ -366,30 +366,20 @@ def test_the_first_levels_streams_that_gave_all_they_could_are_read_further_next
     def caps(
         fired: dict[tuple[int, int], int], counts: list[int], old: dict[tuple[int, int], int] | None = None
     ) -> dict[tuple[int, int], int]:
-        return next_caps(fired, counts, old or {}, quota=2, limit=8, partitions=4)
+        return next_caps(fired, counts, old or {}, quota=2, limit=8)
 
     # level 1 in one partition gave its quota of 2 while the batch of 8 went to level 3: next time
     # that stream may give the room left
     assert caps({(0, 1): 2, (1, 3): 2, (2, 3): 2, (3, 3): 2}, [1, 2, 3, 4, 5]) == {(0, 1): 8}
     # two streams of the first level, one of which had less than its quota: the other takes the rest
     assert caps({(0, 1): 2, (1, 1): 1, (2, 3): 2}, [1, 2, 3, 4, 5]) == {(0, 1): 7}
-    # none of the first level's streams was cut: every stream at its quota
+    # the first level filled the batch, or none of its streams was cut: every stream at its quota
+    assert caps({(0, 1): 8}, [1, 2, 3, 4, 5], {(0, 1): 8}) == {}
     assert caps({(0, 1): 1, (1, 3): 2}, [1, 2, 3, 4, 5]) == {}
     # the counts decide which levels are first; levels of one count are first together
     assert caps({(0, 1): 2, (1, 5): 2}, [2, 2, 3, 4, 1]) == {(1, 5): 8}
     assert caps({(0, 1): 2, (1, 5): 2}, [1, 2, 3, 4, 1]) == {(0, 1): 4, (1, 5): 4}
     assert caps({}, [1, 2, 3, 4, 5]) == {}
-
-
-def test_while_the_first_levels_fill_the_batch_the_others_read_one_row_a_stream() -> None:
-    """A drain of one level reads the others' heads only (their oldest events, for their counts),
-    not their quota at every pick; once the first levels leave room, the caps are gone."""
-    full = next_caps({(0, 1): 8}, [1, 2, 3, 4, 5], {(0, 1): 8}, quota=2, limit=8, partitions=2)
-    assert full == {(p, v): 1 for p in (0, 1) for v in (2, 3, 4, 5)}
-    # level 5 aged to count 1: it is among the first levels, and reads its quota
-    caps_after = next_caps({(0, 1): 6, (1, 5): 2}, [1, 2, 3, 4, 1], {}, quota=2, limit=8, partitions=2)
-    assert caps_after == {(p, v): 1 for p in (0, 1) for v in (2, 3, 4)}
-    assert next_caps({(0, 1): 1, (0, 3): 1, (1, 3): 1}, [1, 2, 3, 4, 5], full, quota=2, limit=8, partitions=2) == {}
 
 
 def test_a_new_sessions_rate_keys_start_empty_so_a_failover_adds_no_burst() -> None:

@@ -109,58 +109,61 @@ RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)
 
 -- mgr_fire_due --
 -- Fire what is due now without a prior scan (the backlog and wake-up path, for queues whose
--- receivers all take every tenant and that have no tenant or key limits), level by level:
--- * the streams: each partition's priority levels (%(levels)s of them), walked from %(start)s round
---   the partitions, each level read in fire_at order from its floor (%(floors)s, epoch seconds by
---   partition * levels + level, NULL = none: the index range scan then starts after what is known
---   fired, not at the dead entries of everything fired since the last vacuum), up to its cap
---   (%(caps)s, by the same index; NULL: %(quota)s), without locks;
--- * the levels by their count, the lowest first (%(counts)s: each level's, by level; the manager's,
---   from the levels' oldest events and their aging: queue_manager/manager/priority.py); levels of
---   one count take turns (each one's first row, then each one's second...; %(ties)s by level says
---   which goes first at each turn), so that aging never reorders the events of one level and an
---   aged level shares the pick with a higher one rather than shutting it out;
--- * within a level, as without priorities: the streams whose earliest due event is not older than
---   %(since)s (the previous pick's time, epoch seconds; NULL: plain round-robin) first (they had nothing
---   due then: a quiet tenant's event waits for one pick, as fq_codel serves new flows before old ones;
---   docs/design.md, "Fair dispatch between tenants"), then round-robin from %(start)s, each
---   partition's rows in fire_at order; at most %(limit)s in all;
--- * the chosen rows are locked by their ctid (SKIP LOCKED: a row an application holds is passed
---   over) and fired by ctid: no index probe for either. A row that changed since it was read fails
---   the lock's recheck and is not fired. A paused queue picks and fires nothing.
--- The last column (the same on every row) is each level's oldest due event read (epoch seconds,
--- NULL: none), from which the manager orders the levels of the next pick.
+-- receivers all take every tenant and that have no tenant or key limits), stream by stream:
+-- * the streams: each partition's priority levels (%(levels)s of them), each read in fire_at order
+--   from its floor (%(floors)s, epoch seconds by partition * levels + level, NULL = none: the index
+--   range scan then starts after what is known fired, not at the dead entries of everything fired
+--   since the last vacuum), up to its cap (%(caps)s, by the same index; NULL: %(quota)s);
+-- * walked by the levels' counts, the lowest first (%(counts)s: each level's, by level; the
+--   manager's, from the levels' oldest events and their aging: queue_manager/manager/priority.py),
+--   then, behind a backlog (%(since)s: the previous pick's time, epoch seconds; NULL: none), the
+--   streams whose earliest due event is not older than it first (they had nothing due then: a quiet
+--   tenant's event waits for one pick, as fq_codel serves new flows before old ones; docs/design.md,
+--   "Fair dispatch between tenants"), then the level (%(ties)s: which of the levels that count the
+--   same goes first, rotating pick by pick), then round-robin from %(start)s; so aging never
+--   reorders the events of one level, and levels of one count take turns;
+-- * each stream's rows are locked as they are read (SKIP LOCKED: a row an application holds is
+--   passed over) and the walk stops at %(limit)s rows: nothing is sorted; they are fired by primary
+--   key. A paused queue picks and fires nothing.
+-- Behind a backlog each stream's head is probed first (for the order above); the last column (the
+-- same on every row) is each level's oldest due event probed (epoch seconds, NULL: none probed),
+-- from which, with the rows fired, the manager counts the levels of the next pick.
 WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
-     c AS MATERIALIZED (
-        SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i, lv.v, e.row, e.fire_at, e.sparse
-          FROM f, generate_series(0, %(partitions)s - 1) AS g(i) CROSS JOIN generate_series(1, %(levels)s) AS lv(v)
-         CROSS JOIN LATERAL (
-                SELECT s.row, s.fire_at,
-                       coalesce(first_value(s.fire_at) OVER () >= to_timestamp(%(since)s::double precision), false) AS sparse
-                  FROM (SELECT q.ctid AS row, q.fire_at FROM {queue} q
-                         WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.priority = lv.v
-                           AND q.state = 'to_be_fired' AND q.fire_at <= now()
-                           AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v]),
-                                                     '-infinity'::timestamptz)
-                         ORDER BY q.fire_at
-                         LIMIT coalesce((%(caps)s::integer[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v], %(quota)s)) s) e
-         WHERE f.paused IS FALSE),
+     walk AS MATERIALIZED (
+        SELECT w.p, w.v, w.low, pr.first
+          FROM (SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i, lv.v,
+                       coalesce(to_timestamp((%(floors)s::double precision[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v]),
+                                '-infinity'::timestamptz) AS low
+                  FROM generate_series(0, %(partitions)s - 1) AS g(i) CROSS JOIN generate_series(1, %(levels)s) AS lv(v)) w
+          LEFT JOIN LATERAL (
+                SELECT q.fire_at AS first FROM {queue} q
+                 WHERE %(since)s::double precision IS NOT NULL
+                   AND q.partition = w.p AND q.priority = w.v AND q.state = 'to_be_fired' AND q.fire_at <= now()
+                   AND q.fire_at >= w.low
+                 ORDER BY q.fire_at
+                 LIMIT 1) pr ON true
+         ORDER BY (%(counts)s::integer[])[w.v], coalesce(pr.first >= to_timestamp(%(since)s::double precision), false) DESC,
+                  (%(ties)s::integer[])[w.v], w.i),
      pick AS MATERIALIZED (
-        SELECT r.row FROM (
-            SELECT c.row, c.v, row_number() OVER (PARTITION BY c.v ORDER BY c.sparse DESC, c.i, c.fire_at) AS turn
-              FROM c) r
-         ORDER BY (%(counts)s::integer[])[r.v], r.turn, (%(ties)s::integer[])[r.v]
-         LIMIT %(limit)s),
-     locked AS MATERIALIZED (
-        SELECT q.ctid AS row FROM {queue} q WHERE q.ctid = ANY(ARRAY(SELECT row FROM pick)) FOR UPDATE SKIP LOCKED)
+        SELECT e.id
+          FROM f, walk w
+         CROSS JOIN LATERAL (
+                SELECT q.id FROM {queue} q
+                 WHERE q.partition = w.p AND q.priority = w.v AND q.state = 'to_be_fired'
+                   AND q.fire_at <= now() AND q.fire_at >= w.low
+                 ORDER BY q.fire_at
+                 LIMIT coalesce((%(caps)s::integer[])[w.p * %(levels)s + w.v], %(quota)s)
+                   FOR UPDATE SKIP LOCKED) e
+         WHERE f.paused IS FALSE
+         LIMIT %(limit)s)
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
        ack_deadline = now() + make_interval(secs => %(ack_timeout)s), fired_term = f.term
   FROM f
- WHERE q.ctid = ANY(ARRAY(SELECT row FROM locked)) AND q.state::text = 'to_be_fired'
+ WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state::text = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
           q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key,
-          (SELECT array_agg(extract(epoch FROM (SELECT min(c.fire_at) FROM c WHERE c.v = lv.v))::double precision
+          (SELECT array_agg(extract(epoch FROM (SELECT min(w.first) FROM walk w WHERE w.v = lv.v))::double precision
                             ORDER BY lv.v)
              FROM generate_series(1, %(levels)s) AS lv(v))
 
