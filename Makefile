@@ -1,15 +1,20 @@
-# The two commands a new machine needs:  make demo   and   make test      (make help lists every target)
+# The two commands a new machine needs:  make demo (light: the runtime and the dashboard)   and   make test
+# (everything: the dev tools, Spark, Playwright and the system packages)      make help lists every target
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+#: the demo's own, lighter stamp: the runtime and the dashboard only (no dev tools, Spark, Playwright)
+DEMO_STAMP := $(VENV)/.installed-demo
+#: what the demo installs: the runtime's dependencies and the dashboard's (pyproject.toml's extras)
+DEMO_EXTRAS := web
 #: the peers' own virtualenv for bench-e2e's comparison (PgQueuer, Procrastinate; git-ignored)
 PEERS_VENV ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 #: pytest workers for `make test`: the suite is CPU-bound on 2 cores once its waits overlap; 3
 #: workers measured 2m39-2m44 (2: 3m26, 4: 2m52 with more contention); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 3
-#: extra options for a bench-* target, e.g. make bench-e2e ARGS="--quick --no-peers"
+#: extra options for `make demo` (make demo ARGS="--duration 60") or a bench-* target (make bench-e2e ARGS="--quick --no-peers")
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
@@ -22,15 +27,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev,web,otel]"
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# the demo's: a virtualenv with what the demo runs, and nothing else (no pip upgrade: it is not needed)
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e ".[$(DEMO_EXTRAS)]"
+	touch $(DEMO_STAMP)
 
 setup: system $(STAMP) ## install everything: the system packages the tests need when missing, then the virtualenv
 
 system: ## Java 17 and the PostgreSQL JDBC jar when missing (as root; otherwise says what to run)
 	@scripts/system-packages.sh
 
-demo: setup ## start local shards and show events flowing (data in .qm-local)
-	$(BIN)/qm demo --dir .qm-local
+demo: $(DEMO_STAMP) ## the whole system live on 2 local shards until Ctrl-C (installs the runtime and the dashboard only; ARGS="--duration 60", data in .qm-local)
+	$(BIN)/qm demo --dir .qm-local $(ARGS)
 
 test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark; ends with the 10 slowest tests
 	$(PYTEST)
