@@ -18,7 +18,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -106,6 +106,12 @@ bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one k
 
 bench-web: $(STAMP) ## the web dashboard on 10M events: each page's p50/p99, an open overview's PostgreSQL CPU (JSON on stdout)
 	$(BIN)/python -m benchmarks.web $(ARGS)
+
+bench-cli: $(STAMP) ## the CPU a qm command costs before any work (qm --help, qm enqueue's imports) vs a bare interpreter; OTHER=<checkout> alongside (JSON on stdout)
+	$(BIN)/python -m benchmarks.cli_startup $(if $(OTHER),--other $(OTHER)) $(ARGS)
+
+bench-first-run: $(STAMP) ## fresh clones of HEAD to events flowing in make demo, and the demo virtualenv's packages, ~1 min a run (JSON on stdout)
+	$(BIN)/python -m benchmarks.first_run $(ARGS)
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local
