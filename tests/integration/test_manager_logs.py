@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,16 +63,16 @@ def managers(tmp_path: Path, shards: Topology) -> Iterator[tuple[list[ManagerPro
             p.stop()
 
 
-async def _leader(dsn: str, procs: list[ManagerProcess], timeout: float = 15.0) -> int:
-    """The index of the manager that holds the lease."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _, pid = await lease(dsn)
-        for i, p in enumerate(procs):
-            if p.pid == pid:
-                return i
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no manager held the lease within {timeout}s")
+async def _leader(procs: list[ManagerProcess], timeout: float = 15.0) -> int:
+    """The index of the manager that answers /health/leader with 200."""
+    leading: list[int] = []
+
+    def found() -> bool:
+        leading[:] = [i for i, p in enumerate(procs) if p.health("/health/leader")[0] == 200]
+        return len(leading) == 1
+
+    await wait_for(found, timeout, "a leader")
+    return leading[0]
 
 
 async def _handle(event: Event) -> None:
@@ -87,7 +86,7 @@ async def test_an_idle_manager_writes_a_handful_of_lines_and_a_failover_its_lead
 ) -> None:
     make_queue("orders")
     procs, logs = managers
-    first = await _leader(shard.dsn, procs)
+    first = await _leader(procs)
     other = 1 - first
     await wait_for(lambda: any("leadership acquired" in line for line in lines(logs[first])), 10, "the lead line")
     receiver = Receiver(
