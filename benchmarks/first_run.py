@@ -43,6 +43,7 @@ def _log(msg: str) -> None:
 
 def one_run(source: Path, work: Path, timeout: float) -> dict[str, Any]:
     clone = work / "queue-manager"
+    load_at_start = round(os.getloadavg()[0], 1)
     t0 = time.monotonic()
     subprocess.run(["git", "clone", "-q", str(source), str(clone)], check=True, timeout=120)
     cloned = time.monotonic() - t0
@@ -95,6 +96,7 @@ def one_run(source: Path, work: Path, timeout: float) -> dict[str, Any]:
     packages = sorted(p["name"].lower() for p in json.loads(listed.stdout or "[]"))
     size = subprocess.run(["du", "-sm", str(venv)], capture_output=True, text=True, check=False).stdout.split()
     out = {
+        "load_at_start": load_at_start,
         "clone_s": round(cloned, 2),
         "installed_s": round(marks["demo_started"], 2) if "demo_started" in marks else None,
         "events_flowing_s": round(marks["events_flowing"], 2) if flowing else None,
@@ -124,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     flowing = [r["events_flowing_s"] for r in runs if r["events_flowing_s"] is not None]
     report: dict[str, Any] = header("first_run")
-    commit = subprocess.run(["git", "-C", str(args.source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = subprocess.run(
+        ["git", "-C", str(args.source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     report.update(
         {
             "source_commit": commit.stdout.strip(),
