@@ -31,6 +31,7 @@ from typing import IO, Any
 
 import queue_manager
 from queue_manager.domain.topology import Shard, Topology, even_ranges, shard_names
+from queue_manager.domain.topology_file import write_topology_file
 from queue_manager.local.embedded import LocalCluster, free_port
 
 __all__ = [
@@ -68,14 +69,15 @@ Option = str | int | float | bool | Sequence[str] | None
 
 def start_shards(directory: Path, shards: int, *, settings: Mapping[str, str] | None = None) -> Topology:
     """Start ``shards`` embedded PostgreSQL servers in ``directory`` (reusing its data), split the keyspace
-    evenly between them, write ``directory/topology.toml`` and migrate every shard."""
+    evenly between them, write ``directory/topology.toml`` and migrate every shard. The managers the file
+    records (its shards' ``managers``, which each ``qm manager`` adds itself to) are kept."""
     from queue_manager.db.migrate import migrate_topology  # alembic: only for the processes that start shards
 
     dsns = LocalCluster(directory, shards, settings=settings).start()
     topology = Topology(
         tuple(Shard(n, d, r) for n, d, r in zip(shard_names(len(dsns)), dsns, even_ranges(len(dsns)), strict=True))
     )
-    (directory / TOPOLOGY_FILE).write_text(topology.to_toml())
+    topology = write_topology_file(directory / TOPOLOGY_FILE, topology, keep_managers=True)
     migrate_topology(topology)
     return topology
 

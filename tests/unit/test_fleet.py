@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from queue_manager.cli.main import build_parser
 from queue_manager.local import fleet
 from queue_manager.manager.auth import TokenStore
@@ -77,11 +75,3 @@ def test_a_token_file_is_read_back_by_the_manager_and_the_dashboard_and_only_its
     assert TokenStore.from_entries([fleet.Token("all", "secret-all-queues-0001").entry()]).lookup(
         "secret-all-queues-0001"
     )
-
-
-def test_a_manager_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> None:
-    tokens = fleet.write_tokens(tmp_path / "tokens.toml", [fleet.Token("all", "secret-all-queues-0001")])
-    log = tmp_path / "manager.log"
-    with pytest.raises(RuntimeError, match=r"qm manager for shard s0 did not start: ''; see .*manager\.log"):
-        fleet.ManagerProcess(tmp_path / "missing.toml", tokens, "s0", log=log)
-    assert "missing.toml does not exist" in log.read_text()
