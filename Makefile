@@ -1,19 +1,24 @@
-# The two commands a new machine needs:  make demo   and   make test      (make help lists every target)
+# The two commands a new machine needs:  make demo (light: the runtime and the dashboard)   and   make test
+# (everything: the dev tools, Spark, Playwright and the system packages)      make help lists every target
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+#: the demo's own, lighter stamp: the runtime and the dashboard only (no dev tools, Spark, Playwright)
+DEMO_STAMP := $(VENV)/.installed-demo
+#: what the demo installs: the runtime's dependencies and the dashboard's (pyproject.toml's extras)
+DEMO_EXTRAS := web
 #: the peers' own virtualenv for bench-e2e's comparison (PgQueuer, Procrastinate; git-ignored)
 PEERS_VENV ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
-#: pytest workers for `make test`: the suite is CPU-bound on 2 cores once its waits overlap; 3
-#: workers measured 2m39-2m44 (2: 3m26, 4: 2m52 with more contention); TEST_WORKERS=0: one process
+#: pytest workers for `make test`: the suite is CPU-bound on 2 cores once its waits overlap; 3 workers
+#: were the fastest of 2, 3 and 4 (the suite's time: README.md, "Contributing"); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 3
-#: extra options for a bench-* target, e.g. make bench-e2e ARGS="--quick --no-peers"
+#: extra options for `make demo` (make demo ARGS="--duration 60") or a bench-* target (make bench-e2e ARGS="--quick --no-peers")
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -22,15 +27,22 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev,web,otel]"
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# the demo's: a virtualenv with what the demo runs, and nothing else; no pip upgrade (not needed) and no
+# byte-compiling of every installed file (a fifth of the install's CPU; Python compiles what it imports)
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --no-compile -e ".[$(DEMO_EXTRAS)]"
+	touch $(DEMO_STAMP)
 
 setup: system $(STAMP) ## install everything: the system packages the tests need when missing, then the virtualenv
 
 system: ## Java 17 and the PostgreSQL JDBC jar when missing (as root; otherwise says what to run)
 	@scripts/system-packages.sh
 
-demo: setup ## start local shards and show events flowing (data in .qm-local)
-	$(BIN)/qm demo --dir .qm-local
+demo: $(DEMO_STAMP) ## the whole system live on 2 local shards until Ctrl-C (installs the runtime and the dashboard only; ARGS="--duration 60", data in .qm-local)
+	$(BIN)/qm demo --dir .qm-local $(ARGS)
 
 test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark; ends with the 10 slowest tests
 	$(PYTEST)
@@ -95,6 +107,12 @@ bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one k
 
 bench-web: $(STAMP) ## the web dashboard on 10M events: each page's p50/p99, an open overview's PostgreSQL CPU (JSON on stdout)
 	$(BIN)/python -m benchmarks.web $(ARGS)
+
+bench-cli: $(STAMP) ## the CPU a qm command costs before any work (qm --help, qm enqueue's imports) vs a bare interpreter; OTHER=<checkout> alongside (JSON on stdout)
+	$(BIN)/python -m benchmarks.cli_startup $(if $(OTHER),--other $(OTHER)) $(ARGS)
+
+bench-first-run: $(STAMP) ## fresh clones of HEAD to events flowing in make demo, and the demo virtualenv's packages, ~1 min a run (JSON on stdout)
+	$(BIN)/python -m benchmarks.first_run $(ARGS)
 
 clean-local: ## stop and delete the demo's local shards
 	-$(BIN)/qm local stop --dir .qm-local

@@ -58,10 +58,27 @@ def _on_every_shard(topology: Topology, queue: str, name: str, params: dict[str,
 def create_queue(
     topology: Topology, queue: str, settings: Mapping[str, Any], *, if_not_exists: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """Create the queue on every shard; returns each shard's registry row."""
+    """Create the queue on every shard; returns each shard's registry row, with ``existed``: whether
+    the queue was there already (left unchanged with ``if_not_exists``; an error naming the shard
+    without it)."""
     check_queue_name(queue)
     params = {"queue": queue, "settings": json.dumps(check_settings(settings)), "if_not_exists": if_not_exists}
-    return _on_every_shard(topology, queue, "create_queue", params)
+    results = {}
+    for shard in topology.shards:
+        found = None
+        try:
+            with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
+                found = conn.execute(query("queue_exists"), params).fetchone()
+                row = conn.execute(query("create_queue"), params).fetchone()
+        except pg.DuplicateTable as exc:
+            hint = " (qm queue alter changes its settings)" if found and found["existed"] else ""
+            what = (exc.diag.message_primary or str(exc)).replace(" on this shard", "")
+            raise ConfigurationError(f"shard {shard.name}: {what}{hint}") from exc
+        except psycopg.Error as exc:
+            raise _admin_error(exc, queue) from exc
+        assert row is not None and found is not None
+        results[shard.name] = {**dict(row), "existed": bool(found["existed"])}
+    return results
 
 
 def alter_queue(topology: Topology, queue: str, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -36,7 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -102,7 +102,12 @@ class _Child:
 
     def start(self) -> None:
         self.close_log()
-        self._log = self.log_path.open("wb")
+        # a restart appends to the killed process's log (its last lines tell why it was replaced)
+        restart = self.proc is not None
+        self._log = self.log_path.open("ab" if restart else "wb")
+        if restart:
+            self._log.write(f"==== restarted by the demo at {datetime.now().astimezone():%H:%M:%S}\n".encode())
+            self._log.flush()
         self.proc = subprocess.Popen(
             fleet.qm(*self.argv),
             stdin=subprocess.DEVNULL,
@@ -205,6 +210,9 @@ class _Producer(threading.Thread):
         self.rate = rate
         self.run_id = run_id
         self.out = _Produced()
+        #: when it started and stopped committing (monotonic): the summary's rate
+        self.started_at: float | None = None
+        self.stopped_at: float | None = None
         self._stop_event = threading.Event()
         self._rng = random.Random()
         self._seq = 0
@@ -249,6 +257,13 @@ class _Producer(threading.Thread):
                 self.out.scheduled += scheduled
 
     def run(self) -> None:
+        self.started_at = time.monotonic()
+        try:
+            self._run()
+        finally:
+            self.stopped_at = time.monotonic()
+
+    def _run(self) -> None:
         with Router(self.topology, max_size=2) as router:
             next_tick = time.monotonic()
             while not self._stop_event.is_set():
@@ -348,6 +363,19 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f} ms"
 
 
+#: the producer is "behind" when its rate over the last RATE_WINDOW seconds is below this share of its target
+BEHIND = 0.9
+RATE_WINDOW = 5.0
+
+
+def producer_behind(rate: float | None, target: float) -> str | None:
+    """``producer behind: 60 of 150/s`` when the producer commits clearly less than asked (the machine
+    cannot keep up); None while it keeps up, or before there is a rate to judge."""
+    if rate is None or rate >= BEHIND * target:
+        return None
+    return f"producer behind: {rate:.0f} of {target:.0f}/s"
+
+
 # --------------------------------------------------------------------------- the view
 
 
@@ -362,6 +390,13 @@ class _Snapshot:
     p99: float | None
     tenants: list[tuple[str, int, int, int]]
     leaders: dict[str, list[tuple[str, str, int | None]]]
+    #: the producer's target rate (--rate), and its rate over the last RATE_WINDOW seconds
+    target_rate: float = 0.0
+    producer_rate: float | None = None
+
+    @property
+    def behind(self) -> str | None:
+        return producer_behind(self.producer_rate, self.target_rate)
 
     def leader_text(self, shard: str) -> str:
         parts = []
@@ -375,10 +410,13 @@ class _Snapshot:
         for c in self.counts.values():
             total = total.add(c)
         leaders = "  ".join(f"{s}[{self.leader_text(s)}]" for s in self.counts)
+        behind = f"  !! {self.behind}" if self.behind else ""
         return (
-            f"t={self.elapsed:5.1f}s  enqueued {self.enqueued} ({self.enqueued_rate:.0f}/s)  "
+            f"t={self.elapsed:5.1f}s  enqueued {self.enqueued} ({self.enqueued_rate:.0f}/s of "
+            f"{self.target_rate:.0f}/s)  "
             f"acked {total.acked} ({self.acked_rate:.0f}/s)  due {total.due}  scheduled {total.scheduled}  "
             f"fired {total.fired}  dead {total.failed}  pickup p50 {_ms(self.p50)} p99 {_ms(self.p99)}  {leaders}"
+            f"{behind}"
         )
 
     def renderable(self) -> Any:
@@ -394,13 +432,20 @@ class _Snapshot:
             states.add_row(shard, *(str(v) for v in c.as_tuple()[:5]), str(c.deliveries), self.leader_text(shard))
         states.add_row("all", *(str(v) for v in total.as_tuple()), "", style="bold")
 
-        rates = Table(
-            title="flow", caption="pickup: commit (or fire_at) to fire, events fired in the last 5 s", expand=False
-        )
-        for col in ("enqueued", "enqueued/s", "acked/s", "pickup p50", "pickup p99"):
+        caption = "pickup: commit (or fire_at) to fire, events fired in the last 5 s"
+        if self.behind:
+            caption = f"[bold red]{self.behind} (this machine cannot keep up)[/]\n{caption}"
+        rates = Table(title="flow", caption=caption, expand=False)
+        for col in ("enqueued", "enqueued/s", "target/s", "acked/s", "pickup p50", "pickup p99"):
             rates.add_column(col, justify="right")
         rates.add_row(
-            str(self.enqueued), f"{self.enqueued_rate:.0f}", f"{self.acked_rate:.0f}", _ms(self.p50), _ms(self.p99)
+            str(self.enqueued),
+            f"{self.enqueued_rate:.0f}",
+            f"{self.target_rate:.0f}",
+            f"{self.acked_rate:.0f}",
+            _ms(self.p50),
+            _ms(self.p99),
+            style="red" if self.behind else None,
         )
 
         tenants = Table(title="top tenants", expand=False)
@@ -576,7 +621,7 @@ def run_demo(
                     concurrency=8,
                     handler_timeout=3,
                     drain_timeout=3,
-                    log_level="WARNING",
+                    log_level="INFO",
                 )
                 children.append(_Child(f"receiver-{i + 1}", argv, log_dir, env))
 
@@ -663,6 +708,8 @@ def _watch(
     restarted = False
     last_sample = 0.0
     prev_enq, prev_acked, prev_t = 0, 0, start
+    #: (time, enqueued) of the samples of the last RATE_WINDOW seconds: the producer's recent rate
+    recent: deque[tuple[float, int]] = deque()
 
     def note(msg: str) -> None:
         out.say(msg)
@@ -705,6 +752,10 @@ def _watch(
             enq = producer.out.total()
             acked = sum(c.acked for c in counts.values())
             dt = max(now - prev_t, 1e-6)
+            recent.append((now, enq))
+            while now - recent[0][0] > RATE_WINDOW:
+                recent.popleft()
+            span = now - recent[0][0]
             snap = _Snapshot(
                 elapsed=elapsed,
                 counts=counts,
@@ -715,6 +766,9 @@ def _watch(
                 p99=percentile(delays, 99),
                 tenants=db.tenants(),
                 leaders=leaders,
+                target_rate=producer.rate,
+                # judged once the window is mostly full (the first seconds include the start-up)
+                producer_rate=(enq - recent[0][1]) / span if span >= RATE_WINDOW * 0.6 else None,
             )
             prev_enq, prev_acked, prev_t = enq, acked, now
             out.show(snap)
@@ -763,6 +817,14 @@ def _summary(db: _Database, producer: _Producer) -> tuple[int, list[str]]:
         f"   acked {total.acked}, dead-lettered {total.failed}, still pending {total.pending}",
         f"   lost = {lost}" + ("  (every enqueued event is acked, dead-lettered or still live)" if lost == 0 else ""),
     ]
+    if producer.started_at is not None and producer.stopped_at is not None:
+        seconds = max(producer.stopped_at - producer.started_at, 1e-6)
+        rate = sum(enqueued.values()) / seconds
+        behind = producer_behind(rate, producer.rate)
+        lines.append(
+            f"   producer: {rate:.0f} events/s over {seconds:.0f} s, of the {producer.rate:.0f}/s asked"
+            + (f" ({behind}: this machine could not keep up)" if behind else "")
+        )
     if errors:
         lines.append(f"   producer transactions that failed (rolled back, not counted): {errors}; last: {last_error}")
     return lost, lines

@@ -512,7 +512,14 @@ class _Link:
             if self.r.tracer is not None:
                 self.r.tracer.failed(exc)
             text = f"{type(exc).__name__}: {exc}"
-            logger.info("handler failed on event %s (attempt %s): %s", event.id, event.attempt, text)
+            logger.warning(
+                "handler failed on event %s (attempt %s): %s",
+                event.id,
+                event.attempt,
+                text,
+                extra={"shard": self.shard, "tenant": event.tenant},
+                exc_info=True,
+            )
             return Outcome("nack", None, text[:MAX_ERROR_TEXT]), False
         if event.settled_by_sql:
             return SETTLED, False
@@ -592,6 +599,8 @@ class _Link:
                 self.session.in_hand,
                 extra={"shard": self.shard},
             )
+        else:
+            logger.info("drained shard %s: every event in hand settled", self.shard, extra={"shard": self.shard})
         await ws.close()
 
 

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from queue_manager import logs
-from queue_manager.cli.common import run, topology, with_topology
+from queue_manager.cli.common import duration, examples, run, topology, with_topology
+from queue_manager.domain.durations import format_duration
 from queue_manager.domain.topology import Topology
 
 
@@ -30,11 +31,17 @@ def register(spark: Any) -> None:
             description="Route and check every row in Spark, stage each shard's rows through JDBC, then publish "
             "them in one transaction per shard (--atomic: across all shards). Safe to re-run with the same "
             "--run-id. See docs/spark.md.",
+            epilog=examples("qm spark enqueue --queue orders --input s3a://bucket/orders/ --run-id orders-2026-01-01"),
         )
     )
     p.add_argument("--queue", required=True, help="target queue (must exist on every shard)")
     p.add_argument("--input", required=True, help="source path (or table name with --format table)")
-    p.add_argument("--format", default="parquet", choices=["parquet", "csv", "json", "orc", "table"])
+    p.add_argument(
+        "--format",
+        default="parquet",
+        choices=["parquet", "csv", "json", "orc", "table"],
+        help="the source's format (default parquet; table: --input names a table of the Spark catalog)",
+    )
     p.add_argument("--run-id", required=True, help="names the run: a re-run with the same id adds nothing twice")
     p.add_argument("--tenant-col", default="tenant", help="tenant column (default tenant)")
     p.add_argument("--payload-col", default="payload", help="payload column: JSON text or a struct (default payload)")
@@ -57,9 +64,10 @@ def register(spark: Any) -> None:
     p.add_argument("--atomic", action="store_true", help="visible on every shard or none (needs prepared transactions)")
     p.add_argument(
         "--staging-ttl",
-        type=float,
+        type=duration,
         default=86_400.0,
-        help="drop staging of runs unfinished this long, s (default 1 day)",
+        metavar="DURATION",
+        help="drop staging of runs unfinished this long (default 1 day)",
     )
     p.add_argument(
         "--stage-with",
@@ -72,20 +80,48 @@ def register(spark: Any) -> None:
     p.add_argument("--stop-after", choices=["validated", "staged"], help="stop early (a dry run: validated)")
     p.add_argument(
         "--wait-for-other-run",
-        type=float,
+        type=duration,
         default=3600.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="wait this long for another live run of the same --run-id to end, then refuse; 0: refuse at once "
-        "(default 3600)",
+        "(default 1 h)",
     )
     p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's, else Maven)")
 
-    p = with_topology(spark.add_parser("recover", help="finish or roll back two-phase enqueue runs left prepared"))
+    p = with_topology(
+        spark.add_parser(
+            "recover",
+            help="finish or roll back two-phase enqueue runs left prepared",
+            description="Finish (or roll back) the prepared transactions that --atomic enqueue runs left on the "
+            "shards when they stopped between their prepare and their commit.",
+            epilog=examples("qm spark recover", "qm spark recover --run-id orders-2026-01-01"),
+        )
+    )
     p.add_argument("--run-id", help="only this run (default: every run left prepared --min-age ago)")
-    p.add_argument("--min-age", type=float, default=60.0, help="leave younger prepared parts alone, s (default 60)")
+    p.add_argument(
+        "--min-age",
+        type=duration,
+        default=60.0,
+        metavar="DURATION",
+        help="leave younger prepared parts alone (default 1 min)",
+    )
 
-    p = with_topology(spark.add_parser("cleanup", help="drop the staging of enqueue runs left unfinished"))
-    p.add_argument("--older-than", type=float, default=86_400.0, help="unfinished for this long, s (default 1 day)")
+    p = with_topology(
+        spark.add_parser(
+            "cleanup",
+            help="drop the staging of enqueue runs left unfinished",
+            description="Drop the staging tables of enqueue runs left unfinished for longer than --older-than (a "
+            "run that completes drops its own).",
+            epilog=examples("qm spark cleanup --older-than 2d"),
+        )
+    )
+    p.add_argument(
+        "--older-than",
+        type=duration,
+        default=86_400.0,
+        metavar="DURATION",
+        help="unfinished for this long (default 1 day)",
+    )
 
     p = with_topology(
         spark.add_parser(
@@ -94,6 +130,7 @@ def register(spark: Any) -> None:
             description="Archive acked and failed events settled before a cut-off to Parquet under OUTPUT "
             "(partitioned by run, shard, queue and day), verify the files, then delete exactly those rows. "
             "Safe to interrupt: re-run with the same --run-id to finish. See docs/spark-archive.md.",
+            epilog=examples("qm spark archive --output /data/qm-archive --older-than 30d"),
         )
     )
     p.add_argument("--output", required=True, help="archive root directory (a local path)")
@@ -128,7 +165,8 @@ def recover(args: argparse.Namespace, topology: Topology, recover_runs: Callable
 def cleanup(args: argparse.Namespace, topology: Topology, cleanup_runs: Callable[..., dict[str, int]]) -> int:
     """``qm spark cleanup``: ``cleanup_runs`` is :func:`spark_jobs.enqueue.cleanup`."""
     for shard, n in cleanup_runs(topology, older_than=args.older_than).items():
-        print(f"{shard}: {n} run(s) unfinished for more than {args.older_than:g} s abandoned (staging dropped)")
+        age = format_duration(args.older_than)
+        print(f"{shard}: {n} run(s) unfinished for more than {age} abandoned (staging dropped)")
     return 0
 
 

@@ -7,24 +7,54 @@ import json
 from datetime import datetime
 
 from queue_manager import admin
-from queue_manager.cli.common import Subparsers, topology, with_topology
+from queue_manager.cli.common import Subparsers, command, group, topology, with_topology
 from queue_manager.errors import ConfigurationError
 
 
 def register_enqueue(sub: Subparsers) -> None:
-    p = with_topology(sub.add_parser("enqueue", help="enqueue one event"))
-    p.add_argument("queue")
-    p.add_argument("tenant")
-    p.add_argument("payload", nargs="?", default="{}", help="JSON payload (default {})")
-    p.add_argument("--fire-at", help="ISO-8601 time with offset, e.g. 2026-01-01T12:00:00+00:00")
-    p.add_argument("--dedup-key")
+    p = with_topology(
+        command(
+            sub,
+            "enqueue",
+            help="enqueue one event (routed to its tenant's shard)",
+            description="Enqueue one event into a queue, on the shard that owns the tenant, and print its id. "
+            "Applications enqueue by INSERT in their own transaction (docs/sql.md) or from Python "
+            "(queue_manager.producer); this command is for trying things and for scripts.",
+            example=(
+                "qm enqueue orders acme '{\"order\": 42}'",
+                "qm enqueue orders acme '{\"remind\": 42}' --fire-at 2026-01-01T12:00:00+00:00 --dedup-key remind-42",
+            ),
+        )
+    )
+    p.add_argument("queue", help="the queue")
+    p.add_argument("tenant", help="the tenant the event belongs to (it picks the shard and the partitions)")
+    p.add_argument("payload", nargs="?", default="{}", help="the event's JSON payload (default {})")
+    p.add_argument(
+        "--fire-at", metavar="TIME", help="fire at this ISO-8601 time with offset, e.g. 2026-01-01T12:00:00+00:00"
+    )
+    p.add_argument("--dedup-key", metavar="KEY", help="no second event with this key while the first is in the queue")
     p.set_defaults(func=cmd_enqueue)
 
 
 def register(sub: Subparsers) -> None:
-    events = sub.add_parser("events", help="act on events").add_subparsers(dest="events_command", required=True)
-    p = with_topology(events.add_parser("retry", help="put dead-lettered (failed) events back to to_be_fired"))
-    p.add_argument("queue")
+    events = group(
+        sub,
+        "events",
+        help="act on events",
+        description="Act on the events of a queue (the dashboard, qm web, does more: docs/dashboard.md).",
+        example="qm events retry orders --tenant acme",
+    )
+    p = with_topology(
+        command(
+            events,
+            "retry",
+            help="put dead-lettered (failed) events back to to_be_fired",
+            description="Put dead-lettered (failed) events of a queue back: due now, with their attempts reset. "
+            "Every failed event of the queue, or only those given by --id or --tenant.",
+            example=("qm events retry orders", "qm events retry orders --id 42 --id 43"),
+        )
+    )
+    p.add_argument("queue", help="the queue")
     p.add_argument("--id", type=int, action="append", help="only this event id (repeat)")
     p.add_argument("--tenant", help="only this tenant's events")
     p.set_defaults(func=cmd_events_retry)

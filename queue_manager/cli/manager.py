@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 from pathlib import Path
 
-from queue_manager.cli.common import Subparsers, topology, with_topology
+from queue_manager.cli.common import Subparsers, command, duration, topology, with_topology
+from queue_manager.domain.durations import format_duration
 from queue_manager.domain.topology import TOPOLOGY_ENV, Topology
 from queue_manager.domain.topology_file import forget_manager, record_manager
 from queue_manager.errors import ConfigurationError, QueueManagerError
 from queue_manager.manager.config import ManagerConfig
-from queue_manager.reshard.workflow import load_state
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +23,27 @@ _d = ManagerConfig.default
 
 
 def register(sub: Subparsers) -> None:
-    p = with_topology(sub.add_parser("manager", help="run the manager of one shard"))
-    p.add_argument("--shard", required=True, help="shard name from the topology")
-    p.add_argument("--tokens", help="receiver token file, TOML (default: $QM_TOKENS)")
-    p.add_argument("--host", default=_d("host"), help=f"listen address (default {_d('host')})")
+    p = with_topology(
+        command(
+            sub,
+            "manager",
+            help="run the manager of one shard",
+            description="Run a manager of one shard until SIGTERM or Ctrl-C (then it drains: the events in hand "
+            "get their acks, up to --drain-timeout). One manager per shard leads: it holds the shard's lease, "
+            "fires due events to the receivers over websockets and takes their acks; others wait as standbys and "
+            "take over when the lease runs out (--lease-ttl). Each serves /metrics, /health and /health/leader on "
+            "its port. Logs at INFO: leadership taken and lost, drains, receivers connecting.",
+            example=(
+                "qm manager --shard s0 --tokens tokens.toml --port 8765",
+                "qm manager --shard s0 --tokens tokens.toml --port 8767      # a standby of s0",
+            ),
+        )
+    )
+    p.add_argument("--shard", required=True, help="the shard's name in the topology file")
+    p.add_argument(
+        "--tokens", metavar="FILE", help="the receivers' token file, TOML (default: $QM_TOKENS; docs/protocol.md)"
+    )
+    p.add_argument("--host", default=_d("host"), help=f"the address to listen on (default {_d('host')})")
     p.add_argument(
         "--port",
         type=int,
@@ -41,7 +56,7 @@ def register(sub: Subparsers) -> None:
         "--slice-rows",
         type=int,
         default=_d("slice_rows"),
-        help="most acked (and failed) events one retention slice deletes",
+        help=f"most acked (and failed) events one retention slice deletes (default {_d('slice_rows')})",
     )
     p.add_argument(
         "--idle-slices",
@@ -85,29 +100,35 @@ def register(sub: Subparsers) -> None:
 #: the flags that take seconds, in the order of ``--help``: (flag, help, after the default); the
 #: flag names ManagerConfig's field, whose default each one shows
 FIRST_SECONDS = (
-    ("--lease-ttl", "leadership lease, seconds", ""),
-    ("--drain-timeout", "on SIGTERM, wait this long for acks", ""),
-    ("--sweep-interval", "old-event collector period, seconds", ""),
-    ("--purge-interval", "the retention purge's baseline pass period, s", ""),
-    ("--reconcile-interval", "the load counter reconciliation's baseline pass period, s", ""),
-    ("--slice-interval", "least time between two maintenance slices this manager recruits itself for, s", ""),
+    ("--lease-ttl", "the leadership lease: a standby takes over this long after the leader stopped renewing", ""),
+    ("--drain-timeout", "on SIGTERM, wait this long for the acks of the events in hand", ""),
+    ("--sweep-interval", "the old-event collector's period (events past their ack deadline fire again)", ""),
+    ("--purge-interval", "the retention purge's baseline pass period", ""),
+    ("--reconcile-interval", "the load counter reconciliation's baseline pass period", ""),
+    ("--slice-interval", "least time between two maintenance slices this manager recruits itself for", ""),
 )
 LAST_SECONDS = (
     (
         "--rate-lease-ttl",
         "a shard's slice of a queue's max_qps/max_concurrency lives this long unrenewed; a down shard's share "
-        "is taken after about this long, s",
+        "is taken after about this long",
         "",
     ),
-    ("--health-interval", "database health reading period for the metrics, seconds", ""),
-    ("--vacuum-after", "vacuum a queue table autovacuum leaves past its trigger this long, seconds", "; 0: never"),
+    ("--health-interval", "the database health reading's period (for the metrics)", ""),
+    ("--vacuum-after", "vacuum a queue table autovacuum leaves past its trigger this long", "; 0: never"),
 )
 
 
 def _seconds(p: argparse.ArgumentParser, flags: tuple[tuple[str, str, str], ...]) -> None:
     for flag, text, after in flags:
         field = flag.removeprefix("--").replace("-", "_")
-        p.add_argument(flag, type=float, default=_d(field), help=f"{text} (default {_d(field):g}{after})")
+        p.add_argument(
+            flag,
+            type=duration,
+            default=_d(field),
+            metavar="DURATION",
+            help=f"{text} (default {format_duration(_d(field))}{after})",
+        )
 
 
 def _on(flag: bool) -> str:
@@ -120,6 +141,8 @@ def _with_reshard_target(topo: Topology, path: Path, name: str) -> Topology:
     manager waits as a standby until its shard serves; docs/operations.md, "Resharding")."""
     if any(s.name == name for s in topo.shards):
         return topo
+    from queue_manager.reshard.workflow import load_state
+
     state = load_state(path)
     if state is not None and state.active and any(t.name == name for t in state.plan.targets):
         return state.plan.new
@@ -127,6 +150,9 @@ def _with_reshard_target(topo: Topology, path: Path, name: str) -> Topology:
 
 
 def cmd_manager(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
     from queue_manager.manager import Manager
     from queue_manager.manager.auth import TokenStore
 
