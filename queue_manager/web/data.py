@@ -326,15 +326,32 @@ def queue_detail(db: Shards, queue: str, limits: Limits, snapshot: dict[str, Any
     }
 
 
+def filter_shards(db: Shards, flt: EventFilter | None) -> list[Shard]:
+    """The shards where events matching ``flt`` can be: the one it names, and for a tenant only
+    the tenant's own shard (the topology's), since a tenant lives on one shard."""
+    shards = list(db.shards)
+    if flt is None:
+        return shards
+    if flt.shard is not None:
+        shards = [s for s in shards if s.name == flt.shard]
+    if flt.tenant is not None:
+        home = db.shard_for(flt.tenant).name
+        shards = [s for s in shards if s.name == home]
+    return shards
+
+
 def events_page(db: Shards, queue: str, flt: EventFilter, cursor: dict[str, int | None], limits: Limits) -> MergedPage:
-    """One page of the event browser: newest first across the shards, keyset-paged (browse.py)."""
+    """One page of the event browser: newest first across the shards the filter can match on,
+    keyset-paged (browse.py)."""
     check_queue_name(queue)
     table = sql.Identifier(queue)
     base = flt.params()
+    looked = {s.name for s in filter_shards(db, flt)}
+    cursor = {name: (v if name in looked else None) for name, v in cursor.items()}
     pages: dict[str, ShardPage] = {}
     for shard in db.shards:
         position = cursor.get(shard.name)
-        if position is None or (flt.shard is not None and flt.shard != shard.name):
+        if position is None:
             continue
         before = position or None
         try:
@@ -355,8 +372,6 @@ def events_page(db: Shards, queue: str, flt: EventFilter, cursor: dict[str, int 
         assert scanned is not None
         capped = scanned["scanned"] >= limits.scan_rows
         pages[shard.name] = ShardPage(rows, not capped, scanned["floor"] if capped else None)
-    if flt.shard is not None:
-        cursor = {name: (v if name == flt.shard else None) for name, v in cursor.items()}
     return merge(cursor, pages, limits.page_size)
 
 
@@ -459,9 +474,7 @@ def _action_params(action: BulkAction, flt: EventFilter | None, ids: Sequence[in
 def _targets(db: Shards, flt: EventFilter | None, selection: Selection | None) -> list[Shard]:
     if selection is not None:
         return [s for s in db.shards if selection.get(s.name)]
-    if flt is not None and flt.shard is not None:
-        return [db.by_name(flt.shard)]
-    return list(db.shards)
+    return filter_shards(db, flt)
 
 
 def count_targets(

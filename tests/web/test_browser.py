@@ -130,15 +130,38 @@ def live(topology: Topology) -> Iterator[Live]:
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def server(topology: Topology, live: Live) -> Iterator[str]:
+@contextlib.contextmanager
+def _serving(config: Any) -> Iterator[str]:
+    """The dashboard of ``config`` served by uvicorn in a thread, as ``qm web`` serves it; its URL."""
     import uvicorn
 
-    from queue_manager.web.app import WebConfig, create_app
+    from queue_manager.web.app import create_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    app = create_app(config)
+    srv = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none")
+    )
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline, "the dashboard did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}{config.root_path}"
+    finally:
+        srv.should_exit = True
+        thread.join(20)
+        app.state.close()
+
+
+@pytest.fixture(scope="module")
+def server(topology: Topology, live: Live) -> Iterator[str]:
+    from queue_manager.web.app import WebConfig
+
     # a reading every 2 s even without a notice (s1 has no manager to send one): the tests wait for live changes
     config = WebConfig(
         topology=topology,
@@ -149,19 +172,8 @@ def server(topology: Topology, live: Live) -> Iterator[str]:
         managers={"s0": (live.url,)},
         manager_timeout=5.0,  # a loaded machine
     )
-    app = create_app(config)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "the dashboard did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/qm"
-    srv.should_exit = True
-    thread.join(20)
-    app.state.close()
+    with _serving(config) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -359,3 +371,93 @@ def test_a_read_only_token_finds_every_action_refused(topology: Topology, server
     assert all("read-only" in v[1] for v in statuses.values())
     assert [r["paused"] for r in admin.list_queues(topology)["s0"]] == [False]
     page.context.close()
+
+
+#: the event browser at a million rows: s0's rows of its own tenants, s1's with one tenant's events spread among them
+MILLION = {"s0": 600_000, "s1": 400_000}
+#: every this many rows of s1 is an event of the browsed tenant (100 of them)
+SPREAD = 4_000
+
+
+@pytest.fixture(scope="module")
+def million(pg_admin_dsn: str, template_db: str) -> Iterator[tuple[Topology, str, list[int]]]:
+    """Two shards holding a million events between them, and a tenant of s1 with 100 events spread
+    evenly over s1's 400 000 (s0's 600 000 are other tenants'), all newer on s0 as on s1 as time goes:
+    the rows are inserted by generate_series with the queue's triggers off (session_replication_role
+    = replica: these rows are only browsed, no manager runs on them), about 3 s instead of a minute.
+    Returns the topology, the tenant and its event ids, newest first."""
+    names = [f"qm_webm_{os.getpid()}_{i}" for i in range(2)]
+    topo = Topology(
+        (
+            Shard("s0", pgtest.fresh_database(pg_admin_dsn, template_db, names[0]), KeyRange.parse("-80")),
+            Shard("s1", pgtest.fresh_database(pg_admin_dsn, template_db, names[1]), KeyRange.parse("80-")),
+        )
+    )
+    for s in topo.shards:
+        set_identity(s.dsn, s, topo)
+    admin.create_queue(topo, "orders", {"partitions": 4, "shuffle": 2})
+    tenant = tenants_of(topo.shards[1], 1, "needle")[0]
+    for shard in topo.shards:
+        others = tenants_of(shard, 50, "hay")
+        rows = MILLION[shard.name]
+        with psycopg.connect(shard.dsn, autocommit=True) as c:
+            c.execute("SET session_replication_role = replica")
+            c.execute(
+                "INSERT INTO orders (tenant, partition, payload, fire_at, created_at) "
+                "SELECT CASE WHEN n.needle THEN %(needle)s::text ELSE (%(others)s::text[])[1 + i %% 50] END, "
+                "       i %% 4, jsonb_build_object('i', i, 'kind', CASE WHEN n.needle THEN 'rare' ELSE 'common' END), "
+                "       now() + interval '1 day', now() - interval '1 hour' + i * (interval '1 second' / %(rate)s) "
+                "  FROM generate_series(1, %(rows)s) i "
+                " CROSS JOIN LATERAL (SELECT %(needle)s::text IS NOT NULL AND i %% %(spread)s = 0 AS needle) n",
+                {
+                    "needle": tenant if shard.name == "s1" else None,
+                    "spread": SPREAD,
+                    "others": others,
+                    "rows": rows,
+                    "rate": rows // 1000,  # each shard's rows span the same 1000 s
+                },
+            )
+            c.execute("ANALYZE orders")
+    with psycopg.connect(topo.shards[1].dsn) as c:
+        ids = [int(r[0]) for r in c.execute("SELECT id FROM orders WHERE tenant = %s ORDER BY id DESC", (tenant,))]
+    assert len(ids) == MILLION["s1"] // SPREAD
+    yield topo, tenant, ids
+    for name in names:
+        pgtest.drop_database(pg_admin_dsn, name)
+
+
+def test_a_tenants_events_at_a_million_rows_are_on_the_first_page_and_paged_once_each(
+    million: tuple[Topology, str, list[int]], browser: Any
+) -> None:
+    """A tenant filter reads the tenant's own shard only: its newest events are on the first page,
+    though s0's newest rows are other tenants' (a look there would find nothing); "older" pages
+    through all of them, each once, newest first. Without a tenant filter, a payload filter that
+    only s1's rows match still shows them on the first page: s0's empty look holds nothing back."""
+    from urllib.parse import quote
+
+    from queue_manager.web.app import WebConfig
+
+    topo, tenant, ids = million
+    with _serving(WebConfig(topology=topo, tokens=web_tokens())) as url:
+        page = _page(browser, url, READ)
+        started = time.monotonic()
+        page.goto(f"{url}/queues/orders/events?tenant={quote(tenant)}")
+        first = page.locator("#events tbody tr[data-id]").evaluate_all("rows => rows.map(r => r.dataset.id)")
+        per_look = 20_000 // SPREAD  # the tenant's events among s1's newest 20 000 rows
+        assert first == [f"s1:{i}" for i in ids[:per_look]]
+        seen = list(first)
+        pages = 1
+        while page.locator("#older").count():
+            page.click("#older")
+            page.wait_for_load_state()
+            seen += page.locator("#events tbody tr[data-id]").evaluate_all("rows => rows.map(r => r.dataset.id)")
+            pages += 1
+            assert pages <= MILLION["s1"] // 20_000 + 2, "paging does not end"
+        assert seen == [f"s1:{i}" for i in ids], "every event of the tenant once, newest first"
+        paged = time.monotonic() - started
+
+        page.goto(f"{url}/queues/orders/events?{'payload=' + quote('payload.kind = rare')}")
+        rows = page.locator("#events tbody tr[data-id]").evaluate_all("rows => rows.map(r => r.dataset.id)")
+        assert rows == [f"s1:{i}" for i in ids[:per_look]], "s0's empty look held s1's matches back"
+        page.context.close()
+    print(f"paged {len(seen)} events of a tenant over {pages} pages of a million rows in {paged:.1f} s")
