@@ -22,10 +22,11 @@ from queue_manager.db.health import read_health
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain import health
 from queue_manager.domain.health import Thresholds, format_bytes
+from queue_manager.domain.inputs import event_id_problem, text_problem
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.settings import check_settings, check_tenant_settings
 from queue_manager.domain.topology import Shard, Topology
-from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQueueError
+from queue_manager.errors import ConfigurationError, InvalidInputError, QueueManagerError, UnknownQueueError
 
 
 def _admin_error(exc: psycopg.Error, queue: str) -> QueueManagerError | psycopg.Error:
@@ -39,7 +40,28 @@ def _admin_error(exc: psycopg.Error, queue: str) -> QueueManagerError | psycopg.
         return ConfigurationError(f"queue {queue!r}: {exc.diag.message_primary}")
     if isinstance(exc, pg.DuplicateTable):
         return ConfigurationError(exc.diag.message_primary or str(exc))
+    if isinstance(exc, psycopg.DataError):  # a value the checks below let through: still the input's fault
+        return InvalidInputError(f"queue {queue!r}: the database refused a value: {exc.diag.message_primary or exc}")
     return translate(exc, queue=queue)
+
+
+def check_tenant(tenant: str) -> str:
+    """``tenant`` if it can name a tenant (not empty, text PostgreSQL can hold), else InvalidInputError."""
+    if not isinstance(tenant, str) or not tenant:
+        raise InvalidInputError("give a non-empty tenant")
+    problem = text_problem(tenant)
+    if problem is not None:
+        raise InvalidInputError(f"tenant {tenant[:40]!r} {problem}")
+    return tenant
+
+
+def check_ids(ids: list[int]) -> list[int]:
+    """``ids`` if each is an event id (a positive bigint), else InvalidInputError."""
+    for i in ids:
+        problem = event_id_problem(i)
+        if problem is not None:
+            raise InvalidInputError(f"event id {problem}")
+    return ids
 
 
 def _on_every_shard(topology: Topology, queue: str, name: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -78,8 +100,7 @@ def set_tenant(topology: Topology, queue: str, tenant: str, settings: Mapping[st
     one that dispatches its events; returns the stored row. The change reaches the shard's manager
     at once (a NOTIFY from qm.tenant_settings makes it reload its settings)."""
     check_queue_name(queue)
-    if not tenant:
-        raise ConfigurationError("give a non-empty tenant")
+    check_tenant(tenant)
     if not settings:
         raise ConfigurationError("nothing to change: give --weight and/or --max-in-flight")
     shard = topology.shard_for(tenant)
@@ -97,7 +118,7 @@ def unset_tenant(topology: Topology, queue: str, tenant: str) -> bool:
     """Drop a tenant's overrides of a queue (it goes back to weight 1 and the queue's default cap);
     True when it had some."""
     check_queue_name(queue)
-    shard = topology.shard_for(tenant)
+    shard = topology.shard_for(check_tenant(tenant))
     try:
         with psycopg.connect(shard.dsn) as conn:
             row = conn.execute(query("unset_tenant"), {"queue": queue, "tenant": tenant}).fetchone()
@@ -247,6 +268,10 @@ def retry_failed(topology: Topology, queue: str, ids: list[int] | None = None, t
     for its next rescan.
     """
     table = sql.Identifier(check_queue_name(queue))
+    if ids is not None:
+        check_ids(ids)
+    if tenant is not None:
+        check_tenant(tenant)
     total = 0
     for shard in topology.shards:
         with psycopg.connect(shard.dsn) as conn:

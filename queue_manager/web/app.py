@@ -272,11 +272,19 @@ def create_app(config: WebConfig) -> Starlette:
                 return error(request, 400, str(exc))
             except UnknownQueueError as exc:
                 return error(request, 404, str(exc))
+            except data.StatementTimeout as exc:
+                return error(request, 504, str(exc))
+            except data.ShardUnavailable as exc:
+                return error(request, 503, f"{exc}; try again")
             except QueueManagerError as exc:
-                return error(request, 503, str(exc))
-            except psycopg.Error as exc:  # a shard down or a statement past its timeout, wherever it came from
+                return error(request, 400, str(exc))
+            except psycopg.errors.QueryCanceled as exc:
+                return error(request, 504, f"a query ran past the dashboard's statement timeout ({exc}); narrow it")
+            except psycopg.OperationalError as exc:  # a shard down, wherever it came from
                 logger.warning("dashboard request failed", extra={"action": "web_db_error", "error": str(exc)})
                 return error(request, 503, f"a shard did not answer: {str(exc).strip()}; try again")
+            except (psycopg.DataError, psycopg.IntegrityError) as exc:
+                return error(request, 400, f"a shard refused a value: {exc.diag.message_primary or exc}")
 
         return wrapped
 
@@ -421,9 +429,8 @@ def create_app(config: WebConfig) -> Starlette:
             try:
                 settings[key] = kind(raw)
             except ValueError:
-                raise Refused(
-                    400, f"{key}: {raw[:40]!r} is not a {kind.__name__}; leave it empty for no limit"
-                ) from None
+                expected = "an integer" if kind is int else "a number"
+                raise Refused(400, f"{key}: {raw[:40]!r} is not {expected}; leave it empty for no limit") from None
         await run_in_threadpool(lambda: data.alter_queue(topology, queue, settings, actor=user.name, action="limits"))
         notice = f"{queue}: max_qps {settings['max_qps']}, max_concurrency {settings['max_concurrency']}"
         return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'notice': notice})}", status_code=303)
@@ -585,7 +592,7 @@ def create_app(config: WebConfig) -> Starlette:
         queue = check_queue_name(request.path_params["queue"])
         action, flt, selection, fire_at = _bulk_request(form)
         confirmed = str(form.get("confirm") or "")
-        if not confirmed.isdigit():
+        if not confirmed.isdigit() or len(confirmed) > 9:
             raise Refused(400, "confirm the count shown on the confirmation page first")
         cap = min(int(confirmed), limits.bulk_cap)
         picked = ", ".join(f"{s}:{i}" for s, ids in (selection or {}).items() for i in ids)
@@ -683,7 +690,7 @@ def _form_value(key: str, spec: Setting, raw: str) -> Any:
 def _safe_next(raw: str | None, base: str) -> str:
     """Where to go after login: a path of this dashboard, never another site."""
     home = f"{base}/"
-    if not raw or not raw.startswith(home) or raw.startswith("//") or "\\" in raw:
+    if not raw or not raw.startswith(home) or raw.startswith("//") or "\\" in raw or not raw.isprintable():
         return home
     return raw
 

@@ -40,7 +40,7 @@ from queue_manager.domain.health import as_data as health_data
 from queue_manager.domain.health import warnings as health_warnings
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.topology import Shard, Topology
-from queue_manager.errors import QueueManagerError, UnknownQueueError
+from queue_manager.errors import InvalidInputError, QueueManagerError, UnknownQueueError
 from queue_manager.web.browse import MergedPage, ShardPage, merge
 from queue_manager.web.filters import EventFilter
 from queue_manager.web.readings import live_counts
@@ -94,6 +94,14 @@ def guarded(topology: Topology, limits: Limits) -> Topology:
 
 class DashboardError(QueueManagerError):
     """A dashboard request failed in a way the person can act on."""
+
+
+class ShardUnavailable(QueueManagerError):
+    """A shard did not answer (down, unreachable, or its connection lost)."""
+
+
+class StatementTimeout(QueueManagerError):
+    """A query ran past the dashboard's statement timeout."""
 
 
 def _q(name: str) -> Any:
@@ -179,15 +187,22 @@ class Shards:
             pool.close(timeout=5)
 
 
-def _on(shard: Shard, queue: str, exc: psycopg.Error) -> QueueManagerError:
+def _on(shard: Shard, queue: str, exc: psycopg.Error) -> QueueManagerError | psycopg.Error:
+    """The error to show for ``exc`` from ``shard``: only a shard that did not answer is
+    ShardUnavailable; a value it refused is InvalidInputError (the request's fault, never the
+    shard's); an error that is neither stays itself (a fault of the dashboard: HTTP 500)."""
     if isinstance(exc, pg.UndefinedTable):
         return UnknownQueueError(f"no queue named {queue!r} on shard {shard.name!r}")
     if isinstance(exc, pg.QueryCanceled):
-        return DashboardError(
+        return StatementTimeout(
             f"shard {shard.name!r}: the query ran past the dashboard's statement timeout; narrow the filter "
             "(an id, or a tenant and a dedup key, are looked up by index)"
         )
-    return DashboardError(f"shard {shard.name!r}: {str(exc).strip()}")
+    if isinstance(exc, psycopg.DataError | psycopg.IntegrityError):
+        return InvalidInputError(f"shard {shard.name!r} refused a value: {exc.diag.message_primary or exc}")
+    if isinstance(exc, psycopg.OperationalError):
+        return ShardUnavailable(f"shard {shard.name!r} did not answer: {str(exc).strip() or type(exc).__name__}")
+    return exc
 
 
 # ------------------------------------------------------------------------------------ reading

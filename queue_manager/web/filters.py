@@ -14,19 +14,22 @@ The payload filter's grammar::
     payload."odd key".x = 1          quoted segments hold any characters but "
     payload.order.id                 present (any value, JSON null included)
 
-The leading ``payload.`` may be left out.
+The leading ``payload.`` may be left out. Every value must be one PostgreSQL can hold: no NUL
+character (``\u0000``) or lone surrogate in a field, a path segment, a JSON string or key, and no
+number beyond PostgreSQL's numeric (``1e999999``; NaN and Infinity are not JSON). Such a value is
+refused here with the rule (queue_manager.domain.inputs), not by the database.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from queue_manager.errors import QueueManagerError
+from queue_manager.domain.inputs import dump_json, json_problem, parse_json, text_problem
+from queue_manager.errors import InvalidInputError
 
 #: the states of an event (qm.event_state)
 STATES = ("to_be_fired", "fired", "acked", "failed")
@@ -43,7 +46,7 @@ _OPERATOR = re.compile(r"\s*(!=|=)\s*")
 Op = Literal["=", "!=", "exists"]
 
 
-class FilterError(QueueManagerError):
+class FilterError(InvalidInputError):
     """A filter of the event browser is malformed."""
 
 
@@ -83,7 +86,11 @@ def parse_payload_filter(text: str) -> PayloadFilter:
                 f"payload filter: expected a field name at character {pos + 1} of {src!r} "
                 '(letters, digits, _ or -, or a "quoted" name), e.g. payload.order.id = 42'
             )
-        path.append(m.group(1) if m.group(1) is not None else m.group(2))
+        segment = m.group(1) if m.group(1) is not None else m.group(2)
+        problem = text_problem(segment)
+        if problem is not None:
+            raise FilterError(f"payload filter: the field name {segment[:40]!r} {problem}")
+        path.append(segment)
         pos = m.end()
         if pos < len(src) and src[pos] == ".":
             pos += 1
@@ -109,7 +116,7 @@ def parse_payload_filter(text: str) -> PayloadFilter:
 def _json_value(raw: str) -> str:
     """The value as canonical JSON text: a JSON literal, else a bare word taken as a string."""
     try:
-        value: Any = json.loads(raw)
+        value: Any = parse_json(raw)
     except ValueError:
         if raw[0] in '"[{' or not re.fullmatch(r"[A-Za-z0-9_\-.:@/+ ]+", raw):
             raise FilterError(
@@ -117,7 +124,10 @@ def _json_value(raw: str) -> str:
                 'that hold other characters, e.g. payload.note = "a, b"'
             ) from None
         value = raw
-    return json.dumps(value, separators=(",", ":"))
+    problem = json_problem(value)
+    if problem is not None:
+        raise FilterError(f"payload filter: the value {raw[:40]!r} cannot be compared: {problem}")
+    return dump_json(value)
 
 
 def parse_time(name: str, raw: str) -> datetime:
@@ -201,6 +211,9 @@ def parse_filter(fields: Mapping[str, str], shards: tuple[str, ...]) -> EventFil
         raw = raw.strip()
         if len(raw) > MAX_TEXT:
             raise FilterError(f"{name}: longer than {MAX_TEXT} characters")
+        problem = text_problem(raw)
+        if problem is not None:
+            raise FilterError(f"{name}: {raw[:40]!r} {problem}")
         return raw or None
 
     state = get("state")
