@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp
 
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS, Setting
@@ -52,8 +53,9 @@ from queue_manager.web.filters import (
     parse_filter,
     parse_time,
 )
+from queue_manager.web.headers import Guarded
 from queue_manager.web.monitor import Monitor
-from queue_manager.web.readings import History, sparkline
+from queue_manager.web.readings import History, bars, sparkline
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +180,13 @@ class Shared:
             return self._value
 
 
+class Dashboard(Starlette):
+    """The application, wrapped whole (its error pages too) in :class:`~queue_manager.web.headers.Guarded`."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return Guarded(super().build_middleware_stack())
+
+
 def create_app(config: WebConfig) -> Starlette:
     """The dashboard application for ``config``."""
     limits = config.limits
@@ -203,6 +212,7 @@ def create_app(config: WebConfig) -> Starlette:
         tenant_settings=TENANT_SETTINGS,
         history=monitor.history,
         sparkline=sparkline,
+        bars=bars,
         idle=config.idle_seconds,
         has_managers=bool(config.managers),
     )
@@ -290,7 +300,12 @@ def create_app(config: WebConfig) -> Starlette:
 
     def error(request: Request, status: int, message: str) -> Response:
         if "text/html" in request.headers.get("accept", ""):
-            return page(request, "error.html", user_of(request), status=status, code=status, message=message)
+            back = None
+            referer = urlsplit(request.headers.get("referer", ""))
+            if referer.netloc and referer.netloc == request.headers.get("host"):
+                back = _safe_next(referer.path + (f"?{referer.query}" if referer.query else ""), base(request))
+            user = user_of(request)
+            return page(request, "error.html", user, status=status, code=status, message=message, back=back)
         return PlainTextResponse(f"{message}\n", status_code=status)
 
     # ------------------------------------------------------------------------------ routes
@@ -655,13 +670,13 @@ def create_app(config: WebConfig) -> Starlette:
         await run_in_threadpool(close)
 
     if not config.root_path:
-        app = Starlette(routes=routes, lifespan=lifespan)
+        app = Dashboard(routes=routes, lifespan=lifespan)
     else:
 
         async def to_root(request: Request) -> Response:
             return RedirectResponse(f"{config.root_path}/", status_code=307)
 
-        app = Starlette(
+        app = Dashboard(
             routes=[Route("/", to_root), Mount(config.root_path, app=Starlette(routes=routes))], lifespan=lifespan
         )
     app.state.close = close

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from queue_manager.db.migrate import set_identity
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
 from tests.conftest import tenants_of
-from tests.web.conftest import ADMIN, READ, web_tokens
+from tests.web.conftest import ADMIN, READ, serving, web_tokens
 
 CHROMIUM = os.environ.get("QM_TEST_CHROMIUM", "/usr/bin/chromium")
 
@@ -130,34 +129,6 @@ def live(topology: Topology) -> Iterator[Live]:
     running.stop()
 
 
-@contextlib.contextmanager
-def _serving(config: Any) -> Iterator[str]:
-    """The dashboard of ``config`` served by uvicorn in a thread, as ``qm web`` serves it; its URL."""
-    import uvicorn
-
-    from queue_manager.web.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = create_app(config)
-    srv = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none")
-    )
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "the dashboard did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}{config.root_path}"
-    finally:
-        srv.should_exit = True
-        thread.join(20)
-        app.state.close()
-
-
 @pytest.fixture(scope="module")
 def server(topology: Topology, live: Live) -> Iterator[str]:
     from queue_manager.web.app import WebConfig
@@ -172,7 +143,7 @@ def server(topology: Topology, live: Live) -> Iterator[str]:
         managers={"s0": (live.url,)},
         manager_timeout=5.0,  # a loaded machine
     )
-    with _serving(config) as url:
+    with serving(config) as url:
         yield url
 
 
@@ -438,7 +409,7 @@ def test_a_tenants_events_at_a_million_rows_are_on_the_first_page_and_paged_once
     from queue_manager.web.app import WebConfig
 
     topo, tenant, ids = million
-    with _serving(WebConfig(topology=topo, tokens=web_tokens())) as url:
+    with serving(WebConfig(topology=topo, tokens=web_tokens())) as url:
         page = _page(browser, url, READ)
         started = time.monotonic()
         page.goto(f"{url}/queues/orders/events?tenant={quote(tenant)}")
@@ -461,3 +432,57 @@ def test_a_tenants_events_at_a_million_rows_are_on_the_first_page_and_paged_once
         assert rows == [f"s1:{i}" for i in ids[:per_look]], "s0's empty look held s1's matches back"
         page.context.close()
     print(f"paged {len(seen)} events of a tenant over {pages} pages of a million rows in {paged:.1f} s")
+
+
+@contextlib.contextmanager
+def _other_site(html: str) -> Iterator[str]:
+    """A page served from another port of this host (another origin, the same site): its URL."""
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = html.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        thread.join(10)
+        httpd.server_close()
+
+
+def test_a_page_of_another_origin_cannot_frame_the_dashboard(server: str, browser: Any) -> None:
+    """Logged in, the operator opens a page of another port of the same host that frames the
+    dashboard's queue page (its pause button) and its login page: Chromium refuses both frames
+    (Content-Security-Policy frame-ancestors 'none'), and the dashboard's own pages still work."""
+    page = _page(browser, server, ADMIN)
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "frame-ancestors" in m.text else None)
+    frames = f'<iframe id="a" src="{server}/queues/orders"></iframe><iframe id="b" src="{server}/login"></iframe>'
+    with _other_site(f"<!doctype html><title>elsewhere</title>{frames}") as elsewhere:
+        page.goto(elsewhere)
+        page.wait_for_function("() => document.readyState === 'complete'")
+        children = [f for f in page.frames if f != page.main_frame]
+        assert len(children) == 2
+        deadline = time.monotonic() + 10
+        while len(refused) < 2 and time.monotonic() < deadline:
+            page.wait_for_timeout(50)  # the console messages arrive after the load event
+        assert len(refused) == 2, refused
+        for frame in children:
+            assert not frame.url.startswith(server), frame.url  # an error page, not the dashboard
+            assert frame.locator("#pause, input[name=token]").count() == 0
+    page.goto(f"{server}/queues/orders")  # the dashboard itself, with its script, under the same policy
+    assert page.locator("#pause").is_visible()
+    page.wait_for_selector("#live[data-stream=open]")
+    page.context.close()
