@@ -49,6 +49,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_events_retry(args: argparse.Namespace) -> int:
-    total = admin.retry_failed(topology(args), args.queue, ids=args.id or None, tenant=args.tenant)
+    total = admin.retry_failed(topology(args), args.queue, ids=args.id or None, tenant=args.tenant, via="cli")
     print(f"{total} failed event(s) of {args.queue} put back to to_be_fired")
     return 0

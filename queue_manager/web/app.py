@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
+from queue_manager import admin
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS, Setting
 from queue_manager.domain.topology import Topology
@@ -49,8 +52,10 @@ from queue_manager.web.filters import (
     EventFilter,
     FilterError,
     format_cursor,
+    format_ids,
     parse_cursor,
     parse_filter,
+    parse_ids,
     parse_time,
 )
 from queue_manager.web.headers import Guarded
@@ -61,7 +66,7 @@ logger = logging.getLogger(__name__)
 
 COOKIE = "qm_session"
 #: the fields of a bulk form that are not the event filter
-BULK_FIELDS = frozenset({"csrf", "sel", "do", "confirm", "new_fire_at"})
+BULK_FIELDS = frozenset({"csrf", "sel", "do", "bound", "new_fire_at"})
 Selection = dict[str, list[int]]
 HERE = Path(str(resources.files("queue_manager.web")))
 
@@ -213,6 +218,7 @@ def create_app(config: WebConfig) -> Starlette:
         history=monitor.history,
         sparkline=sparkline,
         bars=bars,
+        told=told,
         idle=config.idle_seconds,
         has_managers=bool(config.managers),
     )
@@ -413,17 +419,23 @@ def create_app(config: WebConfig) -> Starlette:
         exact = None
         if request.query_params.get("exact"):
             exact = await run_in_threadpool(data.exact_counts, topology, queue)
-        return page(request, "queue.html", user, q=detail, exact=exact, notice=request.query_params.get("notice"))
+        done = None
+        done_id = request.query_params.get("done")
+        if done_id:  # the notice of an action just taken: told from its audit, never from the URL's text
+            done = await run_in_threadpool(admin.find, topology, done_id)
+        return page(request, "queue.html", user, q=detail, exact=exact, done=done)
+
+    def done(request: Request, queue: str, action_id: uuid.UUID | str) -> Response:
+        """Back to the queue page, which tells what the action did (from its audit)."""
+        return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'done': action_id})}", status_code=303)
 
     async def set_paused(request: Request, paused: bool) -> Response:
         user, _ = await require(request, action=True)
         queue = check_queue_name(request.path_params["queue"])
-        action = "pause" if paused else "resume"
-        await run_in_threadpool(
-            lambda: data.alter_queue(topology, queue, {"paused": paused}, actor=user.name, action=action)
-        )
-        notice = f"{queue} {'paused' if paused else 'resumed'} on every shard"
-        return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'notice': notice})}", status_code=303)
+        act = admin.pause if paused else admin.resume
+        action_id = uuid.uuid4()
+        await run_in_threadpool(lambda: act(topology, queue, actor=user.name, via="web", action_id=action_id))
+        return done(request, queue, action_id)
 
     async def pause(request: Request) -> Response:
         return await set_paused(request, True)
@@ -446,12 +458,13 @@ def create_app(config: WebConfig) -> Starlette:
             except ValueError:
                 expected = "an integer" if kind is int else "a number"
                 raise Refused(400, f"{key}: {raw[:40]!r} is not {expected}; leave it empty for no limit") from None
-        await run_in_threadpool(lambda: data.alter_queue(topology, queue, settings, actor=user.name, action="limits"))
-        notice = f"{queue}: max_qps {settings['max_qps']}, max_concurrency {settings['max_concurrency']}"
-        return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'notice': notice})}", status_code=303)
-
-    def back(request: Request, queue: str, notice: str) -> Response:
-        return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'notice': notice})}", status_code=303)
+        action_id = uuid.uuid4()
+        await run_in_threadpool(
+            lambda: admin.alter_queue(
+                topology, queue, settings, actor=user.name, via="web", action="limits", action_id=action_id
+            )
+        )
+        return done(request, queue, action_id)
 
     def tenant_of(form: FormData) -> str:
         tenant = str(form.get("tenant") or "")
@@ -473,24 +486,28 @@ def create_app(config: WebConfig) -> Starlette:
             settings["max_in_flight"] = None
         if not settings:
             raise Refused(400, "nothing to change: give a weight and/or a max in flight (or tick the queue default)")
-        row = await run_in_threadpool(lambda: data.set_tenant(topology, queue, tenant, settings, actor=user.name))
-        cap = "the queue default" if row["max_in_flight"] is None else row["max_in_flight"]
-        return back(request, queue, f"{queue}: tenant {tenant} weight {row['weight']:g}, max in flight {cap}")
+        action_id = uuid.uuid4()
+        await run_in_threadpool(
+            lambda: admin.set_tenant(topology, queue, tenant, settings, actor=user.name, via="web", action_id=action_id)
+        )
+        return done(request, queue, action_id)
 
     async def unset_tenant(request: Request) -> Response:
         user, form = await require(request, action=True)
         assert form is not None
         queue = check_queue_name(request.path_params["queue"])
         tenant = tenant_of(form)
-        removed = await run_in_threadpool(lambda: data.unset_tenant(topology, queue, tenant, actor=user.name))
-        what = "removed" if removed else "none to remove"
-        return back(request, queue, f"{queue}: tenant {tenant} overrides {what} (weight 1, the queue's default cap)")
+        action_id = uuid.uuid4()
+        await run_in_threadpool(
+            lambda: admin.unset_tenant(topology, queue, tenant, actor=user.name, via="web", action_id=action_id)
+        )
+        return done(request, queue, action_id)
 
     async def set_settings(request: Request) -> Response:
         user, form = await require(request, action=True)
         assert form is not None
         queue = check_queue_name(request.path_params["queue"])
-        current = await run_in_threadpool(data.queue_settings, topology, queue)
+        current = await run_in_threadpool(admin.queue_row, topology, queue)
         settings: dict[str, Any] = {}
         for key, spec in SETTINGS.items():
             if spec.flag is None or key not in form:
@@ -504,9 +521,13 @@ def create_app(config: WebConfig) -> Starlette:
                 settings[key] = value
         if not settings:
             raise Refused(400, "nothing to change: every value is the queue's current one")
-        await run_in_threadpool(lambda: data.alter_queue(topology, queue, settings, actor=user.name, action="settings"))
-        changed = ", ".join(f"{k} {v}" for k, v in settings.items())
-        return back(request, queue, f"{queue}: {changed} on every shard")
+        action_id = uuid.uuid4()
+        await run_in_threadpool(
+            lambda: admin.alter_queue(
+                topology, queue, settings, actor=user.name, via="web", action="settings", action_id=action_id
+            )
+        )
+        return done(request, queue, action_id)
 
     async def events(request: Request) -> Response:
         user, _ = await require(request)
@@ -556,11 +577,14 @@ def create_app(config: WebConfig) -> Starlette:
             raise Refused(400, f"selection: more than {limits.bulk_cap} events; use a filter and 'all matching'")
         return out
 
-    def _bulk_request(form: FormData) -> tuple[data.BulkAction, EventFilter | None, Selection | None, datetime | None]:
-        """The action, the filter or the selection, and the new fire_at of a bulk form."""
+    def _bulk_request(
+        form: FormData, confirming: bool = False
+    ) -> tuple[admin.EventAction, EventFilter, Selection | None, datetime | None]:
+        """The action, the filter (none for a selection) and the selection (none when confirming:
+        the confirmation's bound events are the selection then), and the new fire_at of a bulk form."""
         do = str(form.get("do") or "")
         name, _, scope = do.partition("/")
-        action = data.ACTIONS.get(name)
+        action = admin.ACTIONS.get(name)
         if action is None or scope not in ("selection", "all"):
             raise Refused(400, f"unknown bulk action {do[:40]!r}; use one of the event browser's buttons")
         fire_at = None
@@ -572,18 +596,23 @@ def create_app(config: WebConfig) -> Starlette:
         if scope == "all":
             fields = {k: str(v) for k, v in form.items() if k not in BULK_FIELDS}
             return action, parse_filter(fields, shard_names), None, fire_at
-        selection = _selection(form)
-        if selection is None:
+        selection = None if confirming else _selection(form)
+        if selection is None and not confirming:
             raise Refused(400, "nothing selected: tick some events, or choose 'all matching the filter'")
-        return action, None, selection, fire_at
+        return action, EventFilter(), selection, fire_at
 
     async def bulk_preview(request: Request) -> Response:
+        """The confirmation: how many events match now, truthfully, and the ones it binds the action to."""
         user, form = await require(request, action=True)
         assert form is not None
         queue = check_queue_name(request.path_params["queue"])
         action, flt, selection, fire_at = _bulk_request(form)
-        counts = await run_in_threadpool(data.count_targets, topology, queue, action, flt, selection, limits.bulk_cap)
-        total = sum(counts.values())
+        binding = await run_in_threadpool(
+            lambda: admin.bind(
+                topology, queue, action, flt, selection,
+                cap=limits.bulk_cap, count_cap=limits.bulk_count_cap, fire_at=fire_at,
+            )
+        )  # fmt: skip
         return page(
             request,
             "confirm.html",
@@ -592,47 +621,37 @@ def create_app(config: WebConfig) -> Starlette:
             action=action,
             do=str(form.get("do")),
             new_fire_at=fire_at.isoformat() if fire_at else "",
-            counts=counts,
-            total=min(total, limits.bulk_cap),
-            over=total > limits.bulk_cap,
+            binding=binding,
+            bound=format_ids(binding.ids),
+            fields=flt.query(),
             cap=limits.bulk_cap,
-            fields=(flt.query() if flt else {}),
-            picked=[f"{s}:{i}" for s, ids in (selection or {}).items() for i in ids],
-            what=(flt.describe() if flt else f"{sum(len(v) for v in (selection or {}).values())} selected events"),
+            what=(flt.describe() if selection is None else f"{sum(map(len, selection.values()))} selected events"),
         )
 
     async def bulk_run(request: Request) -> Response:
+        """The confirmed action, on the events the confirmation bound (those still in its state)."""
         user, form = await require(request, action=True)
         assert form is not None
         queue = check_queue_name(request.path_params["queue"])
-        action, flt, selection, fire_at = _bulk_request(form)
-        confirmed = str(form.get("confirm") or "")
-        if not confirmed.isdigit() or len(confirmed) > 9:
-            raise Refused(400, "confirm the count shown on the confirmation page first")
-        cap = min(int(confirmed), limits.bulk_cap)
-        picked = ", ".join(f"{s}:{i}" for s, ids in (selection or {}).items() for i in ids)
-        description = flt.describe() if flt else picked
-        changed = await run_in_threadpool(
-            lambda: data.run_action(
-                topology,
-                queue,
-                action,
-                flt,
-                selection,
-                actor=user.name,
-                description=description[:2000],
-                cap=cap,
-                slice_size=limits.bulk_slice,
-                fire_at=fire_at,
+        action, flt, _, fire_at = _bulk_request(form, confirming=True)
+        raw = str(form.get("bound") or "")
+        if not raw:
+            raise Refused(400, "confirm the events shown on the confirmation page first")
+        bound = parse_ids(raw, shard_names, limits.bulk_cap)
+        selected = str(form.get("do") or "").endswith("/selection")
+        what = f"{sum(map(len, bound.values()))} selected events" if selected else flt.describe()
+        outcome = await run_in_threadpool(
+            lambda: admin.run(
+                topology, queue, action, flt, bound,
+                actor=user.name, via="web", description=what, fire_at=fire_at, slice_size=limits.bulk_slice,
             )
-        )
-        notice = f"{action.verb}: {sum(changed.values())} {action.noun} of {queue} ({description[:200]})"
-        return RedirectResponse(f"{base(request)}/queues/{queue}?{urlencode({'notice': notice})}", status_code=303)
+        )  # fmt: skip
+        return done(request, queue, outcome.action_id)
 
     async def audit_page(request: Request) -> Response:
         user, _ = await require(request)
-        rows = await run_in_threadpool(data.audit, topology, 100)
-        return page(request, "audit.html", user, rows=rows)
+        actions = await run_in_threadpool(admin.recent, topology, 100)
+        return page(request, "audit.html", user, actions=actions)
 
     routes = [
         Route("/health", health, methods=["GET"]),
@@ -708,6 +727,35 @@ def _safe_next(raw: str | None, base: str) -> str:
     if not raw or not raw.startswith(home) or raw.startswith("//") or "\\" in raw or not raw.isprintable():
         return home
     return raw
+
+
+def told(action: admin.Action) -> str:
+    """The notice of an action just taken, told from its audit (never from text in the URL)."""
+    queue = action.queue or ""
+    where = ", ".join(f"{s} {p.affected} of {p.requested}" for s, p in action.parts.items())
+    if action.missing:
+        where += "; not reached: " + ", ".join(action.missing)
+    event_action = admin.ACTIONS.get(action.action)
+    if event_action is not None:
+        return (
+            f"{event_action.verb}: {action.affected} {event_action.noun} of {queue} changed, "
+            f"of {action.requested} bound ({where})"
+        )
+    try:
+        detail = json.loads(action.detail)
+    except ValueError:
+        detail = {}
+    everywhere = "on every shard" if action.finished else f"not on every shard ({where})"
+    if action.action in ("pause", "resume"):
+        return f"{queue} {'paused' if action.action == 'pause' else 'resumed'} {everywhere}"
+    changes = {k: v for k, v in detail.items() if k not in ("tenant", "removed")}
+    settings = ", ".join(f"{k} {'none' if v is None else v}" for k, v in changes.items())
+    if action.action == "tenant_set":
+        return f"{queue}: tenant {detail.get('tenant')}: {settings or 'unchanged'} (on its shard)"
+    if action.action == "tenant_unset":
+        what = "removed" if detail.get("removed") else "none to remove"
+        return f"{queue}: tenant {detail.get('tenant')}: overrides {what} (weight 1, the queue's default cap)"
+    return f"{queue}: {settings} {everywhere}"
 
 
 def _clock(epoch: float) -> str:

@@ -1,29 +1,22 @@
-"""What the dashboard reads from and does to the shards: the only module of the web package that
-touches PostgreSQL.
+"""What the dashboard reads from the shards: the only module of the web package that touches
+PostgreSQL (its actions are the admin API's, ``queue_manager.admin``, given the same pools).
 
 Every shard has a connection pool (:class:`Shards`, psycopg_pool) whose connections run under a
-statement timeout (:func:`guarded`); the admin functions (``queue_manager.admin``) are reused
-through the guarded topology. Queries are the named blocks of ``db/sql/web.sql``.
+statement timeout (:func:`guarded`). Queries are the named blocks of ``db/sql/web.sql``.
 
 The overview's reading (:func:`live`) scans no queue table: live events come from the
 partitions' load counters, the rest from bounded reads of the partial indexes and from the index
 statistics (labelled as estimates), so its cost does not grow with the tables.
-
-Bulk actions are safe against a running manager: they change only rows in a state no manager
-holds in hand (``failed``), with UPDATEs whose WHERE clause states that state, in slices of their
-own short transactions, each slice counted in the audit row in the same transaction.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -40,7 +33,7 @@ from queue_manager.domain.health import as_data as health_data
 from queue_manager.domain.health import warnings as health_warnings
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.topology import Shard, Topology
-from queue_manager.errors import InvalidInputError, QueueManagerError, UnknownQueueError
+from queue_manager.errors import ConfigurationError, InvalidInputError, QueueManagerError, UnknownQueueError
 from queue_manager.web.browse import MergedPage, ShardPage, merge
 from queue_manager.web.filters import EventFilter
 from queue_manager.web.readings import live_counts
@@ -66,6 +59,8 @@ class Limits:
     bulk_cap: int = 10_000
     #: events changed per transaction of a bulk action
     bulk_slice: int = 500
+    #: a bulk action's confirmation counts the events matching up to this many per shard
+    bulk_count_cap: int = 1_000_000
     #: connections each shard's pool keeps open at most
     pool_size: int = 4
     #: how long a request waits for a pooled connection before it opens one of its own, seconds
@@ -78,6 +73,10 @@ class Limits:
     pickup_sample: int = 16
     #: ...acked within this many seconds
     pickup_window_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.bulk_count_cap < self.bulk_cap:
+            raise ConfigurationError("bulk_count_cap counts what bulk_cap binds: give bulk_count_cap >= bulk_cap")
 
 
 def guarded(topology: Topology, limits: Limits) -> Topology:
@@ -105,11 +104,11 @@ class StatementTimeout(QueueManagerError):
 
 
 def _q(name: str) -> Any:
-    """A named query of web.sql, the event filters (block ``web_event_filters``) put in where it
-    says ``{filters}``: one text for the browser's page, its id lookup and the bulk actions."""
+    """A named query of web.sql, the event filters (``event_filters`` of admin.sql, the operator
+    actions' own) put in where it says ``{filters}``: the browser selects as the actions do."""
     text = query(name, WEB_SQL)
     if "{filters}" in text:
-        filters = query("web_event_filters", WEB_SQL)
+        filters = query("event_filters", "admin.sql")
         text = text.replace("{filters}", "\n".join(x for x in filters.splitlines() if not x.lstrip().startswith("--")))
     return text
 
@@ -311,7 +310,7 @@ def queue_detail(db: Shards, queue: str, limits: Limits, snapshot: dict[str, Any
     """A queue's settings, status per shard (from ``snapshot``, the shared overview reading),
     top tenants per shard and tenant overrides."""
     check_queue_name(queue)
-    registry = admin.list_queues(db.topology)
+    registry = admin.list_queues(db)
     settings = {name: next((r for r in rows if r["name"] == queue), None) for name, rows in registry.items()}
     if all(v is None for v in settings.values()):
         raise UnknownQueueError(f"no queue named {queue!r} on any shard")
@@ -334,8 +333,8 @@ def queue_detail(db: Shards, queue: str, limits: Limits, snapshot: dict[str, Any
         "queue": queue,
         "settings": first,
         "shards": shards,
-        "overrides": admin.list_tenants(db.topology, queue),
-        "audit": audit(db, limit=10, queue=queue),
+        "overrides": admin.list_tenants(db, queue),
+        "audit": admin.recent(db, limit=10, queue=queue),
         "snapshot": snapshot,
         "tenant_scan": limits.tenant_scan_rows,
     }
@@ -401,283 +400,6 @@ def event(db: Shards, queue: str, shard_name: str, event_id: int) -> dict[str, A
             ).fetchone()
     except psycopg.Error as exc:
         raise _on(shard, queue, exc) from None
-
-
-def audit(db: Shards, limit: int = 50, queue: str | None = None) -> list[dict[str, Any]]:
-    """The newest audit rows of every shard, newest first."""
-    out: list[dict[str, Any]] = []
-    for shard in db.shards:
-        try:
-            with db.connect(shard) as conn:
-                rows = conn.execute(_q("web_audit_recent"), {"limit": limit}).fetchall()
-        except psycopg.Error:
-            continue
-        out += [{"shard": shard.name, **r} for r in rows if queue is None or r["queue"] == queue]
-    out.sort(key=lambda r: r["at"], reverse=True)
-    return out[:limit]
-
-
-# ------------------------------------------------------------------------------------ actions
-
-
-Selection = dict[str, list[int]]
-
-
-@dataclass(frozen=True)
-class BulkAction:
-    """A bulk action of the event browser: the one state of the events it may change (a state no
-    manager holds in hand) and how the pages name it."""
-
-    #: the action's name in forms and in the audit table
-    name: str
-    #: the state of the events it changes
-    target: str
-    #: only events not yet due
-    future: bool
-    #: "Retry 12 dead letters", "Fire 12 scheduled events now", ...
-    verb: str
-    noun: str
-    #: what it does, on the confirmation page
-    effect: str
-
-
-ACTIONS = {
-    a.name: a
-    for a in (
-        BulkAction(
-            "retry_dead",
-            "failed",
-            False,
-            "Retry",
-            "dead letters",
-            "back in the queue, due now, with a fresh attempt budget",
-        ),
-        BulkAction(
-            "fire_now",
-            "to_be_fired",
-            True,
-            "Fire now",
-            "scheduled events",
-            "due now instead of at their fire_at: the manager fires each once",
-        ),
-        BulkAction(
-            "reschedule",
-            "to_be_fired",
-            False,
-            "Reschedule",
-            "events not yet fired",
-            "due at the new time (never fired before it)",
-        ),
-        BulkAction(
-            "cancel",
-            "to_be_fired",
-            True,
-            "Cancel",
-            "scheduled events",
-            "deleted before they fire: never delivered, counted done in their partitions' load",
-        ),
-    )
-}
-
-
-def _action_params(action: BulkAction, flt: EventFilter | None, ids: Sequence[int] | None) -> dict[str, Any]:
-    params = (flt or EventFilter()).params()
-    params.update(ids=list(ids) if ids is not None else None, target=action.target, future=action.future)
-    return params
-
-
-def _targets(db: Shards, flt: EventFilter | None, selection: Selection | None) -> list[Shard]:
-    if selection is not None:
-        return [s for s in db.shards if selection.get(s.name)]
-    return filter_shards(db, flt)
-
-
-def count_targets(
-    db: Shards,
-    queue: str,
-    action: BulkAction,
-    flt: EventFilter | None,
-    selection: Selection | None,
-    cap: int,
-) -> dict[str, int]:
-    """How many events ``action`` would change, per shard (each at most ``cap + 1``: more than
-    the cap shows as cap + 1)."""
-    check_queue_name(queue)
-    table = sql.Identifier(queue)
-    out: dict[str, int] = {}
-    for shard in _targets(db, flt, selection):
-        params = _action_params(action, flt, None if selection is None else selection[shard.name])
-        params.update(below=None, limit=cap + 1)
-        try:
-            with db.connect(shard) as conn:
-                found = conn.execute(sql.SQL(_q("web_action_ids")).format(queue=table), params).fetchall()
-        except psycopg.Error as exc:
-            raise _on(shard, queue, exc) from None
-        out[shard.name] = len(found)
-    return out
-
-
-def _change(
-    conn: psycopg.Connection[dict[str, Any]],
-    table: sql.Identifier,
-    queue: str,
-    action: BulkAction,
-    ids: list[int],
-    fire_at: datetime | None,
-) -> int:
-    """One slice's change, in the caller's transaction; how many events changed."""
-    if action.name == "retry_dead":
-        # qm events retry's statement: failed -> to_be_fired, the partitions' load counters bumped
-        done = conn.execute(
-            sql.SQL(query("events_retry", "manager.sql")).format(queue=table),
-            {"ids": ids, "tenant": None, "queue": queue},
-        ).fetchall()
-        if done:  # delivered at commit: the manager fires them without waiting for a rescan
-            conn.execute(query("events_wake", "manager.sql"), {"queue": queue})
-        return len(done)
-    if action.name == "fire_now":
-        return len(conn.execute(sql.SQL(_q("web_fire_now")).format(queue=table), {"ids": ids}).fetchall())
-    if action.name == "reschedule":
-        assert fire_at is not None
-        return len(
-            conn.execute(sql.SQL(_q("web_reschedule")).format(queue=table), {"ids": ids, "fire_at": fire_at}).fetchall()
-        )
-    if action.name == "cancel":
-        row = conn.execute(sql.SQL(_q("web_cancel")).format(queue=table), {"ids": ids, "queue": queue}).fetchone()
-        assert row is not None
-        return len(row["ids"])
-    raise AssertionError(f"unknown action {action.name!r}")  # pragma: no cover
-
-
-def run_action(
-    db: Shards,
-    queue: str,
-    action: BulkAction,
-    flt: EventFilter | None,
-    selection: Selection | None,
-    *,
-    actor: str,
-    description: str,
-    cap: int,
-    slice_size: int,
-    fire_at: datetime | None = None,
-    requested: dict[str, int] | None = None,
-) -> dict[str, int]:
-    """Do ``action`` in slices to the events of ``selection`` (shard -> ids) or all matching
-    ``flt``, at most ``cap`` in all. Each slice selects its ids and changes them with a
-    state-guarded UPDATE (a DELETE for cancel) in one transaction, with its count added to the
-    shard's audit row; an event a manager or another action changed in between is simply not
-    changed. Returns the events changed per shard."""
-    check_queue_name(queue)
-    if action.name == "reschedule" and fire_at is None:
-        raise DashboardError("reschedule: give the new fire_at")
-    table = sql.Identifier(queue)
-    remaining = cap
-    changed: dict[str, int] = {}
-    for shard in _targets(db, flt, selection):
-        ids = None if selection is None else selection[shard.name]
-        changed[shard.name] = 0
-        audit_filter = description if fire_at is None else f"{description}; fire_at {fire_at.isoformat()}"
-        try:
-            with db.connect(shard) as conn:
-                row = conn.execute(
-                    _q("web_audit_start"),
-                    {
-                        "actor": actor,
-                        "action": action.name,
-                        "queue": queue,
-                        "filter": audit_filter,
-                        "requested": len(ids) if ids is not None else (requested or {}).get(shard.name, remaining),
-                    },
-                ).fetchone()
-                assert row is not None
-                audit_id = row["id"]
-                below = None
-                while remaining > 0:
-                    limit = min(slice_size, remaining)
-                    with conn.transaction():
-                        params = {**_action_params(action, flt, ids), "below": below, "limit": limit}
-                        found = [
-                            r["id"] for r in conn.execute(sql.SQL(_q("web_action_ids")).format(queue=table), params)
-                        ]
-                        if not found:
-                            break
-                        n = _change(conn, table, queue, action, found, fire_at)
-                        conn.execute(_q("web_audit_progress"), {"n": n, "audit": audit_id})
-                    below = min(found)
-                    remaining -= n
-                    changed[shard.name] += n
-                    if len(found) < limit:
-                        break
-                conn.execute(_q("web_audit_finish"), {"audit": audit_id})
-        except psycopg.Error as exc:
-            raise _on(shard, queue, exc) from None
-        logger.info(
-            "dashboard bulk action",
-            extra={"action": f"web_{action.name}", "queue": queue, "shard": shard.name, "changed": changed[shard.name]},
-        )
-    return changed
-
-
-def _record(
-    db: Shards, shards: Sequence[Shard], *, actor: str, action: str, queue: str, detail: dict[str, Any]
-) -> None:
-    """One finished audit row for a settings change on each of ``shards``."""
-    for shard in shards:
-        try:
-            with db.connect(shard) as conn:
-                row = conn.execute(
-                    _q("web_audit_start"),
-                    {
-                        "actor": actor,
-                        "action": action,
-                        "queue": queue,
-                        "filter": json.dumps(detail, sort_keys=True),
-                        "requested": 1,
-                    },
-                ).fetchone()
-                assert row is not None
-                conn.execute(_q("web_audit_progress"), {"n": 1, "audit": row["id"]})
-                conn.execute(_q("web_audit_finish"), {"audit": row["id"]})
-        except psycopg.Error as exc:
-            logger.warning(
-                "could not record a dashboard action", extra={"action": "web_audit_failed", "error": str(exc)}
-            )
-
-
-def alter_queue(db: Shards, queue: str, settings: dict[str, Any], *, actor: str, action: str) -> None:
-    """Change a queue's settings on every shard (``admin.alter_queue``: the managers hear it at
-    once), and record it in each shard's audit table."""
-    admin.alter_queue(db.topology, queue, settings)
-    _record(db, db.shards, actor=actor, action=action, queue=queue, detail=settings)
-
-
-def set_tenant(db: Shards, queue: str, tenant: str, settings: dict[str, Any], *, actor: str) -> dict[str, Any]:
-    """Set a tenant's overrides (``admin.set_tenant``, as ``qm queue tenant set``) on the tenant's
-    shard, the one that holds them, and record it in that shard's audit table."""
-    row = admin.set_tenant(db.topology, queue, tenant, settings)
-    shard = db.by_name(row["shard"])
-    _record(db, [shard], actor=actor, action="tenant_set", queue=queue, detail={"tenant": tenant, **settings})
-    return row
-
-
-def unset_tenant(db: Shards, queue: str, tenant: str, *, actor: str) -> bool:
-    """Drop a tenant's overrides (``admin.unset_tenant``, as ``qm queue tenant unset``) and record
-    it in the tenant's shard's audit table; True when it had some."""
-    removed = admin.unset_tenant(db.topology, queue, tenant)
-    detail = {"tenant": tenant, "removed": removed}
-    _record(db, [db.shard_for(tenant)], actor=actor, action="tenant_unset", queue=queue, detail=detail)
-    return removed
-
-
-def queue_settings(db: Shards, queue: str) -> dict[str, Any]:
-    """A queue's registry row (as the first shard that has it stores it)."""
-    check_queue_name(queue)
-    for rows in admin.list_queues(db.topology).values():
-        for row in rows:
-            if row["name"] == queue:
-                return dict(row)
-    raise UnknownQueueError(f"no queue named {queue!r} on any shard")
 
 
 def ping(db: Shards) -> dict[str, str | None]:

@@ -53,7 +53,7 @@ def snapshot(topology: Topology) -> dict[str, object]:
         with psycopg.connect(s.dsn) as c:
             out[s.name] = (
                 c.execute("SELECT id, state::text, fire_at, attempts FROM orders ORDER BY id").fetchall(),
-                c.execute("SELECT count(*) FROM qm.web_audit").fetchall(),
+                c.execute("SELECT count(*) FROM qm.audit").fetchall(),
                 c.execute("SELECT * FROM qm.tenant_settings ORDER BY 1, 2").fetchall(),
             )
     out["queues"] = admin.list_queues(topology)
@@ -89,7 +89,7 @@ def test_a_bad_filter_value_is_a_400_with_its_rule_on_the_page_and_for_every_bul
         form = {"csrf": csrf, "do": do, "new_fire_at": "2030-01-01T00:00:00Z", **fields}
         r = client.post("/queues/orders/bulk", data=form)
         assert r.status_code == 400 and rule in r.text, (do, r.text)
-        r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "5"})
+        r = client.post("/queues/orders/bulk/confirm", data={**form, "bound": "s0:1;s1:1"})
         assert r.status_code == 400 and rule in r.text, (do, r.text)
     assert snapshot(filled) == before
 
@@ -106,8 +106,11 @@ def test_a_bad_filter_value_is_a_400_with_its_rule_on_the_page_and_for_every_bul
         ("/queues/orders/settings", {"max_attempts": "1\x00"}, "is not an integer"),
         ("/queues/orders/bulk", {"do": "reschedule/all", "new_fire_at": "2030-01-01\x00"}, "not a time"),
         ("/queues/orders/bulk", {"do": "retry_dead/selection", "sel": "s0:1\x00"}, "not shard:id"),
-        ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "confirm": "9" * 5000}, "confirm"),
-        ("/queues/orders/bulk/confirm", {"do": "retry_dead/selection", "sel": "s0:1", "confirm": "1\x00"}, "confirm"),
+        ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "bound": "s0:" + "9" * 5000}, "bound events"),
+        ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "bound": "s0:1\x00"}, "bound events"),
+        ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "bound": "s0:99999-1"}, "more than"),
+        ("/queues/orders/bulk/confirm", {"do": "retry_dead/all", "bound": "s0:3-5"}, "range high-low"),
+        ("/queues/orders/bulk/confirm", {"do": "retry_dead/all"}, "confirm the events shown"),
     ],
 )
 def test_a_bad_value_in_a_form_is_a_400_with_its_rule_and_changes_nothing(

@@ -287,15 +287,17 @@ def test_bulk_retry_of_dead_letters_is_confirmed_and_delivered(
     assert "5" in page.locator("#count strong").inner_text()
     _shot(page, "confirm")
     page.click("#confirm")
-    page.wait_for_url("**/queues/orders?notice=**")
-    assert "Retry: 5 dead letters" in page.locator(".notice").inner_text()
+    page.wait_for_url("**/queues/orders?done=**")
+    assert "Retry: 5 dead letters of orders changed, of 5 bound" in page.locator(".notice").inner_text()
     live.wait_for(lambda got: sum("dead" in p for p in got) >= before + 5)
     with psycopg.connect(s0.dsn) as c:
         assert c.execute("SELECT count(*) FROM orders WHERE id = ANY(%s) AND state = 'failed'", (ids,)).fetchone() == (
             0,
         )
-        row = c.execute("SELECT actor, action, affected FROM qm.web_audit WHERE action = 'retry_dead'").fetchone()
-    assert row == ("alice", "retry_dead", 5)
+        row = c.execute(
+            "SELECT actor, action, requested, affected FROM qm.audit WHERE action = 'retry_dead'"
+        ).fetchone()
+    assert row == ("alice", "retry_dead", 5, 5)
     page.context.close()
 
 
