@@ -102,7 +102,7 @@ class History:
         self._latest: dict[Key, Sample] = {}
 
     def add(self, at: float, reading: dict[str, Any]) -> None:
-        """Take the samples of a reading (:func:`queue_manager.web.data.live`) taken at ``at``
+        """Take the samples of a reading (:func:`queue_manager.web.reads.live`) taken at ``at``
         (epoch seconds). Every reading updates the latest sample; one is kept per ``every_seconds``."""
         seen: set[Key] = set()
         for entry in reading.get("shards", []):

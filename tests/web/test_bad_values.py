@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import InvalidInputError, QueueManagerError
-from queue_manager.web import data
+from queue_manager.web import shards
 from tests.conftest import tenants_of
 from tests.web.conftest import ADMIN, login
 
@@ -166,10 +166,10 @@ def test_only_a_shard_that_did_not_answer_is_unavailable(topology: Topology) -> 
         down = exc
     assert len(refused) == 3
     for exc in refused:
-        assert isinstance(data._on(shard, "orders", exc), InvalidInputError)
-    assert isinstance(data._on(shard, "orders", cancelled), data.StatementTimeout)
-    assert isinstance(data._on(shard, "orders", down), data.ShardUnavailable)
-    assert isinstance(data._on(Shard("s0", "", shard.key_range), "orders", down), QueueManagerError)
+        assert isinstance(shards.on_error(shard, "orders", exc), InvalidInputError)
+    assert isinstance(shards.on_error(shard, "orders", cancelled), shards.StatementTimeout)
+    assert isinstance(shards.on_error(shard, "orders", down), shards.ShardUnavailable)
+    assert isinstance(shards.on_error(Shard("s0", "", shard.key_range), "orders", down), QueueManagerError)
 
 
 def test_a_shard_down_is_still_a_503(app_for: Callable[..., TestClient], topology: Topology) -> None:

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from queue_manager import admin
 from queue_manager.domain.topology import Topology
-from queue_manager.web.data import Limits
+from queue_manager.web.shards import Limits
 from tests.conftest import tenants_of
 from tests.web.conftest import ADMIN, READ, csrf_of, login
 
