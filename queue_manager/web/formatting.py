@@ -30,12 +30,12 @@ def told(action: admin.Action) -> str:
     everywhere = "on every shard" if action.finished else f"not on every shard ({where})"
     if action.action in ("pause", "resume"):
         return f"{queue} {'paused' if action.action == 'pause' else 'resumed'} {everywhere}"
-    changes = {k: v for k, v in detail.items() if k not in ("tenant", "removed")}
+    changes = {k: v for k, v in detail.items() if k != "tenant"}
     settings = ", ".join(f"{k} {'none' if v is None else v}" for k, v in changes.items())
     if action.action == "tenant_set":
         return f"{queue}: tenant {detail.get('tenant')}: {settings or 'unchanged'} (on its shard)"
     if action.action == "tenant_unset":
-        what = "removed" if detail.get("removed") else "none to remove"
+        what = "removed" if action.affected else "none to remove"
         return f"{queue}: tenant {detail.get('tenant')}: overrides {what} (weight 1, the queue's default cap)"
     return f"{queue}: {settings} {everywhere}"
 

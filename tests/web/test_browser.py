@@ -50,9 +50,10 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def topology(pg_admin_dsn: str, template_db: str) -> Iterator[Topology]:
-    names = [f"qm_web_{os.getpid()}_{i}" for i in range(2)]
+@contextlib.contextmanager
+def _two_shards(pg_admin_dsn: str, template_db: str, prefix: str, settings: dict[str, Any]) -> Iterator[Topology]:
+    """Two shards (``s0``: ``-80``, ``s1``: ``80-``) with the queue ``orders``, dropped at the end."""
+    names = [f"{prefix}_{os.getpid()}_{i}" for i in range(2)]
     topo = Topology(
         (
             Shard("s0", pgtest.fresh_database(pg_admin_dsn, template_db, names[0]), KeyRange.parse("-80")),
@@ -61,10 +62,18 @@ def topology(pg_admin_dsn: str, template_db: str) -> Iterator[Topology]:
     )
     for s in topo.shards:
         set_identity(s.dsn, s, topo)
-    admin.create_queue(topo, "orders", {"partitions": 4, "shuffle": 2, "max_attempts": 2})
-    yield topo
-    for name in names:
-        pgtest.drop_database(pg_admin_dsn, name)
+    admin.create_queue(topo, "orders", settings)
+    try:
+        yield topo
+    finally:
+        for name in names:
+            pgtest.drop_database(pg_admin_dsn, name)
+
+
+@pytest.fixture(scope="module")
+def topology(pg_admin_dsn: str, template_db: str) -> Iterator[Topology]:
+    with _two_shards(pg_admin_dsn, template_db, "qm_web", {"partitions": 4, "shuffle": 2, "max_attempts": 2}) as topo:
+        yield topo
 
 
 class Live:
@@ -359,16 +368,11 @@ def million(pg_admin_dsn: str, template_db: str) -> Iterator[tuple[Topology, str
     the rows are inserted by generate_series with the queue's triggers off (session_replication_role
     = replica: these rows are only browsed, no manager runs on them), about 3 s instead of a minute.
     Returns the topology, the tenant and its event ids, newest first."""
-    names = [f"qm_webm_{os.getpid()}_{i}" for i in range(2)]
-    topo = Topology(
-        (
-            Shard("s0", pgtest.fresh_database(pg_admin_dsn, template_db, names[0]), KeyRange.parse("-80")),
-            Shard("s1", pgtest.fresh_database(pg_admin_dsn, template_db, names[1]), KeyRange.parse("80-")),
-        )
-    )
-    for s in topo.shards:
-        set_identity(s.dsn, s, topo)
-    admin.create_queue(topo, "orders", {"partitions": 4, "shuffle": 2})
+    with _two_shards(pg_admin_dsn, template_db, "qm_webm", {"partitions": 4, "shuffle": 2}) as topo:
+        yield (topo, *_fill_a_million(topo))
+
+
+def _fill_a_million(topo: Topology) -> tuple[str, list[int]]:
     tenant = tenants_of(topo.shards[1], 1, "needle")[0]
     for shard in topo.shards:
         others = tenants_of(shard, 50, "hay")
@@ -394,9 +398,7 @@ def million(pg_admin_dsn: str, template_db: str) -> Iterator[tuple[Topology, str
     with psycopg.connect(topo.shards[1].dsn) as c:
         ids = [int(r[0]) for r in c.execute("SELECT id FROM orders WHERE tenant = %s ORDER BY id DESC", (tenant,))]
     assert len(ids) == MILLION["s1"] // SPREAD
-    yield topo, tenant, ids
-    for name in names:
-        pgtest.drop_database(pg_admin_dsn, name)
+    return tenant, ids
 
 
 def test_a_tenants_events_at_a_million_rows_are_on_the_first_page_and_paged_once_each(
