@@ -96,6 +96,7 @@ def build(config: WebConfig) -> Web:
         sparkline=sparkline,
         bars=bars,
         told=formatting.told,
+        setting=formatting.setting,
         idle=config.idle_seconds,
         has_managers=bool(config.managers),
     )

@@ -44,15 +44,85 @@ def clock(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC")
 
 
-def age(seconds: float | None) -> str:
+def number(value: float, decimals: int = 1) -> str:
+    """``value`` with at most ``decimals`` decimals, none when they are 0 (``1.5``, ``12``)."""
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _plural(value: float, unit: str) -> str:
+    text = number(value)
+    return f"{text} {unit}" if text == "1" else f"{text} {unit}s"
+
+
+#: seconds in a (Julian) year, as the settings' years are counted (max_delay_seconds: 10 years)
+YEAR = 365.25 * 86400
+
+
+def duration(seconds: float | None) -> str:
+    """A duration in the unit that reads best: ``250 ms`` (below a second, so a pickup delay of a
+    few milliseconds shows as such), ``1.5 s``, ``12 s``, ``5 min``, ``2.5 h``, ``7 days``,
+    ``10 years``; ``-`` when there is none."""
     if seconds is None:
         return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
+    sign, s = ("-" if seconds < 0 else ""), abs(float(seconds))
+    if round(s * 1000) < 1000:
+        ms = s * 1000
+        return f"{sign}{number(ms, 1 if ms < 10 else 0)} ms"
+    if s < 60:
+        return f"{sign}{number(s, 1 if s < 10 else 0)} s"
+    if s < 3600:
+        return f"{sign}{number(s / 60)} min"
+    if s < 86400:
+        return f"{sign}{number(s / 3600)} h"
+    if s < YEAR:
+        return sign + _plural(s / 86400, "day")
+    return sign + _plural(s / YEAR, "year")
+
+
+def size(n: float | None) -> str:
+    """A size in bytes as PostgreSQL's ``pg_size_pretty`` writes it (1 kB = 1024 bytes): ``512 B``,
+    ``64 kB``, ``1.5 MB``, ``2 GB``; ``-`` when there is none."""
+    if n is None:
+        return "-"
+    for unit, scale in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{number(n / scale)} {unit}"
+    return f"{number(n, 0)} B"
+
+
+def yesno(value: object) -> str:
+    return "yes" if value else "no"
+
+
+def when(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def setting(key: str, value: Any) -> str:
+    """A queue setting (a registry column) as an operator reads it: a duration for ``*_seconds``,
+    a size for ``*_bytes``, yes/no, a time; ``none`` when it is not set."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return yesno(value)
+    if isinstance(value, datetime):
+        return when(value)
+    if key.endswith("_seconds"):
+        return duration(value)
+    if key.endswith("_bytes"):
+        return size(value)
+    if isinstance(value, float):
+        return number(value, 3)
+    return str(value)
 
 
 #: the Jinja filters of the pages
-FILTERS: dict[str, Callable[..., Any]] = {"age": age, "clock": clock}
+FILTERS: dict[str, Callable[..., Any]] = {
+    "clock": clock,
+    "duration": duration,
+    "number": number,
+    "size": size,
+    "yesno": yesno,
+    "when": when,
+}
