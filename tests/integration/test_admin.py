@@ -283,3 +283,23 @@ def test_actions_raced_against_a_busy_manager_fire_each_event_once(topology: Top
         ("retry_dead", 300, True),
     ]
     assert count(s0.dsn, "acked") == 900 or count(s0.dsn, "to_be_fired") + count(s0.dsn, "acked") == 900
+
+
+def test_the_clis_bad_inputs_get_the_rule_and_change_nothing(
+    topology: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from queue_manager.cli.main import main
+
+    s0 = topology.shards[0]
+    dead_letters(s0.dsn, tenants_of(s0, 1)[0], 2)
+    path = tmp_path / "topology.toml"
+    path.write_text(topology.to_toml())
+    for args, rule in (
+        (["events", "retry", "orders", "--id", str(2**63)], "not an event id"),
+        (["events", "retry", "orders", "--id", "0"], "not an event id"),
+        (["queue", "tenant", "set", "orders", "acme", "--weight", "1e999999"], "must be finite"),
+        (["queue", "alter", "orders", "--max-qps", "nan"], "must be finite"),
+    ):
+        assert main([*args, "--topology", str(path)]) == 2, args
+        assert rule in capsys.readouterr().err, args
+    assert count(s0.dsn, "failed") == 2 and [audit(s.dsn) for s in topology.shards] == [[], []]
