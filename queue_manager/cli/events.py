@@ -6,7 +6,6 @@ import argparse
 import json
 from datetime import datetime
 
-from queue_manager import admin
 from queue_manager.cli.common import Subparsers, command, group, topology, with_topology
 from queue_manager.errors import ConfigurationError
 
@@ -79,6 +78,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_events_retry(args: argparse.Namespace) -> int:
-    total = admin.retry_failed(topology(args), args.queue, ids=args.id or None, tenant=args.tenant)
+    from queue_manager import admin  # psycopg: only for the commands that reach a shard
+
+    total = admin.retry_failed(topology(args), args.queue, ids=args.id or None, tenant=args.tenant, via="cli")
     print(f"{total} failed event(s) of {args.queue} put back to to_be_fired")
     return 0

@@ -203,7 +203,7 @@ def cmd_queue_create(args: argparse.Namespace) -> int:
 def cmd_queue_alter(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    rows = admin.alter_queue(topology(args), args.name, _settings(args))
+    rows = admin.alter_queue(topology(args), args.name, _settings(args), via="cli")
     for shard, row in rows.items():
         shrink = ""
         if row["partitions_physical"] > row["partitions"]:
@@ -215,7 +215,7 @@ def cmd_queue_alter(args: argparse.Namespace) -> int:
 def cmd_queue_pause(args: argparse.Namespace, paused: bool) -> int:
     from queue_manager import admin
 
-    admin.alter_queue(topology(args), args.name, {"paused": paused})
+    (admin.pause if paused else admin.resume)(topology(args), args.name, via="cli")
     print(f"queue {args.name} {'paused' if paused else 'resumed'} on every shard")
     return 0
 
@@ -245,7 +245,7 @@ def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
     settings = {key: getattr(args, key) for key in TENANT_SETTINGS if getattr(args, key) is not None}
     if args.default_max_in_flight:
         settings["max_in_flight"] = None
-    row = admin.set_tenant(topology(args), args.name, args.tenant, settings)
+    row = admin.set_tenant(topology(args), args.name, args.tenant, settings, via="cli")
     cap = "queue default" if row["max_in_flight"] is None else row["max_in_flight"]
     print(f"{row['shard']}: queue {args.name} tenant {args.tenant}: weight={row['weight']:g} max_in_flight={cap}")
     return 0
@@ -254,7 +254,7 @@ def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
 def cmd_queue_tenant_unset(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    removed = admin.unset_tenant(topology(args), args.name, args.tenant)
+    removed = admin.unset_tenant(topology(args), args.name, args.tenant, via="cli")
     what = "removed" if removed else "had none"
     print(f"queue {args.name} tenant {args.tenant}: overrides {what} (weight 1, the queue's default cap)")
     return 0

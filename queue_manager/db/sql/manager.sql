@@ -333,26 +333,6 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
          LIMIT 1)
   FROM moved
 
--- events_retry --
--- Put dead-lettered events back: a fresh attempt budget, due now. A dead letter counted as done
--- (qm.add_done when it failed): back in the queue it counts as load again, so the enqueue counters
--- of its partition are bumped in the same statement (qm.add_load), as a bulk load's are.
-WITH moved AS (
-        UPDATE {queue} SET state = 'to_be_fired', attempts = 0, fire_at = now(), last_error = NULL,
-               fired_at = NULL, acked_at = NULL, ack_deadline = NULL
-         WHERE state = 'failed'
-           AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-           AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-        RETURNING id, partition),
-     bumped AS (
-        SELECT qm.add_load(%(queue)s, array_agg(c.part), array_agg(c.n)) AS done
-          FROM (SELECT partition::integer AS part, count(*)::integer AS n FROM moved GROUP BY partition) c
-        HAVING count(*) > 0)
-SELECT m.id FROM moved m LEFT JOIN bumped b ON true
-
--- events_wake --
-SELECT pg_notify('qm_wake', %(queue)s)
-
 -- mgr_slice_purge --
 -- A retention slice: in one partition, delete up to %(limit)s acked events acked more than
 -- %(retention)s seconds ago and up to %(limit)s failed events whose last fire (their settle time,

@@ -1,0 +1,127 @@
+-- The operator actions' statements (queue_manager/admin: the CLI, the dashboard and the admin API
+-- call the same ones). Every change is state-guarded: its WHERE clause states the state (and for
+-- some the due time) the events must still be in, so an event a manager or another action changed
+-- meanwhile is simply not changed; the caller counts what was. Each slice of an action runs in one
+-- transaction with its audit row (audit_record).
+
+-- event_filters --
+-- Not a statement: the filters of an EventFilter (queue_manager/domain/eventfilter.py) on an event
+-- row e, which the queries below (and the event browser's, in web.sql) name by a "filters"
+-- placeholder filled with this text. A NULL parameter is no filter (unnamed statements are planned
+-- with their values, so a NULL test folds away).
+(%(state)s::text IS NULL OR e.state::text = %(state)s::text)
+   AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+   AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
+   AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
+   AND (%(fire_from)s::timestamptz IS NULL OR e.fire_at >= %(fire_from)s::timestamptz)
+   AND (%(fire_to)s::timestamptz IS NULL OR e.fire_at < %(fire_to)s::timestamptz)
+   AND (%(created_from)s::timestamptz IS NULL OR e.created_at >= %(created_from)s::timestamptz)
+   AND (%(created_to)s::timestamptz IS NULL OR e.created_at < %(created_to)s::timestamptz)
+   AND (%(jop)s::text IS NULL
+        OR CASE %(jop)s::text
+             WHEN 'exists' THEN e.payload #> %(jpath)s::text[] IS NOT NULL
+             WHEN '=' THEN e.payload #> %(jpath)s::text[] = %(jvalue)s::jsonb
+             ELSE e.payload #> %(jpath)s::text[] <> %(jvalue)s::jsonb
+           END)
+
+-- events_pick --
+-- The events an action may change: in state %(target)s (one no manager holds in hand: failed, or
+-- to_be_fired), with %(future)s only those not yet due, matching the filter and, when %(ids)s is
+-- given, among those ids. Below id %(below)s (NULL: from the newest), newest first, at most
+-- %(limit)s.
+SELECT e.id, e.created_at
+  FROM {queue} e
+ WHERE e.state = %(target)s::qm.event_state
+   AND (NOT %(future)s OR e.fire_at > now())
+   AND (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
+   AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
+   AND {filters}
+ ORDER BY e.id DESC
+ LIMIT %(limit)s
+
+-- events_count --
+-- How many events an action would change now (events_pick's conditions), counted up to %(limit)s.
+SELECT count(*) AS n
+  FROM (SELECT 1 FROM {queue} e
+         WHERE e.state = %(target)s::qm.event_state
+           AND (NOT %(future)s OR e.fire_at > now())
+           AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
+           AND {filters}
+         LIMIT %(limit)s) m
+
+-- events_retry --
+-- Dead letters back in the queue: a fresh attempt budget, due now. A dead letter counted as done
+-- (qm.add_done when it failed): back in the queue it counts as load again, so the enqueue counters
+-- of its partition are bumped in the same statement (qm.add_load), as a bulk load's are.
+WITH moved AS (
+        UPDATE {queue} SET state = 'to_be_fired', attempts = 0, fire_at = now(), last_error = NULL,
+               fired_at = NULL, acked_at = NULL, ack_deadline = NULL
+         WHERE state = 'failed' AND id = ANY(%(ids)s::bigint[])
+        RETURNING id, partition),
+     bumped AS (
+        SELECT qm.add_load(%(queue)s, array_agg(c.part), array_agg(c.n)) AS done
+          FROM (SELECT partition::integer AS part, count(*)::integer AS n FROM moved GROUP BY partition) c
+        HAVING count(*) > 0)
+SELECT m.id FROM moved m LEFT JOIN bumped b ON true
+
+-- events_wake --
+-- The shard's manager woken at the commit of a retry (manager/notices.py: a Poke of the queue),
+-- so it fires the events without waiting for its next rescan.
+SELECT pg_notify('qm_wake', %(queue)s)
+
+-- events_fire_now --
+-- Scheduled events made due now. Only rows still to_be_fired and not yet due change: the manager
+-- fires an event only by an UPDATE that finds it to_be_fired and due, so it fires each once; the
+-- queue's qm_rescheduled trigger wakes it at commit.
+UPDATE {queue} SET fire_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
+RETURNING id
+
+-- events_reschedule --
+-- Events not yet fired moved to %(fire_at)s (earlier or later). Only rows still to_be_fired change;
+-- a manager that cached one at its old time cannot fire it early: its fire needs fire_at <= now().
+UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
+ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired'
+RETURNING id
+
+-- events_cancel --
+-- Scheduled events deleted before they fire. Only rows still to_be_fired and not yet due go: the
+-- manager fires an event only by an UPDATE that finds it to_be_fired and due, so an event it
+-- fired or holds in the meantime is never deleted (and the qm_settled_delete trigger, for fired
+-- rows, never runs here). A deleted event never reaches an ack, so it is counted done here, one
+-- entry per event in its partition (qm.add_done), in the same statement: the partitions' load
+-- counters stay exact. One row: the ids deleted.
+WITH gone AS (
+        DELETE FROM {queue}
+         WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
+        RETURNING id, partition)
+SELECT coalesce(array_agg(id), ARRAY[]::bigint[]) AS ids,
+       qm.add_done((SELECT q.id FROM qm.queues q WHERE q.name = %(queue)s),
+                   coalesce(array_agg(partition), ARRAY[]::smallint[]))::text AS counted
+  FROM gone
+
+-- audit_record --
+-- An action's part on this shard, in the transaction of its change: created by its first slice
+-- (or its settings change), then each slice adds what it asked for and what it changed;
+-- %(last)s marks the part finished.
+INSERT INTO qm.audit AS a (action_id, via, actor, action, queue, filter, plan, requested, affected, finished_at)
+VALUES (%(action_id)s, %(via)s, %(actor)s, %(action)s, %(queue)s, %(detail)s, %(plan)s::jsonb, %(asked)s, %(changed)s,
+        CASE WHEN %(last)s THEN now() END)
+ON CONFLICT (action_id) DO UPDATE
+   SET requested = a.requested + excluded.requested,
+       affected = a.affected + excluded.affected,
+       finished_at = excluded.finished_at
+
+-- audit_recent --
+-- The newest parts on this shard (of one queue's actions, or of all), newest first.
+SELECT id, at, action_id, via, actor, action, queue, filter, plan, requested, affected, finished_at
+  FROM qm.audit
+ WHERE %(queue)s::text IS NULL OR queue = %(queue)s::text
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- audit_action --
+-- One action's part on this shard, if it has one.
+SELECT id, at, action_id, via, actor, action, queue, filter, plan, requested, affected, finished_at
+  FROM qm.audit
+ WHERE action_id = %(action_id)s::uuid
