@@ -123,6 +123,7 @@ class TermSession:
         self.maintenance.start()
         rt.signals.session_started.emit(self.term)
         rt.wake.set()
+        rt.role_changed()
 
     async def _connect(self, role: str, durable: bool) -> AsyncConn:
         cfg = self.rt.config

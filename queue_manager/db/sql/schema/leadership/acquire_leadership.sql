@@ -5,6 +5,10 @@
 -- KEY SHARE lock taken by qm.fence; once it commits, every later qm.fence of the old term raises.
 -- A manager that stops mid-transaction cannot block a takeover for long: its sessions run with
 -- idle_in_transaction_session_timeout and statement_timeout.
+-- While the lease runs, a plain read answers, with no row lock: a FOR UPDATE on every call queued
+-- behind the leader's fenced statements in flight, held up every fenced statement that came after
+-- it, and kept the row locked until its own commit was flushed (the lock is logged), so every
+-- standby poll stalled the leader's fires and acks for up to two WAL flushes.
 CREATE OR REPLACE FUNCTION qm.acquire_leadership(holder text, ttl_seconds double precision) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -12,6 +16,9 @@ DECLARE
 BEGIN
     IF holder IS NULL OR holder = '' OR ttl_seconds IS NULL OR ttl_seconds <= 0 THEN
         RAISE EXCEPTION 'acquire_leadership needs a holder name and a positive ttl' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT FROM qm.leader l WHERE l.expires_at > clock_timestamp()) THEN
+        RETURN NULL;
     END IF;
     -- FOR UPDATE waits for every fenced statement in flight (they hold FOR KEY SHARE)
     PERFORM 1 FROM qm.leader FOR UPDATE;
