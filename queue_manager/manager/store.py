@@ -112,6 +112,21 @@ async def load_tenant_settings(conn: AsyncConn) -> list[TenantSettings]:
         return await cur.fetchall()
 
 
+async def load_settings(conn: AsyncConn) -> tuple[list[QueueSettings], list[TenantSettings]]:
+    """The queues and the tenant overrides, in one round trip (a pipeline): on a slow link to the
+    database every round trip of the dispatcher's periodic reload held up its fires."""
+    async with conn.pipeline():
+        queues = conn.cursor(row_factory=class_row(QueueSettings))
+        tenants = conn.cursor(row_factory=class_row(TenantSettings))
+        await queues.execute(_static("mgr_queues"))
+        await tenants.execute(_static("mgr_tenant_settings"))
+    try:
+        return await queues.fetchall(), await tenants.fetchall()
+    finally:
+        await queues.close()
+        await tenants.close()
+
+
 async def acquire(conn: AsyncConn, holder: str, ttl: float) -> int | None:
     row = await (await conn.execute(_static("mgr_acquire"), {"holder": holder, "ttl": ttl})).fetchone()
     return None if row is None or row[0] is None else int(row[0])
