@@ -113,6 +113,11 @@ DATA_SCHEMA = StructType(
         StructField("ack_deadline", TimestampType(), True),
         StructField("fired_term", LongType(), True),
         StructField("last_error", StringType(), True),
+        # the W3C trace context the producer stored (NULL: none; NULL too in files archived before
+        # these columns were)
+        StructField("traceparent", StringType(), True),
+        StructField("tracestate", StringType(), True),
+        StructField("baggage", StringType(), True),
         StructField("settled_at", TimestampType(), True),
     ]
 )
