@@ -91,6 +91,27 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+class CpuMeterPg:
+    """CPU seconds of a PostgreSQL server: the postmaster, its live processes and the backends it
+    has reaped."""
+
+    def __init__(self, dsn: str) -> None:
+        with psycopg.connect(dsn) as conn:  # a backend's parent is the postmaster
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            assert row is not None
+            with open(f"/proc/{row[0]}/stat") as f:
+                self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def read(self) -> float:
+        pg = _proc_cpu(self.postmaster, reaped_children=True)
+        for child in _children(self.postmaster):
+            try:
+                pg += _proc_cpu(child)
+            except OSError:  # gone (and reaped: counted above) between the listing and the read
+                continue
+        return pg
+
+
 class CpuMeter:
     """CPU seconds used by the load's three parts: Spark (its JVM: the driver and, in local mode, the
     executors), this Python process, and the PostgreSQL server (the postmaster, its live processes
@@ -99,20 +120,10 @@ class CpuMeter:
 
     def __init__(self, spark: Any, dsn: str) -> None:
         self.jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-        with psycopg.connect(dsn) as conn:  # a backend's parent is the postmaster
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
-            assert row is not None
-            with open(f"/proc/{row[0]}/stat") as f:
-                self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+        self.pg = CpuMeterPg(dsn)
 
     def read(self) -> dict[str, float]:
-        pg = _proc_cpu(self.postmaster, reaped_children=True)
-        for child in _children(self.postmaster):
-            try:
-                pg += _proc_cpu(child)
-            except OSError:  # gone (and reaped: counted above) between the listing and the read
-                continue
-        return {"spark": _proc_cpu(self.jvm_pid), "python": time.process_time(), "postgres": pg}
+        return {"spark": _proc_cpu(self.jvm_pid), "python": time.process_time(), "postgres": self.pg.read()}
 
 
 @contextmanager

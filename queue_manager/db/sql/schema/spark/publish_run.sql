@@ -1,9 +1,15 @@
 -- Publish the good rows of a staged run into the queue table, once: one statement of two INSERT ...
--- SELECTs (the queue's verify trigger checks every row: one refused row fails the whole statement, so the shard
--- gets all of the run's good rows or none; rows whose (tenant, dedup_key) exists are skipped, as for
--- any producer), the load counters bumped by the rows inserted per partition (qm.add_load, as the
--- Python bulk producer does), the ledger marked published and the stage table dropped, all in the
--- caller's transaction. Returns the events inserted, or NULL when the run was published already.
+-- SELECTs (one refused row fails the whole statement, so the shard gets all of the run's good rows
+-- or none; rows whose (tenant, dedup_key) exists are skipped, as for any producer), the load
+-- counters bumped by the rows inserted per partition (qm.add_load, as the Python bulk producer
+-- does), the ledger marked published and the stage table dropped, all in the caller's transaction.
+-- Returns the events inserted, or NULL when the run was published already.
+-- The rows are checked against the queue's rules (qm.rule_valid, qm.rule_member) by this statement
+-- itself, set-wise: each distinct tenant's md5 and sha-256 once (a Spark load has many rows per
+-- tenant), where the queue's verify trigger hashes every row. The trigger sees qm.publish_checked
+-- set to the queue's name from inside this function and leaves the rules to it (it still wakes the
+-- manager); for every other writer it checks every row as before. A broken row raises the same
+-- error as the trigger would (qm.refuse_trace, qm.refuse_event).
 -- two_phase: the caller will PREPARE the transaction, which PostgreSQL refuses after a NOTIFY, so
 -- the verify trigger leaves its wake-up to the caller (qm.defer_wake), who sends it after COMMIT
 -- PREPARED from the ledger's wake_at.
@@ -20,6 +26,14 @@ DECLARE
     -- the trace context columns of the stage table; NULLs for one created before they existed
     -- (staged before revision 0006_trace_context, published after)
     trace_cols text;
+    q qm.queues;
+    sh qm.shard;
+    -- the queue's rules over a returned row r, with its tenant's hashes from h (one per tenant)
+    rule text;
+    -- the same columns an inserted row returns, for the rules (its payload's stored size)
+    returned text := 't.tenant, t.partition, t.fire_at, t.state, t.attempts, t.fired_at, t.acked_at, t.ack_deadline, '
+                     'pg_column_size(t.payload) AS payload_bytes, t.traceparent, t.tracestate, t.baggage';
+    bad jsonb;
 BEGIN
     SELECT * INTO r FROM qm.spark_runs s WHERE s.run_id = run AND s.queue = queue_name FOR UPDATE;
     IF FOUND AND r.state = 'published' THEN
@@ -29,9 +43,16 @@ BEGIN
         RAISE EXCEPTION 'Spark run % of queue "%" is not staged on this shard (state %): run the job again',
             quote_literal(run), queue_name, coalesce(r.state, 'none') USING ERRCODE = '55000';
     END IF;
-    IF NOT EXISTS (SELECT FROM qm.queues WHERE name = queue_name) THEN
+    SELECT * INTO q FROM qm.queues WHERE name = queue_name;
+    IF NOT FOUND THEN
         RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
     END IF;
+    SELECT * INTO sh FROM qm.shard;
+    rule := format(qm.rule_valid(q, sh), 'r', 'h.kid');
+    IF position('pg_column_size(r.payload)' IN rule) = 0 THEN  -- the rule's text changed: say so, never skip it
+        RAISE EXCEPTION 'qm.publish_run: qm.rule_valid no longer tests pg_column_size(r.payload)' USING ERRCODE = 'XX000';
+    END IF;
+    rule := replace(rule, 'pg_column_size(r.payload)', 'r.payload_bytes') || ' AND ' || format(qm.rule_member(q), 'r', 'h.draw');
     IF two_phase THEN
         PERFORM set_config('qm.defer_wake', 'on', true);
     END IF;
@@ -50,7 +71,10 @@ BEGIN
     -- Rows without a dedup key go in by a plain INSERT, the others with ON CONFLICT: an INSERT with
     -- ON CONFLICT inserts every row speculatively (one more WAL record per row, a quarter more
     -- work), even a row its arbiter index leaves out. Two data-modifying CTEs of one statement: the
-    -- verify trigger still runs once, over both (one transition table, one wake-up).
+    -- verify trigger still runs once, over both (one transition table, one wake-up). The rules are
+    -- tested over the rows they return (h: each tenant's hashes once); bad: the first row that
+    -- breaks one.
+    PERFORM set_config('qm.publish_checked', queue_name, true);
     EXECUTE format($q$
         WITH plain AS (
             INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
@@ -58,7 +82,7 @@ BEGIN
                    coalesce(timestamptz 'epoch' + s.fire_at_us * interval '1 microsecond', $1), NULL, %2$s
               FROM %3$s s
              WHERE s.reason IS NULL AND s.dedup_key IS NULL
-            RETURNING t.partition, t.fire_at),
+            RETURNING %4$s),
         keyed AS (
             INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
             SELECT s.tenant, s.partition, s.payload::jsonb,
@@ -66,13 +90,28 @@ BEGIN
               FROM %3$s s
              WHERE s.reason IS NULL AND s.dedup_key IS NOT NULL
             ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-            RETURNING t.partition, t.fire_at),
-        ins AS (SELECT * FROM plain UNION ALL SELECT * FROM keyed)
+            RETURNING %4$s),
+        ins AS (SELECT * FROM plain UNION ALL SELECT * FROM keyed),
+        h AS (SELECT d.tenant, md5(d.tenant) AS kid, encode(sha256(convert_to(d.tenant, 'UTF8')), 'hex') AS draw
+                FROM (SELECT DISTINCT i.tenant FROM ins i) d),
+        bad AS (SELECT r.tenant, r.partition, r.fire_at, (%6$s) AS fresh, r.payload_bytes, r.traceparent, r.tracestate,
+                       r.baggage
+                  FROM ins r JOIN h ON h.tenant = r.tenant
+                 WHERE (%5$s) IS NOT TRUE
+                 LIMIT 1)
         SELECT coalesce(sum(g.c), 0), array_agg(g.partition ORDER BY g.partition), array_agg(g.c ORDER BY g.partition),
-               min(g.earliest)
+               min(g.earliest), (SELECT to_jsonb(b) FROM bad b)
           FROM (SELECT i.partition, count(*)::integer AS c, min(i.fire_at) AS earliest FROM ins i GROUP BY i.partition) g
-        $q$, queue_name, trace_cols, source)
-      INTO n, parts, counts, earliest USING clock_timestamp();
+        $q$, queue_name, trace_cols, source, returned, rule, format(qm.rule_fresh(), 'r'))
+      INTO n, parts, counts, earliest, bad USING clock_timestamp();
+    PERFORM set_config('qm.publish_checked', '', true);
+    IF bad IS NOT NULL THEN  -- raises the trigger's precise error: the shard's publish fails whole
+        PERFORM qm.refuse_trace(queue_name, bad->>'traceparent', bad->>'tracestate', bad->>'baggage');
+        PERFORM qm.refuse_event(q.id, bad->>'tenant', (bad->>'partition')::integer, (bad->>'fire_at')::timestamptz,
+                                (bad->>'fresh')::boolean, (bad->>'payload_bytes')::integer, false);
+        RAISE EXCEPTION 'queue "%": a staged row of Spark run % breaks a rule of the queue', queue_name, quote_literal(run)
+            USING ERRCODE = '23514';
+    END IF;
     IF n > 0 THEN
         PERFORM qm.add_load(queue_name, parts, counts);
     END IF;
