@@ -240,11 +240,27 @@ def run_job(
     return elapsed
 
 
-def run_plain_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batch: int | None) -> float:
-    """``batch`` None: the writer's defaults (1 000-row batches, no rewritten inserts)."""
+def _jdbc_write(
+    spark: Any, source: str, topology: Topology, tasks: int, batch: int | None, table: str, plain: bool
+) -> float:
+    """Spark's JDBC writer into ``table`` on each shard, each shard's rows filtered by its key range:
+    with ``plain``, the routing columns computed (a partition of the tenant's set); without, the
+    tenant and the payload only. ``batch`` None: the writer's defaults (1 000-row batches, no
+    rewritten inserts)."""
     df = spark.read.parquet(source)
     t = time.perf_counter()
     tenant = F.col("tenant")
+    columns = (
+        [
+            tenant,
+            F.element_at(sr.shuffle_set(tenant, 16, 4), 1).cast("short").alias("partition"),
+            F.to_json("payload").alias("payload"),
+            F.lit(None).cast("string").alias("fire_at"),
+            F.lit(None).cast("string").alias("dedup_key"),
+        ]
+        if plain
+        else [tenant, F.to_json("payload").alias("payload")]
+    )
     for s in topology.shards:
         target = shard_jdbc_target(s.dsn)
         props = {**target.properties, "stringtype": "unspecified"}
@@ -252,40 +268,24 @@ def run_plain_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batc
             props.update({"batchsize": str(batch), "reWriteBatchedInserts": "true"})
         (
             df.filter(sr.in_key_range(tenant, s.key_range.start, s.key_range.end))
-            .select(
-                tenant,
-                F.element_at(sr.shuffle_set(tenant, 16, 4), 1).cast("short").alias("partition"),
-                F.to_json("payload").alias("payload"),
-                F.lit(None).cast("string").alias("fire_at"),
-                F.lit(None).cast("string").alias("dedup_key"),
-            )
+            .select(*columns)
             .repartition(tasks)
-            .write.jdbc(target.url, PLAIN, mode="append", properties=props)
+            .write.jdbc(target.url, table, mode="append", properties=props)
         )
     return time.perf_counter() - t
+
+
+def run_plain_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batch: int | None) -> float:
+    """Into a plain table (no index, no trigger): what Spark's JDBC path alone costs."""
+    return _jdbc_write(spark, source, topology, tasks, batch, PLAIN, plain=True)
 
 
 def run_queue_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batch: int | None) -> float:
-    """Spark's JDBC writer straight into the queue table, each shard's rows filtered by its key
-    range, without a partition: the queue's routing trigger picks one per row (the least loaded of
-    the tenant's set) and its verify trigger checks each statement's rows. What a data team writes
-    without the job: not idempotent (a retried task inserts its rows again), a failed job leaves
-    the tasks that committed. ``batch`` None: the writer's defaults (1 000-row batches)."""
-    df = spark.read.parquet(source)
-    t = time.perf_counter()
-    tenant = F.col("tenant")
-    for s in topology.shards:
-        target = shard_jdbc_target(s.dsn)
-        props = {**target.properties, "stringtype": "unspecified"}
-        if batch is not None:
-            props.update({"batchsize": str(batch), "reWriteBatchedInserts": "true"})
-        (
-            df.filter(sr.in_key_range(tenant, s.key_range.start, s.key_range.end))
-            .select(tenant, F.to_json("payload").alias("payload"))
-            .repartition(tasks)
-            .write.jdbc(target.url, QUEUE, mode="append", properties=props)
-        )
-    return time.perf_counter() - t
+    """Spark's JDBC writer straight into the queue table, without a partition: the queue's routing
+    trigger picks one per row (the least loaded of the tenant's set) and its verify trigger checks
+    each statement's rows. What a data team writes without the job: not idempotent (a retried task
+    inserts its rows again), a failed job leaves the tasks that committed."""
+    return _jdbc_write(spark, source, topology, tasks, batch, QUEUE, plain=False)
 
 
 def run_queue_copy(topology: Topology, rows: int) -> float:
