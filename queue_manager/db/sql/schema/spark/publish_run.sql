@@ -5,8 +5,9 @@
 -- does), the ledger marked published and the stage table dropped, all in the caller's transaction.
 -- Returns the events inserted, or NULL when the run was published already.
 -- The rows are checked against the queue's rules (qm.rule_valid, qm.rule_member) by this statement
--- itself, set-wise: each distinct tenant's md5 and sha-256 once (a Spark load has many rows per
--- tenant), where the queue's verify trigger hashes every row. The trigger sees qm.publish_checked
+-- itself, set-wise: each row's own rules as it is inserted, and the shard range and the shuffle set
+-- once per distinct (tenant, partition), each tenant's md5 and sha-256 once (a Spark load has many
+-- rows per tenant), where the queue's verify trigger hashes every row. The trigger sees qm.publish_checked
 -- set to the queue's name from inside this function and leaves the rules to it (it still wakes the
 -- manager); for every other writer it checks every row as before. A broken row raises the same
 -- error as the trigger would (qm.refuse_trace, qm.refuse_event).
@@ -28,12 +29,15 @@ DECLARE
     trace_cols text;
     q qm.queues;
     sh qm.shard;
-    -- the queue's rules over a returned row r, with its tenant's hashes from h (one per tenant)
-    rule text;
-    -- the same columns an inserted row returns, for the rules (its payload's stored size)
-    returned text := 't.tenant, t.partition, t.fire_at, t.state, t.attempts, t.fired_at, t.acked_at, t.ack_deadline, '
-                     'pg_column_size(t.payload) AS payload_bytes, t.traceparent, t.tracestate, t.baggage';
-    bad jsonb;
+    -- the queue's rules on each returned row t but its tenant's shard (qm.rule_valid with a keyspace
+    -- id inside the range: the range is tested per tenant, in pair)
+    per_row text;
+    -- the shard range and the shuffle-set rule on each distinct (tenant, partition) p of the
+    -- statement, with its tenant's hashes from h
+    per_pair text;
+    -- a row that broke a rule: the first inserted row found, by id (NULL: none)
+    bad bigint;
+    b record;
 BEGIN
     SELECT * INTO r FROM qm.spark_runs s WHERE s.run_id = run AND s.queue = queue_name FOR UPDATE;
     IF FOUND AND r.state = 'published' THEN
@@ -48,11 +52,10 @@ BEGIN
         RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
     END IF;
     SELECT * INTO sh FROM qm.shard;
-    rule := format(qm.rule_valid(q, sh), 'r', 'h.kid');
-    IF position('pg_column_size(r.payload)' IN rule) = 0 THEN  -- the rule's text changed: say so, never skip it
-        RAISE EXCEPTION 'qm.publish_run: qm.rule_valid no longer tests pg_column_size(r.payload)' USING ERRCODE = 'XX000';
-    END IF;
-    rule := replace(rule, 'pg_column_size(r.payload)', 'r.payload_bytes') || ' AND ' || format(qm.rule_member(q), 'r', 'h.draw');
+    per_row := format(qm.rule_valid(q, sh), 't', quote_literal(sh.range_start));
+    per_pair := format(qm.rule_member(q), 'p', 'h.draw')
+                || CASE WHEN sh.range_start <> '' THEN format(' AND h.kid COLLATE "C" >= %L', sh.range_start) ELSE '' END
+                || CASE WHEN sh.range_end <> '' THEN format(' AND h.kid COLLATE "C" < %L', sh.range_end) ELSE '' END;
     IF two_phase THEN
         PERFORM set_config('qm.defer_wake', 'on', true);
     END IF;
@@ -72,8 +75,8 @@ BEGIN
     -- ON CONFLICT inserts every row speculatively (one more WAL record per row, a quarter more
     -- work), even a row its arbiter index leaves out. Two data-modifying CTEs of one statement: the
     -- verify trigger still runs once, over both (one transition table, one wake-up). The rules are
-    -- tested over the rows they return (h: each tenant's hashes once); bad: the first row that
-    -- breaks one.
+    -- tested on the rows they return: each row's own (ok), and per distinct (tenant, partition)
+    -- the shard range and the shuffle set (h: each tenant's hashes once); bad: a row that broke one.
     PERFORM set_config('qm.publish_checked', queue_name, true);
     EXECUTE format($q$
         WITH plain AS (
@@ -82,7 +85,7 @@ BEGIN
                    coalesce(timestamptz 'epoch' + s.fire_at_us * interval '1 microsecond', $1), NULL, %2$s
               FROM %3$s s
              WHERE s.reason IS NULL AND s.dedup_key IS NULL
-            RETURNING %4$s),
+            RETURNING t.id, t.tenant, t.partition, t.fire_at, (%4$s) AS ok),
         keyed AS (
             INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
             SELECT s.tenant, s.partition, s.payload::jsonb,
@@ -90,25 +93,28 @@ BEGIN
               FROM %3$s s
              WHERE s.reason IS NULL AND s.dedup_key IS NOT NULL
             ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-            RETURNING %4$s),
+            RETURNING t.id, t.tenant, t.partition, t.fire_at, (%4$s) AS ok),
         ins AS (SELECT * FROM plain UNION ALL SELECT * FROM keyed),
+        pairs AS (SELECT DISTINCT i.tenant, i.partition FROM ins i),
         h AS (SELECT d.tenant, md5(d.tenant) AS kid, encode(sha256(convert_to(d.tenant, 'UTF8')), 'hex') AS draw
-                FROM (SELECT DISTINCT i.tenant FROM ins i) d),
-        bad AS (SELECT r.tenant, r.partition, r.fire_at, (%6$s) AS fresh, r.payload_bytes, r.traceparent, r.tracestate,
-                       r.baggage
-                  FROM ins r JOIN h ON h.tenant = r.tenant
-                 WHERE (%5$s) IS NOT TRUE
-                 LIMIT 1)
+                FROM (SELECT DISTINCT p.tenant FROM pairs p) d),
+        bad_pair AS (SELECT p.tenant, p.partition FROM pairs p JOIN h ON h.tenant = p.tenant
+                      WHERE (%5$s) IS NOT TRUE LIMIT 1)
         SELECT coalesce(sum(g.c), 0), array_agg(g.partition ORDER BY g.partition), array_agg(g.c ORDER BY g.partition),
-               min(g.earliest), (SELECT to_jsonb(b) FROM bad b)
+               min(g.earliest),
+               coalesce((SELECT i.id FROM ins i WHERE i.ok IS NOT TRUE LIMIT 1),
+                        (SELECT i.id FROM ins i JOIN bad_pair b ON (b.tenant, b.partition) = (i.tenant, i.partition) LIMIT 1))
           FROM (SELECT i.partition, count(*)::integer AS c, min(i.fire_at) AS earliest FROM ins i GROUP BY i.partition) g
-        $q$, queue_name, trace_cols, source, returned, rule, format(qm.rule_fresh(), 'r'))
+        $q$, queue_name, trace_cols, source, per_row, per_pair)
       INTO n, parts, counts, earliest, bad USING clock_timestamp();
     PERFORM set_config('qm.publish_checked', '', true);
-    IF bad IS NOT NULL THEN  -- raises the trigger's precise error: the shard's publish fails whole
-        PERFORM qm.refuse_trace(queue_name, bad->>'traceparent', bad->>'tracestate', bad->>'baggage');
-        PERFORM qm.refuse_event(q.id, bad->>'tenant', (bad->>'partition')::integer, (bad->>'fire_at')::timestamptz,
-                                (bad->>'fresh')::boolean, (bad->>'payload_bytes')::integer, false);
+    IF bad IS NOT NULL THEN  -- raise the trigger's precise error for that row: the shard's publish fails whole
+        EXECUTE format('SELECT t.tenant, t.partition, t.fire_at, (%s) AS fresh, pg_column_size(t.payload) AS payload_bytes, '
+                       't.traceparent, t.tracestate, t.baggage FROM public.%I t WHERE t.id = $1',
+                       format(qm.rule_fresh(), 't'), queue_name)
+          INTO b USING bad;
+        PERFORM qm.refuse_trace(queue_name, b.traceparent, b.tracestate, b.baggage);
+        PERFORM qm.refuse_event(q.id, b.tenant, b.partition, b.fire_at, b.fresh, b.payload_bytes, false);
         RAISE EXCEPTION 'queue "%": a staged row of Spark run % breaks a rule of the queue', queue_name, quote_literal(run)
             USING ERRCODE = '23514';
     END IF;
