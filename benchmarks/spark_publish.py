@@ -2,13 +2,13 @@
 this checkout's SQL and with another git revision's (``--other REF``, default ``main``), alternated.
 
 What it isolates: the publish's INSERT ... SELECT into the queue table (its indexes, the jsonb parse,
-the verify trigger or the publish's own set-based check of the queue's rules). The other revision's
-``qm.publish_run`` and ``qm.verify_source`` are applied from ``git show REF:<file>`` into the same
-database (and the queue's trigger regenerated) before each of its runs, this checkout's before each
-of ours. Each run stages the same rows (5 000 tenants, the job's routing) into a fresh stage table
-with COPY (not timed), then times ``SELECT qm.publish_run(...)`` and its commit, and the server's
-CPU seconds over it. Prints JSON on stdout: per side the seconds, their median and spread, and the
-ratio of the medians. ``python -m benchmarks.spark_publish [--rows N] [--reps N] [--other REF]``.
+the checks of the queue's rules). The other revision's functions (every file of ``schema/spark/``
+and the verify trigger's generator, ``git show REF:<file>``) are applied into the same database,
+and the queue's trigger regenerated, before each of its runs; this checkout's before each of ours.
+Each run stages the same rows (5 000 tenants, the job's routing) into a fresh stage table with COPY
+(not timed), then times ``SELECT qm.publish_run(...)`` and its commit, and the server's CPU seconds
+over it. Prints JSON on stdout: per side the seconds, their median and spread, and the ratio of the
+medians. ``python -m benchmarks.spark_publish [--rows N] [--reps N] [--other REF]``.
 """
 
 from __future__ import annotations
@@ -34,21 +34,23 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 
 logger = logging.getLogger("bench")
 QUEUE = "bulk"
-FILES = (
-    "queue_manager/db/sql/schema/spark/publish_run.sql",
-    "queue_manager/db/sql/schema/queue_triggers/verify_source.sql",
-)
+#: the Spark publish's functions (every file of schema/spark/) and the verify trigger's generator
+SPARK_DIR = "queue_manager/db/sql/schema/spark"
+VERIFY = "queue_manager/db/sql/schema/queue_triggers/verify_source.sql"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+
 def sources(ref: str | None) -> list[str]:
-    """The two functions' SQL at ``ref`` (None: this checkout's files)."""
+    """The functions' SQL at ``ref`` (None: this checkout's files)."""
     if ref is None:
-        return [(ROOT / f).read_text(encoding="utf-8") for f in FILES]
-    return [
-        subprocess.run(["git", "show", f"{ref}:{f}"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
-        for f in FILES
-    ]
+        names = sorted(str(p.relative_to(ROOT)) for p in (ROOT / SPARK_DIR).glob("*.sql"))
+        return [(ROOT / f).read_text(encoding="utf-8") for f in [*names, VERIFY]]
+    names = sorted(_git("ls-tree", "--name-only", f"{ref}:{SPARK_DIR}").split())
+    return [_git("show", f"{ref}:{f}") for f in [*(f"{SPARK_DIR}/{n}" for n in names), VERIFY]]
 
 
 def use(dsn: str, code: list[str]) -> None:

@@ -118,7 +118,6 @@ SOURCE: tuple[str, ...] = (
     "maintenance/count_maintenance.sql",
     "maintenance/maintenance_counts.sql",
     # Spark bulk loads
-    "spark/in_publish_run.sql",
     "spark/stage_run.sql",
     "spark/staged_run.sql",
     "spark/publish_run.sql",

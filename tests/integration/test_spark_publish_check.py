@@ -1,8 +1,7 @@
-"""The Spark publish's own check of the queue's rules (qm.publish_run): set-wise over the staged
-rows, in place of the verify trigger's per-row check for that statement only. A staged row that
-breaks a rule still fails its shard's publish, with the trigger's error; every other writer is still
-checked by the trigger, even one that sets qm.publish_checked itself. No Spark: the rows are staged
-by COPY as the job's staging leaves them."""
+"""The database stays the last line on the Spark path: a staged row that breaks a rule of the queue
+(one that slipped past the job's checks in Spark, or a stage table written by hand) fails its
+shard's publish (qm.publish_run) as a whole, with the queue's verify trigger's precise error, and
+the run stays staged. No Spark: the rows are staged by COPY as the job's staging leaves them."""
 
 from __future__ import annotations
 
@@ -58,14 +57,12 @@ def refused_by(exc: psycopg.Error) -> str:
     return callers[0]
 
 
-def test_a_good_run_is_published_whole_by_the_set_based_check(shards: Topology, queue: str) -> None:
+def test_a_good_run_is_published_whole(shards: Topology, queue: str) -> None:
     s0 = shards.shards[0]
     stage(s0, "ok", good_rows(s0, 2000))
     assert publish(s0, "ok") == 2000
     with psycopg.connect(s0.dsn) as conn:
         assert conn.execute(f"SELECT count(*) FROM {QUEUE}").fetchone() == (2000,)
-        # the setting that told the trigger is gone with the statement
-        assert conn.execute("SELECT current_setting('qm.publish_checked', true)").fetchone() in ((None,), ("",))
 
 
 @pytest.mark.parametrize(
@@ -100,25 +97,9 @@ def test_a_staged_row_that_breaks_a_rule_fails_its_shards_publish_with_the_trigg
     with pytest.raises(psycopg.Error) as caught:
         publish(s0, "bad")
     assert rule in str(caught.value) or rule in (caught.value.diag.constraint_name or ""), str(caught.value)
-    # raised by the publish's own check, not by the trigger
-    assert "qm.publish_run(" in refused_by(caught.value), caught.value.diag.context
+    # raised by the queue's verify trigger, inside the publish
+    assert "_verify()" in refused_by(caught.value), caught.value.diag.context
+    assert "qm.publish_run(" in (caught.value.diag.context or "")
     with psycopg.connect(s0.dsn) as conn:
         assert conn.execute(f"SELECT count(*) FROM {QUEUE}").fetchone() == (0,)
         assert conn.execute("SELECT state FROM qm.spark_runs WHERE run_id = 'bad'").fetchone() == ("staged",)
-
-
-def test_every_other_writer_is_still_checked_by_the_trigger_even_with_the_setting_forged(
-    shards: Topology, queue: str
-) -> None:
-    s0 = shards.shards[0]
-    tenant = tenants_of(s0, 1)[0]
-    outside = next(p for p in range(16) if p not in shuffle_set(tenant, 16, 4))
-    with psycopg.connect(s0.dsn) as conn:
-        conn.execute("SELECT set_config('qm.publish_checked', %s, false)", (QUEUE,))
-        with pytest.raises(psycopg.Error) as caught:
-            conn.execute(
-                f"INSERT INTO {QUEUE} (tenant, partition, payload) VALUES (%s, %s, '{{}}')",  # type: ignore[arg-type]
-                (tenant, outside),
-            )
-    assert "shuffle_set" in str(caught.value) or "shuffle_set" in (caught.value.diag.constraint_name or "")
-    assert "_verify()" in refused_by(caught.value), caught.value.diag.context

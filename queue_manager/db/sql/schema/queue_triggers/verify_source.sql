@@ -19,18 +19,13 @@ BEGIN
         -- %1$s the rules on r, %2$s the fresh rule on r, %3$s the queue id, %4$L the queue's name,
         -- %5$s how late a row may be and still not be announced (qm.backdated_ms)
         body := format($f$BEGIN
-    -- The Spark publish (qm.publish_run) tests these rules itself, set-wise, in the same statement:
-    -- it says so in qm.publish_checked, which counts only when set from inside that function (its
-    -- call is in this trigger's context); every other writer's rows are tested here.
-    IF current_setting('qm.publish_checked', true) IS DISTINCT FROM %4$L OR NOT qm.in_publish_run() THEN
-        PERFORM FROM qm_new r WHERE (%1$s) IS NOT TRUE LIMIT 1;
-        IF FOUND THEN
-            SELECT r.tenant, r.partition, r.fire_at, (%2$s) AS fresh, pg_column_size(r.payload) AS payload_bytes,
-                   r.traceparent, r.tracestate, r.baggage
-              INTO bad FROM qm_new r WHERE (%1$s) IS NOT TRUE LIMIT 1;
-            PERFORM qm.refuse_trace(%4$L, bad.traceparent, bad.tracestate, bad.baggage);
-            PERFORM qm.refuse_event(%3$s, bad.tenant, bad.partition, bad.fire_at, bad.fresh, bad.payload_bytes, false);
-        END IF;
+    PERFORM FROM qm_new r WHERE (%1$s) IS NOT TRUE LIMIT 1;
+    IF FOUND THEN
+        SELECT r.tenant, r.partition, r.fire_at, (%2$s) AS fresh, pg_column_size(r.payload) AS payload_bytes,
+               r.traceparent, r.tracestate, r.baggage
+          INTO bad FROM qm_new r WHERE (%1$s) IS NOT TRUE LIMIT 1;
+        PERFORM qm.refuse_trace(%4$L, bad.traceparent, bad.tracestate, bad.baggage);
+        PERFORM qm.refuse_event(%3$s, bad.tenant, bad.partition, bad.fire_at, bad.fresh, bad.payload_bytes, false);
     END IF;
     -- Wake a waiting manager (the shared try fails while it holds the lock, or waits for it). Rows
     -- whose fire_at is older than their insert by more than a moment are always announced: the

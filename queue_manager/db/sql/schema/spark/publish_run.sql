@@ -1,16 +1,9 @@
 -- Publish the good rows of a staged run into the queue table, once: one statement of two INSERT ...
--- SELECTs (one refused row fails the whole statement, so the shard gets all of the run's good rows
--- or none; rows whose (tenant, dedup_key) exists are skipped, as for any producer), the load
--- counters bumped by the rows inserted per partition (qm.add_load, as the Python bulk producer
--- does), the ledger marked published and the stage table dropped, all in the caller's transaction.
--- Returns the events inserted, or NULL when the run was published already.
--- The rows are checked against the queue's rules (qm.rule_valid, qm.rule_member) by this statement
--- itself, set-wise: each row's own rules as it is inserted, and the shard range and the shuffle set
--- once per distinct (tenant, partition), each tenant's md5 and sha-256 once (a Spark load has many
--- rows per tenant), where the queue's verify trigger hashes every row. The trigger sees qm.publish_checked
--- set to the queue's name from inside this function and leaves the rules to it (it still wakes the
--- manager); for every other writer it checks every row as before. A broken row raises the same
--- error as the trigger would (qm.refuse_trace, qm.refuse_event).
+-- SELECTs (the queue's verify trigger checks every row: one refused row fails the whole statement, so the shard
+-- gets all of the run's good rows or none; rows whose (tenant, dedup_key) exists are skipped, as for
+-- any producer), the load counters bumped by the rows inserted per partition (qm.add_load, as the
+-- Python bulk producer does), the ledger marked published and the stage table dropped, all in the
+-- caller's transaction. Returns the events inserted, or NULL when the run was published already.
 -- two_phase: the caller will PREPARE the transaction, which PostgreSQL refuses after a NOTIFY, so
 -- the verify trigger leaves its wake-up to the caller (qm.defer_wake), who sends it after COMMIT
 -- PREPARED from the ledger's wake_at.
@@ -27,17 +20,6 @@ DECLARE
     -- the trace context columns of the stage table; NULLs for one created before they existed
     -- (staged before revision 0006_trace_context, published after)
     trace_cols text;
-    q qm.queues;
-    sh qm.shard;
-    -- the queue's rules on each returned row t but its tenant's shard (qm.rule_valid with a keyspace
-    -- id inside the range: the range is tested per tenant, in pair)
-    per_row text;
-    -- the shard range and the shuffle-set rule on each distinct (tenant, partition) p of the
-    -- statement, with its tenant's hashes from h
-    per_pair text;
-    -- a row that broke a rule: the first inserted row found, by id (NULL: none)
-    bad bigint;
-    b record;
 BEGIN
     SELECT * INTO r FROM qm.spark_runs s WHERE s.run_id = run AND s.queue = queue_name FOR UPDATE;
     IF FOUND AND r.state = 'published' THEN
@@ -47,15 +29,9 @@ BEGIN
         RAISE EXCEPTION 'Spark run % of queue "%" is not staged on this shard (state %): run the job again',
             quote_literal(run), queue_name, coalesce(r.state, 'none') USING ERRCODE = '55000';
     END IF;
-    SELECT * INTO q FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
+    IF NOT EXISTS (SELECT FROM qm.queues WHERE name = queue_name) THEN
         RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
     END IF;
-    SELECT * INTO sh FROM qm.shard;
-    per_row := format(qm.rule_valid(q, sh), 't', quote_literal(sh.range_start));
-    per_pair := format(qm.rule_member(q), 'p', 'h.draw')
-                || CASE WHEN sh.range_start <> '' THEN format(' AND h.kid COLLATE "C" >= %L', sh.range_start) ELSE '' END
-                || CASE WHEN sh.range_end <> '' THEN format(' AND h.kid COLLATE "C" < %L', sh.range_end) ELSE '' END;
     IF two_phase THEN
         PERFORM set_config('qm.defer_wake', 'on', true);
     END IF;
@@ -74,10 +50,7 @@ BEGIN
     -- Rows without a dedup key go in by a plain INSERT, the others with ON CONFLICT: an INSERT with
     -- ON CONFLICT inserts every row speculatively (one more WAL record per row, a quarter more
     -- work), even a row its arbiter index leaves out. Two data-modifying CTEs of one statement: the
-    -- verify trigger still runs once, over both (one transition table, one wake-up). The rules are
-    -- tested on the rows they return: each row's own (ok), and per distinct (tenant, partition)
-    -- the shard range and the shuffle set (h: each tenant's hashes once); bad: a row that broke one.
-    PERFORM set_config('qm.publish_checked', queue_name, true);
+    -- verify trigger still runs once, over both (one transition table, one wake-up).
     EXECUTE format($q$
         WITH plain AS (
             INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
@@ -85,7 +58,7 @@ BEGIN
                    coalesce(timestamptz 'epoch' + s.fire_at_us * interval '1 microsecond', $1), NULL, %2$s
               FROM %3$s s
              WHERE s.reason IS NULL AND s.dedup_key IS NULL
-            RETURNING t.id, t.tenant, t.partition, t.fire_at, (%4$s) AS ok),
+            RETURNING t.partition, t.fire_at),
         keyed AS (
             INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
             SELECT s.tenant, s.partition, s.payload::jsonb,
@@ -93,31 +66,13 @@ BEGIN
               FROM %3$s s
              WHERE s.reason IS NULL AND s.dedup_key IS NOT NULL
             ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-            RETURNING t.id, t.tenant, t.partition, t.fire_at, (%4$s) AS ok),
-        ins AS (SELECT * FROM plain UNION ALL SELECT * FROM keyed),
-        pairs AS (SELECT DISTINCT i.tenant, i.partition FROM ins i),
-        h AS (SELECT d.tenant, md5(d.tenant) AS kid, encode(sha256(convert_to(d.tenant, 'UTF8')), 'hex') AS draw
-                FROM (SELECT DISTINCT p.tenant FROM pairs p) d),
-        bad_pair AS (SELECT p.tenant, p.partition FROM pairs p JOIN h ON h.tenant = p.tenant
-                      WHERE (%5$s) IS NOT TRUE LIMIT 1)
+            RETURNING t.partition, t.fire_at),
+        ins AS (SELECT * FROM plain UNION ALL SELECT * FROM keyed)
         SELECT coalesce(sum(g.c), 0), array_agg(g.partition ORDER BY g.partition), array_agg(g.c ORDER BY g.partition),
-               min(g.earliest),
-               coalesce((SELECT i.id FROM ins i WHERE i.ok IS NOT TRUE LIMIT 1),
-                        (SELECT i.id FROM ins i JOIN bad_pair b ON (b.tenant, b.partition) = (i.tenant, i.partition) LIMIT 1))
+               min(g.earliest)
           FROM (SELECT i.partition, count(*)::integer AS c, min(i.fire_at) AS earliest FROM ins i GROUP BY i.partition) g
-        $q$, queue_name, trace_cols, source, per_row, per_pair)
-      INTO n, parts, counts, earliest, bad USING clock_timestamp();
-    PERFORM set_config('qm.publish_checked', '', true);
-    IF bad IS NOT NULL THEN  -- raise the trigger's precise error for that row: the shard's publish fails whole
-        EXECUTE format('SELECT t.tenant, t.partition, t.fire_at, (%s) AS fresh, pg_column_size(t.payload) AS payload_bytes, '
-                       't.traceparent, t.tracestate, t.baggage FROM public.%I t WHERE t.id = $1',
-                       format(qm.rule_fresh(), 't'), queue_name)
-          INTO b USING bad;
-        PERFORM qm.refuse_trace(queue_name, b.traceparent, b.tracestate, b.baggage);
-        PERFORM qm.refuse_event(q.id, b.tenant, b.partition, b.fire_at, b.fresh, b.payload_bytes, false);
-        RAISE EXCEPTION 'queue "%": a staged row of Spark run % breaks a rule of the queue', queue_name, quote_literal(run)
-            USING ERRCODE = '23514';
-    END IF;
+        $q$, queue_name, trace_cols, source)
+      INTO n, parts, counts, earliest USING clock_timestamp();
     IF n > 0 THEN
         PERFORM qm.add_load(queue_name, parts, counts);
     END IF;
