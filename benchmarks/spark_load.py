@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import signal
 import statistics
@@ -54,7 +53,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from pyspark.sql import functions as F
 
-from benchmarks.lib.server import bench_server, server_info
+from benchmarks.lib.server import ServerCpu, bench_server, proc_cpu_seconds, server_info
 from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
@@ -68,50 +67,6 @@ QUEUE = "bulk"
 PLAIN = "plain_events"
 
 
-def _proc_cpu(pid: int, *, reaped_children: bool = False) -> float:
-    """CPU seconds (user + system) of one process, and of its children it has waited for."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])
-    if reaped_children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, ValueError):
-                continue
-    return out
-
-
-class CpuMeterPg:
-    """CPU seconds of a PostgreSQL server: the postmaster, its live processes and the backends it
-    has reaped."""
-
-    def __init__(self, dsn: str) -> None:
-        with psycopg.connect(dsn) as conn:  # a backend's parent is the postmaster
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
-            assert row is not None
-            with open(f"/proc/{row[0]}/stat") as f:
-                self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
-
-    def read(self) -> float:
-        pg = _proc_cpu(self.postmaster, reaped_children=True)
-        for child in _children(self.postmaster):
-            try:
-                pg += _proc_cpu(child)
-            except OSError:  # gone (and reaped: counted above) between the listing and the read
-                continue
-        return pg
-
-
 class CpuMeter:
     """CPU seconds used by the load's three parts: Spark (its JVM: the driver and, in local mode, the
     executors), this Python process, and the PostgreSQL server (the postmaster, its live processes
@@ -120,10 +75,10 @@ class CpuMeter:
 
     def __init__(self, spark: Any, dsn: str) -> None:
         self.jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-        self.pg = CpuMeterPg(dsn)
+        self.pg = ServerCpu(dsn)
 
     def read(self) -> dict[str, float]:
-        return {"spark": _proc_cpu(self.jvm_pid), "python": time.process_time(), "postgres": self.pg.read()}
+        return {"spark": proc_cpu_seconds(self.jvm_pid), "python": time.process_time(), "postgres": self.pg.read()}
 
 
 @contextmanager
@@ -377,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                             samples[kind].append(run_job(spark, source, topology, work, rep, args, steps, meter))
                         else:
                             with managers(topology, topo_file) as procs:
-                                managers_before = sum(_proc_cpu(p.pid) for p in procs)
+                                managers_before = sum(proc_cpu_seconds(p.pid) for p in procs)
                                 samples[kind].append(run_job(spark, source, topology, work, rep, args, steps, meter))
-                                manager_cpu.append(sum(_proc_cpu(p.pid) for p in procs) - managers_before)
+                                manager_cpu.append(sum(proc_cpu_seconds(p.pid) for p in procs) - managers_before)
                         shutil.rmtree(work, ignore_errors=True)
                     elif kind == "queue_jdbc":
                         samples[kind].append(run_queue_jdbc(spark, source, topology, args.tasks_per_shard, None))

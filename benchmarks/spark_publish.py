@@ -25,8 +25,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from benchmarks.lib.server import bench_server, server_info
-from benchmarks.spark_load import CpuMeterPg
+from benchmarks.lib.server import ServerCpu, bench_server, server_info
 from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.routing import shuffle_set
@@ -77,7 +76,7 @@ def stage(dsn: str, run: str, rows: int) -> None:
         conn.execute("CHECKPOINT")
 
 
-def publish(dsn: str, run: str, meter: CpuMeterPg) -> tuple[float, float]:
+def publish(dsn: str, run: str, meter: ServerCpu) -> tuple[float, float]:
     before = meter.read()
     t = time.perf_counter()
     with psycopg.connect(dsn) as conn:
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         upgrade(dsn)
         set_identity(dsn, topology.shards[0], topology)
         admin.create_queue(topology, QUEUE, {"partitions": 16, "shuffle": 4})
-        meter = CpuMeterPg(dsn)
+        meter = ServerCpu(dsn)
         seconds: dict[str, list[float]] = {side: [] for side in sides}
         cpu: dict[str, list[float]] = {side: [] for side in sides}
         for rep in range(args.reps):
