@@ -85,7 +85,9 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 GID_PREFIX = "qm-run:"
 #: the earliest fire_at any queue accepts (the database's rule)
 EARLIEST_FIRE_AT = "2000-01-01 00:00:00+00"
-#: the columns of a stage table, in the order Spark writes them
+#: the queue columns a row carries as they are, text, NULL when the source has none (Columns.carried)
+CARRIED = ("dedup_key", "traceparent", "tracestate", "baggage")
+#: the columns of a stage table, in the order Spark writes them (the order of copy_stage in spark.sql)
 STAGE_COLUMNS = (
     "row_key",
     "tenant",
@@ -186,6 +188,16 @@ class Columns:
     traceparent: str | None = None
     tracestate: str | None = None
     baggage: str | None = None
+
+    def carried(self) -> tuple[tuple[str, str | None], ...]:
+        """The columns carried to the queue table as they are (as text, NULL when not given): each
+        queue column of :data:`CARRIED` with the source column that holds it, or None.
+
+        The one place the job's Spark side lists them: a new one (a key column of the queue) is a
+        field here and a name in :data:`CARRIED`; the database side is the stage table's column
+        (``qm.stage_run``, ``copy_stage`` in spark.sql) and the publish's INSERT (``qm.publish_run``).
+        """
+        return tuple((name, getattr(self, name)) for name in CARRIED)
 
 
 @dataclass(frozen=True)
@@ -382,8 +394,8 @@ def _fire_at(df: DataFrame, name: str) -> Column:
 
 
 def _check_columns(df: DataFrame, columns: Columns) -> None:
-    named = [("tenant", columns.tenant), ("fire_at", columns.fire_at), ("dedup key", columns.dedup_key)]
-    named += [("traceparent", columns.traceparent), ("tracestate", columns.tracestate), ("baggage", columns.baggage)]
+    named = [("tenant", columns.tenant), ("fire_at", columns.fire_at)]
+    named += [(key.replace("_", " "), name) for key, name in columns.carried()]
     named += [("payload", c) for c in columns.payload_cols] if columns.payload_cols else [("payload", columns.payload)]
     for what, name in named:
         if name is not None and name not in df.columns:
@@ -400,9 +412,10 @@ def route_and_check(
 ) -> DataFrame:
     """The source rows with their row key, shard and partition, and a ``reason`` (NULL: good).
 
-    Columns: row_key, tenant, payload (JSON text), fire_at (timestamp or NULL), dedup_key, shard,
-    partition, reason. A row with no shard (no tenant) is given the topology's first shard, where it
-    is staged as a reject. The row key is ``monotonically_increasing_id()`` over ``df`` (or ``df``'s
+    Columns: row_key, tenant, payload (JSON text), fire_at (timestamp or NULL), shard, partition,
+    reason, then the carried columns (:data:`CARRIED`: dedup_key and the trace context). A row with
+    no shard (no tenant) is given the topology's first shard, where it is staged as a reject. The
+    row key is ``monotonically_increasing_id()`` over ``df`` (or ``df``'s
     own ``row_key`` column when it has one). ``only_shards``: keep those shards' rows only, before
     the checks and the shuffle set are computed (Spark cannot move a filter below the row key's
     non-deterministic projection by itself). Raises ConfigurationError for a column the source does
@@ -417,16 +430,9 @@ def route_and_check(
         _payload_json(df, columns).alias("payload"),
         fire_at.alias("fire_at"),
         (F.col(columns.fire_at).isNotNull() if columns.fire_at else F.lit(False)).alias("_fire_given"),
-        (F.col(columns.dedup_key).cast("string") if columns.dedup_key else F.lit(None).cast("string")).alias(
-            "dedup_key"
-        ),
         *(
             (F.col(name).cast("string") if name else F.lit(None).cast("string")).alias(key)
-            for key, name in (
-                ("traceparent", columns.traceparent),
-                ("tracestate", columns.tracestate),
-                ("baggage", columns.baggage),
-            )
+            for key, name in columns.carried()
         ),
     )
     t = F.col("tenant")
@@ -473,13 +479,10 @@ def route_and_check(
         "tenant",
         "payload",
         "fire_at",
-        "dedup_key",
         "shard",
         partition.cast("short").alias("partition"),
         reason.alias("reason"),
-        "traceparent",
-        "tracestate",
-        "baggage",
+        *CARRIED,
     )
 
 
@@ -1124,14 +1127,14 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
     for shard in topology.shards:  # a clear error before Spark starts
         queue_shape(shard, check_queue_name(args.queue))
     columns = Columns(
-        args.tenant_col,
-        args.payload_col,
-        args.fire_at_col,
-        args.dedup_col,
-        tuple(c.strip() for c in (args.payload_cols or "").split(",") if c.strip()),
-        args.traceparent_col,
-        args.tracestate_col,
-        args.baggage_col,
+        tenant=args.tenant_col,
+        payload=args.payload_col,
+        fire_at=args.fire_at_col,
+        payload_cols=tuple(c.strip() for c in (args.payload_cols or "").split(",") if c.strip()),
+        dedup_key=args.dedup_col,
+        traceparent=args.traceparent_col,
+        tracestate=args.tracestate_col,
+        baggage=args.baggage_col,
     )
     with job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
         require_jdbc_driver(spark)
