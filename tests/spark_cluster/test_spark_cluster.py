@@ -4,10 +4,10 @@ work directory (and the archive's output) in the one directory the driver and th
 
 An executor JVM is SIGKILLed in the middle of a Spark stage, or while the driver publishes: the job
 finishes (Spark runs the lost tasks again on a new executor) or fails cleanly, and a re-run of the
-run id leaves every event exactly once. ``make test`` runs each once (about 20-40 s each on a
-quiet 2-core machine: a driver JVM and two executor JVMs per submission);
-``make test-spark-cluster`` repeats the kill tests in rounds (``QM_SPARK_CLUSTER_ROUNDS``), a
-worker's whole JVM killed too.
+run id leaves every event exactly once. ``make test`` runs four cases once (46 to 111 s each in a
+run at load 20 to 34 on 2 cores; each submission starts a driver JVM and two executor JVMs; each
+test fails past its stated bound, ``SUBMIT_TIMEOUT`` per submission); ``make test-spark-cluster``
+repeats every case in rounds (``QM_SPARK_CLUSTER_ROUNDS``), a worker's whole JVM killed too.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ENQUEUE = str(ROOT / "spark_jobs" / "enqueue.py")
 ARCHIVE = str(ROOT / "spark_jobs" / "archive.py")
 READ_ARCHIVE = str(Path(__file__).with_name("read_archive.py"))
 ROWS = 200_000
-#: how long one submission may take before the test fails (a quiet machine needs 15-30 s)
+#: how long one submission may take before the test fails (they took 15 to 90 s at load 8 to 34 on 2 cores)
 SUBMIT_TIMEOUT = 240.0
 #: the kill tests' rounds: 1 in make test, more in make test-spark-cluster
 ROUNDS = int(os.environ.get("QM_SPARK_CLUSTER_ROUNDS", "1"))
@@ -137,8 +137,8 @@ def test_the_loader_on_a_cluster_puts_200k_rows_on_their_shards_once_with_an_exe
     """200 000 rows through spark-submit on the cluster, an executor SIGKILLed mid-stage (while the
     staging pass writes) or mid-publish (the driver publishing, atomic: after a shard's prepare):
     the job finishes, or fails cleanly and its re-run finishes; every row is then in the queue once,
-    on its tenant's shard and shuffle set; a re-run of the finished run adds nothing. About 40 s
-    (three submissions) on a quiet machine; fails past 3 x 240 s."""
+    on its tenant's shard and shuffle set; a re-run of the finished run adds nothing. Fails past 3 x
+    240 s (three submissions at most)."""
     cluster = spark_cluster
     queue = make_queue(shards)
     source = write_source(cluster.shared / f"src-{uuid.uuid4().hex[:8]}", ROWS)
@@ -189,7 +189,7 @@ def test_a_work_directory_the_executors_cannot_see_fails_the_loader_cleanly(
     --work-dir: refused before anything changes. A directory of the driver's own (its /tmp, which
     each worker has its own of): the driver finds fewer staged rows than the executors wrote, and
     the run fails with nothing published; a run of the id with a shared directory then loads every
-    row once. About 30 s (three submissions)."""
+    row once (in make test-spark-cluster). Fails past 3 x 240 s."""
     cluster = spark_cluster
     queue = make_queue(shards)
     rows = 2000
@@ -272,7 +272,7 @@ def test_the_archive_on_a_cluster_archives_every_settled_event_once_with_an_exec
     executor SIGKILLed while the Parquet files are written (or while the ids to delete are read back,
     in make test-spark-cluster): the run finishes or fails cleanly, and a re-run with its run id
     finishes it; every settled event is then in the archive once and no longer in its shard, and
-    every other event is still there. About 30 s on a quiet machine."""
+    every other event is still there. Fails past 3 x 240 s."""
     cluster = spark_cluster
     archivable = settle_events(shards)
     output = cluster.shared / f"archive-{uuid.uuid4().hex[:8]}"
