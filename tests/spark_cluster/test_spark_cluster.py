@@ -31,7 +31,8 @@ ENQUEUE = str(ROOT / "spark_jobs" / "enqueue.py")
 ARCHIVE = str(ROOT / "spark_jobs" / "archive.py")
 READ_ARCHIVE = str(Path(__file__).with_name("read_archive.py"))
 ROWS = 200_000
-#: how long one submission may take before the test fails (they took 15 to 90 s at load 8 to 34 on 2 cores)
+#: how long one submission may take before the test fails (a bound for a loaded machine: whole tests of up
+#: to three submissions took 46 to 192 s at load 13 to 34 on 2 cores)
 SUBMIT_TIMEOUT = 240.0
 #: the kill tests' rounds: 1 in make test, more in make test-spark-cluster
 ROUNDS = int(os.environ.get("QM_SPARK_CLUSTER_ROUNDS", "1"))
