@@ -18,7 +18,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-fire bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-fire bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark test-spark-cluster bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -44,11 +44,15 @@ system: ## Java 17 and the PostgreSQL JDBC jar when missing (as root; otherwise 
 demo: $(DEMO_STAMP) ## the whole system live on 2 local shards until Ctrl-C (installs the runtime and the dashboard only; ARGS="--duration 60", data in .qm-local)
 	$(BIN)/qm demo --dir .qm-local $(ARGS)
 
-test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark; ends with the 10 slowest tests
+test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark (a local session, and a standalone cluster of three JVMs); ends with the 10 slowest tests
 	$(PYTEST)
 
-test-fast: setup ## the suite without the Spark tests
+test-fast: setup ## the suite without the Spark tests (local and cluster)
 	$(PYTEST) -m "not spark"
+
+test-spark-cluster: setup ## the Spark standalone-cluster tests in rounds: executors and whole workers SIGKILLed mid-stage and mid-publish, loader (plain, --atomic) and archive; ROUNDS=2 (13 tests a round: 27 min at load 13-28 on 2 cores)
+	QM_SPARK_CLUSTER_ROUNDS=$(or $(ROUNDS),2) QM_SPARK_CLUSTER_FULL=1 QM_SPARK_CLUSTER_TARGETS=executor,worker \
+		$(BIN)/python -m pytest -q -n 0 -p no:cacheprovider --timeout 3600 tests/spark_cluster --durations=0
 
 test-reshard-faults: setup ## the reshard process SIGKILLed after each recorded step, then rerun; the targets' server restarted and a manager SIGKILLed mid-copy and mid-switch (in make test too; about 25 s)
 	$(BIN)/python -m pytest -q -n 0 tests/integration/test_reshard_faults.py

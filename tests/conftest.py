@@ -51,7 +51,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``pytest -n N --dist loadscope`` (``make test``): every Spark test goes to one worker, where
-    they share its one Spark session (a JVM start costs seconds of CPU); the dashboard's browser
+    they share its one Spark session (a JVM start costs seconds of CPU), and every Spark cluster
+    test to another, where they share one standalone cluster; the dashboard's browser
     tests likewise go to one worker (one browser, server and manager for them all); every other
     test is a unit of its own, given to whichever worker is free."""
     if config.getvalue("dist") != "loadscope":
@@ -62,6 +63,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith("tests/spark/"):
                 return "spark"
+            if nodeid.startswith("tests/spark_cluster/"):
+                return "spark-cluster"  # one standalone cluster for them all, beside the local session's worker
             return "browser" if nodeid.startswith("tests/web/test_browser.py") else nodeid
 
     return SparkTogether(config, log)
