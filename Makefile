@@ -13,7 +13,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults schema lint faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults schema lint conformance faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -45,9 +45,12 @@ schema: $(STAMP) ## regenerate docs/protocol.schema.json from the typed frames (
 	$(BIN)/python -m queue_manager.wire.schema
 
 lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
-	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks faults
+	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks faults conformance
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+conformance: setup ## the qm.v1 conformance suite against the Python and the TypeScript receivers: a JSON line per (client, case) (docs/conformance.md; in make test too)
+	$(BIN)/python -m conformance $(ARGS)
 
 faults: $(STAMP) ## the fault suite: nemesis rounds on 2 shards x 2 managers, a checker over the history; ARGS="--rounds 10", "--minutes 30", "--scenario NAME" (JSON lines on stdout, docs/faults.md)
 	$(BIN)/python -m faults $(ARGS)

@@ -88,6 +88,8 @@ LAST_SECONDS = (
         "",
     ),
     ("--health-interval", "database health reading period for the metrics, seconds", ""),
+    ("--ping-interval", "websocket ping to each receiver connection every this many seconds", ""),
+    ("--ping-timeout", "close a receiver connection (1011) whose pong is this late, seconds", ""),
     ("--vacuum-after", "vacuum a queue table autovacuum leaves past its trigger this long, seconds", "; 0: never"),
 )
 
@@ -139,6 +141,8 @@ def cmd_manager(args: argparse.Namespace) -> int:
             purge_interval=args.purge_interval,
             reconcile_interval=args.reconcile_interval,
             health_interval=args.health_interval,
+            ping_interval=args.ping_interval,
+            ping_timeout=args.ping_timeout,
             vacuum_after=args.vacuum_after,
             slice_interval=args.slice_interval,
             slice_rows=args.slice_rows,
