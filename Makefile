@@ -13,7 +13,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults schema lint conformance faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults schema lint conformance faults bench-peers-setup bench-enqueue bench-e2e bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-ts-receiver bench-trigger-cost clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -24,7 +24,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,web,otel]"
 	touch $(STAMP)
 
-setup: system $(STAMP) ## install everything: the system packages the tests need when missing, then the virtualenv
+#: the TypeScript receiver: its npm packages (package-lock.json) and its build (tsc)
+TS := clients/typescript
+TS_STAMP := $(TS)/dist/.built
+
+$(TS_STAMP): $(TS)/package.json $(TS)/package-lock.json $(TS)/tsconfig.json $(wildcard $(TS)/src/*.ts $(TS)/test/*.ts)
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(TS) && npm ci --no-audit --no-fund --silent && npm run --silent build && touch dist/.built; \
+	else echo "setup: npm is missing: the TypeScript receiver is not built (its tests are skipped)" >&2; fi
+
+setup: system $(STAMP) $(TS_STAMP) ## install everything: the system packages the tests need when missing, the virtualenv, the TypeScript receiver
 
 system: ## Java 17 and the PostgreSQL JDBC jar when missing (as root; otherwise says what to run)
 	@scripts/system-packages.sh
@@ -98,6 +107,9 @@ bench-reshard: $(STAMP) ## 2 shards split to 4 and merged back to 2 under 500 ev
 
 bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
 	$(BIN)/python -m benchmarks.ratelimit $(ARGS)
+
+bench-ts-receiver: setup ## the TypeScript receiver vs the Python library draining 100k events, no-op handlers, alternated (JSON on stdout)
+	$(BIN)/python -m benchmarks.ts_receiver $(ARGS)
 
 bench-web: $(STAMP) ## the web dashboard on 10M events: each page's p50/p99, an open overview's PostgreSQL CPU (JSON on stdout)
 	$(BIN)/python -m benchmarks.web $(ARGS)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the clients this repository ships, and the command that starts each under the contract
 CLIENTS: dict[str, list[str]] = {
     "python": [sys.executable, "-m", "conformance.python_client"],
-    "typescript": ["node", str(ROOT / "clients" / "typescript" / "dist" / "conformance.js")],
+    "typescript": ["node", str(ROOT / "clients" / "typescript" / "dist" / "src" / "conformance.js")],
 }
 
 
