@@ -191,4 +191,5 @@ def test_the_frame_check_of_the_test_suite_catches_a_frame_off_the_schema(_frame
     check.check('{"type": "ack_result", "acked": ["1041"], "errors": []}', "server", "here")
     check.check('{"type": "subscribed", "queue": "orders", "credit": 1}', "server", "here")  # no tenants
     check.check(f.AckResult([1041]).to_json(), "server", "here")
-    assert len(check.bad) == 2 and "acked/0" in check.bad[0] and "tenants" in check.bad[1]
+    bad = check.verify()
+    assert len(bad) == 2 and "acked/0" in bad[0] and "tenants" in bad[1]
