@@ -82,9 +82,7 @@ async function main(): Promise<number> {
     extendAfter: values["extend-after"] === undefined ? null : Number(values["extend-after"]),
     extendBy: Number(values["extend-by"]),
     drainTimeout: Number(values["drain-timeout"]),
-    onRefused: (shard, err) => {
-      if (err.attempt > 0) line("refused", { shard, id: err.id, attempt: err.attempt, code: err.code });
-    },
+    onRefused: (shard, err) => line("refused", { shard, id: err.id, attempt: err.attempt, code: err.code }),
   });
   try {
     await receiver.run({ handleSignals: true });

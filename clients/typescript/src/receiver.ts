@@ -95,7 +95,7 @@ export interface ReceiverOptions {
   backoffMax?: number;
   /** the largest message accepted, bytes (default 16 MiB; a deliver holds a payload whole) */
   maxPayload?: number;
-  /** every item the manager refused in an ack, nack or extend result (and error frames) */
+  /** every item the manager refused in an ack, nack or extend result (error frames are logged) */
   onRefused?: (shard: string, error: ItemError) => void;
   /** log lines (default: warnings and errors to stderr) */
   log?: (level: "debug" | "info" | "warn" | "error", message: string) => void;
@@ -312,7 +312,6 @@ class Link {
   }
 
   private error(frame: Extract<ServerFrame, { type: "error" }>): ReceiverError | null {
-    this.r.refused(this.shard, { id: 0, attempt: 0, code: frame.code, message: frame.message });
     if (frame.ref === "subscribe") {
       if (frame.code === "forbidden") {
         return new ReceiverError(`shard ${this.shard}: subscribe to ${this.r.queue} refused: ${frame.message}`);
