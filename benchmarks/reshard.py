@@ -43,6 +43,7 @@ from queue_manager import admin
 from queue_manager.db.migrate import migrate_topology
 from queue_manager.domain.stats import percentile
 from queue_manager.domain.topology import KeyRange, Shard, Topology, even_ranges
+from queue_manager.local import fleet
 from queue_manager.manager import Manager, ManagerConfig
 from queue_manager.manager.auth import TokenStore
 from queue_manager.producer import Event, Router
@@ -190,7 +191,7 @@ class Fleet:
     """In-process managers and one receiver per shard, recording every delivery."""
 
     def __init__(self) -> None:
-        self.tokens = TokenStore.from_entries([{"name": "bench", "secret": SECRET, "queues": [QUEUE]}])
+        self.tokens = TokenStore.from_entries([fleet.Token("bench", SECRET, (QUEUE,)).entry()])
         self.managers: dict[str, tuple[Manager, asyncio.Task[None]]] = {}
         self.receivers: dict[str, tuple[MinimalClient, asyncio.Task[None]]] = {}
         #: (seq, attempt, received at, fire_at, shard)

@@ -35,7 +35,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from benchmarks.lib.server import bench_server, server_info
 from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.local import fleet
 from spark_jobs import enqueue as ej
 from spark_jobs import routing as sr
 from spark_jobs.jdbc import shard_jdbc_target
@@ -110,43 +110,26 @@ class CpuMeter:
 
 
 @contextmanager
-def managers(topology: Topology, topo_file: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    tokens = topo_file.with_name("tokens.toml")
-    tokens.write_text('[[token]]\nname = "bench"\nsecret = "bench-secret-0123456789abcdef"\nqueues = ["*"]\n')
-    procs = [
-        subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "qm"),
-                "manager",
-                "--topology",
-                str(topo_file),
-                "--shard",
-                s.name,
-                "--port",
-                "0",
-                "--tokens",
-                str(tokens),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(topo_file.with_name(f"manager-{s.name}.log"), "wb"),  # noqa: SIM115
-        )
-        for s in topology.shards
-    ]
+def managers(topology: Topology, topo_file: Path) -> Iterator[list[fleet.ManagerProcess]]:
+    tokens = fleet.write_tokens(
+        topo_file.with_name("tokens.toml"), [fleet.Token("bench", "bench-secret-0123456789abcdef")]
+    )
+    procs: list[fleet.ManagerProcess] = []
     try:
+        for s in topology.shards:
+            procs.append(
+                fleet.ManagerProcess(topo_file, tokens, s.name, log=topo_file.with_name(f"manager-{s.name}.log"))
+            )
         time.sleep(3.0)  # elected and idle
-        for p, s in zip(procs, topology.shards, strict=True):
-            if p.poll() is not None:
-                log = topo_file.with_name(f"manager-{s.name}.log").read_text()[-2000:]
-                raise RuntimeError(f"the manager of {s.name} exited ({p.returncode}): {log}")
+        for p in procs:
+            if not p.alive():
+                raise RuntimeError(f"the manager of {p.shard} exited: {p.log.read_text()[-2000:] if p.log else ''}")
         yield procs
     finally:
         for p in procs:
-            p.send_signal(signal.SIGTERM)
+            p.signal(signal.SIGTERM)
         for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            p.stop(30)
 
 
 def setup(admin_dsn: str, base_dsn: str) -> Topology:

@@ -30,6 +30,7 @@ from benchmarks.lib.backlog import preload
 from benchmarks.lib.report import emit, header
 from conformance.fleet import SECRET_ALL, SHARD, Fleet, FleetConfig
 from queue_manager import admin
+from queue_manager.local import fleet as local
 from queue_manager.producer import Event
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +55,12 @@ def one_run(fleet: Fleet, client: str, n: int, concurrency: int, handlers: Path,
     load_s = preload(fleet.dsn, [Event(f"tenant-{rng.randrange(200)}", {"n": i}) for i in range(n)], queue)
     url = f"{SHARD}={fleet.urls[0]}"
     if client == "python":
-        argv = [sys.executable, "-m", "queue_manager.cli.main", "receive", "--queue", queue, "--manager", url]
-        argv += ["--token", SECRET_ALL, "--concurrency", str(concurrency), "--extend-after", "0", "noop:handle"]
+        managers = {SHARD: fleet.urls[:1]}
+        argv = local.qm(
+            *local.receiver_argv(
+                queue, "noop:handle", managers=managers, token=SECRET_ALL, concurrency=concurrency, extend_after=0
+            )
+        )
     else:
         argv = ["node", str(TS_CLI), "--queue", queue, "--manager", url, "--token", SECRET_ALL]
         argv += ["--concurrency", str(concurrency), "--extend-after", "0", str(handlers / "noop.mjs")]

@@ -16,7 +16,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from faults.cluster import (
     Servers,
 )
 from faults.history import now
+from queue_manager.local import fleet
 
 Inject = Callable[["Ctx"], Awaitable[None]]
 
@@ -104,7 +104,7 @@ async def _wait_new_term(ctx: Ctx, shard: str, term: int, timeout: float = 15.0)
 async def _restart(ctx: Ctx, slots: list[ManagerSlot]) -> None:
     for slot in slots:
         if slot.proc is not None:
-            await asyncio.to_thread(slot.proc.proc.wait)
+            await asyncio.to_thread(slot.proc.wait)
             slot.proc.stop()  # already gone: closes its pipe and log
     await asyncio.gather(*(ctx.dep.start_manager(s) for s in slots))
 
@@ -321,10 +321,7 @@ def _spark_run(ctx: Ctx, path: Path, run_id: str, log: str) -> subprocess.Popen[
     from faults.cluster import QUEUE
 
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "queue_manager.cli.main",
+        fleet.qm(
             "spark",
             "enqueue",
             "--topology",
@@ -341,7 +338,7 @@ def _spark_run(ctx: Ctx, path: Path, run_id: str, log: str) -> subprocess.Popen[
             run_id,
             "--work-dir",
             str(ctx.dep.dir / f"spark-work-{run_id}"),
-        ],
+        ),
         stdin=subprocess.DEVNULL,
         stdout=(ctx.dep.dir / f"{log}.log").open("ab"),
         stderr=subprocess.STDOUT,

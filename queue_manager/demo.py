@@ -30,7 +30,6 @@ import random
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +51,7 @@ from queue_manager import admin
 from queue_manager.domain.stats import percentile
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import QueueManagerError
+from queue_manager.local import fleet
 from queue_manager.producer import Router, enqueue
 
 QUEUE = "demo_events"
@@ -69,12 +69,6 @@ HANDLER = "queue_manager.demo_handlers:handle"
 LEASE_TTL = 2.0
 _ROOT = Path(queue_manager.__file__).resolve().parents[1]
 _PORT_LINE = re.compile(r"ws://127\.0\.0\.1:(\d+)/")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- child processes
@@ -110,7 +104,7 @@ class _Child:
         self.close_log()
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "queue_manager.cli.main", *self.argv],
+            fleet.qm(*self.argv),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -163,25 +157,11 @@ class _Child:
 class _Manager(_Child):
     def __init__(self, shard: str, letter: str, topo: Path, tokens: Path, log_dir: Path, env: dict[str, str]) -> None:
         self.shard = shard
-        self.port = _free_port()
+        self.port = fleet.free_port()
         self.url = f"ws://127.0.0.1:{self.port}/"
-        argv = [
-            "manager",
-            "--topology",
-            str(topo),
-            "--shard",
-            shard,
-            "--tokens",
-            str(tokens),
-            "--port",
-            str(self.port),
-            "--lease-ttl",
-            str(LEASE_TTL),
-            "--drain-timeout",
-            "2",
-            "--sweep-interval",
-            "0.5",
-        ]
+        argv = fleet.manager_argv(
+            topo, shard, tokens, port=self.port, lease_ttl=LEASE_TTL, drain_timeout=2, sweep_interval=0.5
+        )
         super().__init__(f"manager-{shard}-{letter}", argv, log_dir, env)
 
     def health(self) -> tuple[str, int | None]:
@@ -486,7 +466,7 @@ def _interruptible() -> Iterator[None]:
 
 
 def _start_shards(directory: Path, shards: int, say: Callable[[str], None]) -> Topology:
-    from queue_manager.local.shards import start_shards
+    from queue_manager.local.fleet import start_shards
 
     say(f"== starting {shards} embedded PostgreSQL shard(s) in {directory}")
     topology = start_shards(directory, shards)
@@ -560,13 +540,12 @@ def run_demo(
             db = _Database(topology)
 
             secret = secrets.token_urlsafe(24)
-            tokens = directory / "demo-tokens.toml"
             web_secret = secrets.token_urlsafe(24)
-            tokens.write_text(
-                f'[[token]]\nname = "demo"\nsecret = "{secret}"\nqueues = ["{QUEUE}"]\n\n'
-                f'[[web_token]]\nname = "demo-admin"\nsecret = "{web_secret}"\nscope = "admin"\n'
+            tokens = fleet.write_tokens(
+                directory / "demo-tokens.toml",
+                [fleet.Token("demo", secret, (QUEUE,))],
+                [fleet.WebToken("demo-admin", web_secret)],
             )
-            tokens.chmod(0o600)
             topo = directory / "topology.toml"
             log_dir = directory / "demo-logs"
             log_dir.mkdir(exist_ok=True)
@@ -587,29 +566,23 @@ def run_demo(
                 )
 
             say(f"== {receivers} receiver process(es): qm receive ... {HANDLER}")
-            urls = [arg for s, pair in managers.items() for m in pair for arg in ("--manager", f"{s}={m.url}")]
+            urls = {s: [m.url for m in pair] for s, pair in managers.items()}
             for i in range(receivers):
-                argv = [
-                    "receive",
-                    "--queue",
+                argv = fleet.receiver_argv(
                     QUEUE,
-                    "--topology",
-                    str(topo),
-                    *urls,
-                    "--concurrency",
-                    "8",
-                    "--handler-timeout",
-                    "3",
-                    "--drain-timeout",
-                    "3",
-                    "--log-level",
-                    "WARNING",
                     HANDLER,
-                ]
+                    topology=topo,
+                    managers=urls,
+                    concurrency=8,
+                    handler_timeout=3,
+                    drain_timeout=3,
+                    log_level="WARNING",
+                )
                 children.append(_Child(f"receiver-{i + 1}", argv, log_dir, env))
 
-            web_port = _free_port()
-            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port), *urls]
+            web_port = fleet.free_port()
+            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port)]
+            web_argv += fleet.manager_flags(urls)
             children.append(_Child("web", web_argv, log_dir, env))
             if _answers(f"http://127.0.0.1:{web_port}/health", 20):
                 say(f"== dashboard: http://127.0.0.1:{web_port}/  (qm web; log in with the token {web_secret})")

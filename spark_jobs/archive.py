@@ -797,4 +797,4 @@ def run_archive(
 if __name__ == "__main__":  # pragma: no cover
     from spark_jobs.commands import script_main
 
-    sys.exit(script_main("archive"))
+    sys.exit(script_main("archive", run_archive))

@@ -1,8 +1,10 @@
 """The Spark jobs' command lines: ``qm spark enqueue|recover|cleanup|archive`` and the scripts
 ``python -m spark_jobs.enqueue ARGS`` / ``python -m spark_jobs.archive ARGS`` (also through spark-submit).
 
-No pyspark here: ``qm`` builds these parsers without it, and a job's module (which needs pyspark) is
-imported only when its command runs.
+No pyspark here, and no job: ``qm`` builds these parsers without them. Each command's function is
+given the job's function by its caller: ``qm``'s spark group (:mod:`queue_manager.cli.spark`)
+imports the job's module when the command runs, and a script passes its own (the module run as
+``__main__``, which would otherwise be imported a second time).
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from queue_manager import logs
 from queue_manager.cli.common import run, topology, with_topology
-from queue_manager.errors import ConfigurationError
+from queue_manager.domain.topology import Topology
 
 
 def register(spark: Any) -> None:
@@ -77,16 +79,13 @@ def register(spark: Any) -> None:
         "(default 3600)",
     )
     p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's, else Maven)")
-    p.set_defaults(func=cmd_spark_enqueue)
 
     p = with_topology(spark.add_parser("recover", help="finish or roll back two-phase enqueue runs left prepared"))
     p.add_argument("--run-id", help="only this run (default: every run left prepared --min-age ago)")
     p.add_argument("--min-age", type=float, default=60.0, help="leave younger prepared parts alone, s (default 60)")
-    p.set_defaults(func=cmd_spark_recover)
 
     p = with_topology(spark.add_parser("cleanup", help="drop the staging of enqueue runs left unfinished"))
     p.add_argument("--older-than", type=float, default=86_400.0, help="unfinished for this long, s (default 1 day)")
-    p.set_defaults(func=cmd_spark_cleanup)
 
     p = with_topology(
         spark.add_parser(
@@ -109,22 +108,16 @@ def register(spark: Any) -> None:
     )
     p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's)")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    p.set_defaults(func=cmd_spark_archive)
 
 
-def cmd_spark_enqueue(args: argparse.Namespace) -> int:
-    # imported here only: `qm` must start without pyspark
-    try:
-        from spark_jobs.enqueue import run_cli
-    except ImportError as exc:
-        raise ConfigurationError(f"qm spark enqueue needs pyspark ({exc}): pip install -e '.[spark]'") from None
-    return run_cli(args, topology(args), lambda line: print(line, flush=True))
+def enqueue(args: argparse.Namespace, topology: Topology, run_cli: Callable[..., int]) -> int:
+    """``qm spark enqueue``: ``run_cli`` is :func:`spark_jobs.enqueue.run_cli`."""
+    return run_cli(args, topology, lambda line: print(line, flush=True))
 
 
-def cmd_spark_recover(args: argparse.Namespace) -> int:
-    from spark_jobs.enqueue import recover
-
-    outcome = recover(topology(args), run_id=args.run_id, min_age=args.min_age)
+def recover(args: argparse.Namespace, topology: Topology, recover_runs: Callable[..., dict[str, str]]) -> int:
+    """``qm spark recover``: ``recover_runs`` is :func:`spark_jobs.enqueue.recover`."""
+    outcome = recover_runs(topology, run_id=args.run_id, min_age=args.min_age)
     for gid, what in sorted(outcome.items()):
         print(f"{gid}: {what}")
     if not outcome:
@@ -132,20 +125,15 @@ def cmd_spark_recover(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_spark_cleanup(args: argparse.Namespace) -> int:
-    from spark_jobs.enqueue import cleanup
-
-    for shard, n in cleanup(topology(args), older_than=args.older_than).items():
+def cleanup(args: argparse.Namespace, topology: Topology, cleanup_runs: Callable[..., dict[str, int]]) -> int:
+    """``qm spark cleanup``: ``cleanup_runs`` is :func:`spark_jobs.enqueue.cleanup`."""
+    for shard, n in cleanup_runs(topology, older_than=args.older_than).items():
         print(f"{shard}: {n} run(s) unfinished for more than {args.older_than:g} s abandoned (staging dropped)")
     return 0
 
 
-def cmd_spark_archive(args: argparse.Namespace) -> int:
-    # imported here only: `qm` must start without pyspark
-    try:
-        from spark_jobs.archive import run_archive
-    except ImportError as exc:
-        raise ConfigurationError(f"qm spark archive needs pyspark ({exc}): pip install -e '.[spark]'") from None
+def archive(args: argparse.Namespace, topology: Topology, run_archive: Callable[..., Any]) -> int:
+    """``qm spark archive``: ``run_archive`` is :func:`spark_jobs.archive.run_archive`."""
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout carries the JSON only
 
     def starting(run_id: str) -> None:
@@ -153,7 +141,7 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
         out.flush()
 
     result = run_archive(
-        topology(args),
+        topology,
         older_than=args.older_than,
         before=args.before,
         output=args.output,
@@ -172,10 +160,21 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
     return 0
 
 
-def script_main(command: str, argv: Sequence[str] | None = None) -> int:
-    """``python -m spark_jobs.<command> ARGS``: the same as ``qm spark <command> ARGS``."""
+#: each command's function, called with the parsed options, the topology and the job's function
+COMMANDS: dict[str, Callable[[argparse.Namespace, Topology, Callable[..., Any]], int]] = {
+    "enqueue": enqueue,
+    "recover": recover,
+    "cleanup": cleanup,
+    "archive": archive,
+}
+
+
+def script_main(command: str, job: Callable[..., Any], argv: Sequence[str] | None = None) -> int:
+    """``python -m spark_jobs.<command> ARGS``: the same as ``qm spark <command> ARGS``, with ``job``
+    the script's own function (see :data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(prog="qm spark")
     register(parser.add_subparsers(dest="spark_command", required=True))
     args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    args.func = lambda a: COMMANDS[command](a, topology(a), job)
     logs.configure(logging.WARNING)
     return run(args)

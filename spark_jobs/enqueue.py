@@ -1127,4 +1127,4 @@ def _progress_line(run_id: str, stage: str, shard: str, n: int) -> str:
 if __name__ == "__main__":  # pragma: no cover
     from spark_jobs.commands import script_main
 
-    sys.exit(script_main("enqueue"))
+    sys.exit(script_main("enqueue", run_cli))

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from benchmarks.lib.server import QUEUE
+from queue_manager.local import fleet
 
 SECRET = "e2e-benchmark-secret-0001"
 TENANTS = tuple(f"tenant-{i:04d}" for i in range(1000))
@@ -41,7 +42,7 @@ STOP_TIMEOUT = 5.0
 
 
 def token_entries() -> list[dict[str, Any]]:
-    return [{"name": "bench", "secret": SECRET, "queues": [QUEUE]}]
+    return [fleet.Token("bench", SECRET, (QUEUE,)).entry()]
 
 
 def _logging() -> None:

@@ -27,7 +27,7 @@ def register_migrate(sub: Subparsers) -> None:
 
 
 def cmd_local_start(args: argparse.Namespace) -> int:
-    from queue_manager.local.shards import TOPOLOGY_FILE, start_shards
+    from queue_manager.local.fleet import TOPOLOGY_FILE, start_shards
 
     directory = Path(args.dir).resolve()
     settings = {"fsync": "off", "synchronous_commit": "off"} if args.fsync_off else None

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
 
 from queue_manager.cli.common import Subparsers, topology, with_topology
 from queue_manager.domain.topology import TOPOLOGY_ENV, Topology
-from queue_manager.errors import ConfigurationError
+from queue_manager.domain.topology_file import forget_manager, record_manager
+from queue_manager.errors import ConfigurationError, QueueManagerError
 from queue_manager.manager.config import ManagerConfig
 from queue_manager.reshard.workflow import load_state
+
+logger = logging.getLogger(__name__)
 
 #: the port ``qm manager`` listens on unless told (the library's default, 0, takes any free port)
 DEFAULT_PORT = 8765
@@ -59,6 +63,14 @@ def register(sub: Subparsers) -> None:
         help="the share (0 to 1) of fire and ack batches that get an OpenTelemetry span linked to their events' "
         "trace contexts, exported by OTLP (OTEL_EXPORTER_OTLP_ENDPOINT) or to stdout (OTEL_TRACES_EXPORTER=console); "
         "needs the [otel] extra (default 0: off, see docs/observability.md)",
+    )
+    p.add_argument(
+        "--record",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="while it runs, list this manager's URL (ws://HOST:PORT/) among its shard's managers in the topology "
+        "file, where qm receive --topology finds it (default on; not with a --host of every address; "
+        "--no-record for a file you keep by hand)",
     )
     p.add_argument(
         "--async-fires",
@@ -169,12 +181,59 @@ def cmd_manager(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, manager.request_stop)
         task = asyncio.create_task(manager.run())
         await manager.ready.wait()
+        assert manager.port is not None  # set before ready
+        recorded = _record(path, shard.name, args.host, manager.port) if args.record else None
         print(
             f"qm manager: shard {shard.name}, ws://{args.host}:{manager.port}/ (metrics /metrics, health /health), "
             f"holder {config.holder}",
             flush=True,
         )
-        await task
+        try:
+            await task
+        finally:
+            if recorded is not None:
+                _forget(path, shard.name, recorded)
 
     asyncio.run(serve())
     return 0
+
+
+def _record(path: Path, shard: str, host: str, port: int) -> str | None:
+    """List this manager's URL among the shard's managers in the topology file (docs/operations.md,
+    "Topology file"); the URL, or None when it is not listed (the reason logged)."""
+    if host in ("", "0.0.0.0", "::"):
+        logger.info(
+            "listening on every address: no URL to record in the topology file; list this manager there by hand",
+            extra={"action": "topology_record", "shard": shard},
+        )
+        return None
+    url = f"ws://[{host}]:{port}/" if ":" in host else f"ws://{host}:{port}/"
+    try:
+        listed = record_manager(path, shard, url)
+    except (OSError, QueueManagerError) as exc:
+        logger.warning(
+            "could not record this manager in the topology file; receivers need its URL another way",
+            extra={"action": "topology_record", "shard": shard, "url": url, "error": str(exc)},
+        )
+        return None
+    if not listed:  # a reshard's target before the switch: the switch writes the targets' managers
+        logger.info(
+            "the topology file has no shard %s yet: this manager is not recorded",
+            shard,
+            extra={"action": "topology_record", "shard": shard},
+        )
+        return None
+    logger.info("recorded in the topology file", extra={"action": "topology_record", "shard": shard, "url": url})
+    return url
+
+
+def _forget(path: Path, shard: str, url: str) -> None:
+    """Take this manager's URL off the topology file as it stops (a killed one stays listed: receivers skip
+    a manager that does not answer)."""
+    try:
+        forget_manager(path, shard, url)
+    except (OSError, QueueManagerError) as exc:
+        logger.warning(
+            "could not take this manager off the topology file",
+            extra={"action": "topology_record", "shard": shard, "url": url, "error": str(exc)},
+        )

@@ -34,6 +34,7 @@ from queue_manager.db.migrate import topology_json, upgrade
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.topology import Shard, Topology
+from queue_manager.domain.topology_file import write_file_atomically, write_topology_file
 from queue_manager.errors import ConfigurationError, QueueManagerError
 from queue_manager.reshard.plan import (
     ReshardPlan,
@@ -93,20 +94,6 @@ def load_state(topology_path: Path) -> ReshardState | None:
     except (json.JSONDecodeError, KeyError, ValueError) as exc:
         raise ReshardError(f"the reshard state {path} is unreadable ({exc}); restore it or move it aside") from None
     return ReshardState.from_dict(data)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _crash_point(what: str) -> None:
@@ -202,7 +189,7 @@ class Reshard:
         return rows
 
     def save(self, state: ReshardState) -> ReshardState:
-        _write_atomically(state_path(self.topology_path), json.dumps(state.to_dict(), indent=2) + "\n")
+        write_file_atomically(state_path(self.topology_path), json.dumps(state.to_dict(), indent=2) + "\n")
         return state
 
     def state(self) -> ReshardState:
@@ -565,7 +552,8 @@ class Reshard:
 
     def _publish_topology(self, plan: ReshardPlan, to: Side) -> None:
         topology = plan.topology_of(to)
-        _write_atomically(self.topology_path, topology.to_toml())
+        # under the file's lock, keeping the managers recorded since the plan (a manager that started then)
+        write_topology_file(self.topology_path, topology, keep_managers=True)
         shards = {s.name: s for s in (*plan.old.shards, *plan.new.shards)}
         for s in shards.values():
             self._retrying(

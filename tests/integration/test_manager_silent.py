@@ -11,16 +11,14 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from queue_manager.domain.topology import Shard
+from queue_manager.local import fleet
 from queue_manager.manager import Manager
 from queue_manager.wire import frames as f
 from tests.conftest import tenants_of
@@ -41,7 +39,6 @@ from tests.managerkit import (
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parents[2]
 ACK_TIMEOUT = 1.0
 BACKOFF_MAX = 0.3
 #: every event is acked by a healthy receiver this long after its commit at most, a frozen one
@@ -137,13 +134,15 @@ async def test_a_frozen_receiver_gets_nothing_after_a_missed_deadline_until_it_w
     tenants = tenants_of(shard, 8)
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "queue_manager.cli.main", "receive", "--queue", "orders",
-             "--manager", f"s0={url(m)}", "--token", SECRET_ALL, "--concurrency", "8",
-             "--drain-timeout", "2", "--log-level", "WARNING", "receivers.demo:handle"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        proc = fleet.ReceiverProcess(
+            "orders",
+            "receivers.demo:handle",
+            managers={"s0": [url(m)]},
+            token=SECRET_ALL,
+            concurrency=8,
+            drain_timeout=2,
+            log_level="WARNING",
+        )
         try:
             await wait_for(
                 lambda: any(c.queue is not None and c.session.credit == 8 for c in m.connections),
@@ -185,13 +184,7 @@ async def test_a_frozen_receiver_gets_nothing_after_a_missed_deadline_until_it_w
                     await asyncio.sleep(0.05)
                 assert await until_acked(shard.dsn, more, 5), "events committed after the wake-up stayed unacked"
         finally:
-            proc.send_signal(signal.SIGCONT)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            await asyncio.to_thread(proc.stop, 10)
 
 
 async def test_a_lone_silent_receiver_gets_its_events_again_once_it_answers_a_ping(  # type: ignore[no-untyped-def]

@@ -7,7 +7,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +16,7 @@ import psycopg
 import pytest
 
 from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.local import fleet
 from receivers import (
     Backoff,
     Event,
@@ -343,7 +343,7 @@ async def test_ack_in_transaction_refuses_a_delivery_that_is_not_fired(shard: Sh
 
 def _qm_receive(*args: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "queue_manager.cli.main", "receive", *args],
+        fleet.qm("receive", *args),
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         text=True,
