@@ -24,6 +24,7 @@ from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
+from tests.framecheck import FrameCheck
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -68,6 +69,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return "browser" if nodeid.startswith("tests/web/test_browser.py") else nodeid
 
     return SparkTogether(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _frames_match_the_schema() -> Iterator[FrameCheck]:
+    """Every frame a manager or a receiver of the test sends is checked against
+    docs/protocol.schema.json (tests/framecheck.py): one that does not match fails the test."""
+    check = FrameCheck()
+    with check.installed():
+        yield check
+    bad = check.verify()
+    assert not bad, f"{len(bad)} frame(s) do not match docs/protocol.schema.json:\n" + "\n".join(bad[:10])
 
 
 @pytest.fixture
