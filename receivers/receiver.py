@@ -260,6 +260,8 @@ class _Link:
         self.url: str | None = None
         #: the manager to try first on the next connection (the one a leader check found leading)
         self.hint: str | None = None
+        #: probe rounds in a row that found no leader (the first is logged at INFO, the rest at DEBUG)
+        self._leaderless_rounds = 0
         self.term: int | None = None
         self.subscribed = asyncio.Event()
         self.running: dict[asyncio.Future[Any], _Running] = {}
@@ -329,11 +331,15 @@ class _Link:
                     if a is not None and a[0] == 200:
                         leaders.append((a[1] or 0, i))
                 if leaders:
+                    self._leaderless_rounds = 0
                     return self.urls[max(leaders)[1]], True
         finally:
             for t in pending:
                 t.cancel()
-        logger.info(
+        # told once at INFO per gap (managers starting, a failover); every later round at DEBUG
+        self._leaderless_rounds += 1
+        logger.log(
+            logging.INFO if self._leaderless_rounds == 1 else logging.DEBUG,
             "no active manager for shard %s yet",
             self.shard,
             extra={"shard": self.shard, "answers": answers},

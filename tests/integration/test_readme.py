@@ -147,7 +147,12 @@ class Runner:
         argv = ["bash", "-ec", text] if lang == "bash" else [sys.executable, "-c", text]
         proc = self._spawn(argv, out, err)
         deadline = time.monotonic() + BLOCK_TIMEOUT_S
-        while not all(line in out.read_text() for line in expected):
+        # the Python receiver logs its subscriptions: Ctrl-C comes once it holds both shards, so that
+        # both drain (the events may all come from one shard before the other's manager leads)
+        subscribed = [f"subscribed to orders on shard {s}" for s in ("s0", "s1")] if lang == "python" else []
+        while not all(line in out.read_text() for line in expected) or not all(
+            line in err.read_text() for line in subscribed
+        ):
             assert proc.poll() is None, f"block ended early ({proc.returncode}):\n{text}\n{err.read_text()}"
             assert time.monotonic() < deadline, (
                 f"block did not show {expected} within {BLOCK_TIMEOUT_S} s:\n{text}\n"
