@@ -9,19 +9,63 @@
     qm reshard reverse [--timeout S]               back to the sources (until cleanup)
     qm reshard cleanup                             drop the sources' events; the reshard is over
     qm reshard cancel                              before the switch: drop the copy
+
+Exit status: 0 done, 2 an error (the message says what to do), 3 a database unreachable, 4 a lock
+of the cut-over not granted (a lock timeout, or a deadlock with an application's transaction): the
+cut-over rolled back and the sources serve; run the command again.
+
+A RANGE that starts at the keyspace's start begins with "-" (``-40``, ``-a0``) and is read as a
+value, not as an option.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from psycopg import errors as pg
+
 from queue_manager.domain.topology import Shard, shard_from_dict
 from queue_manager.errors import ConfigurationError
-from queue_manager.reshard.workflow import Reshard
+from queue_manager.reshard.workflow import Reshard, ReshardLockError
+
+#: the exit status of a cut-over stopped by a lock (a lock timeout or a deadlock), rolled back
+EXIT_LOCK = 4
+
+
+class _RangeParser(argparse.ArgumentParser):
+    """A parser that reads a key range starting with "-" (``-a0``) as a value, as argparse reads a
+    negative number: argparse takes any other word starting with "-" for an option. No option of
+    the reshard commands looks like a range (a hex digit after one "-"), which argparse needs for
+    this (it checks options against the same pattern)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-[0-9a-fA-F]+$|^-\d*\.\d+$")
+
+
+def _lock_errors_exit_4(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A cut-over stopped by a lock exits with EXIT_LOCK and says so (never "unreachable")."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except ReshardLockError as exc:
+            print(f"qm: {exc.kind}: {exc}", file=sys.stderr)
+        except (pg.DeadlockDetected, pg.LockNotAvailable) as exc:
+            kind = "deadlock" if isinstance(exc, pg.DeadlockDetected) else "lock timeout"
+            print(f"qm: {kind}: {str(exc).strip()}; run the command again", file=sys.stderr)
+        return EXIT_LOCK
+
+    return run
 
 
 def _path(args: argparse.Namespace) -> Path:
@@ -127,7 +171,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``qm reshard ...`` to the ``qm`` parser's subcommands."""
     reshard = sub.add_parser("reshard", help="split or merge shards online (docs/operations.md, 'Resharding')")
-    verbs = reshard.add_subparsers(dest="reshard_command", required=True)
+    verbs = reshard.add_subparsers(dest="reshard_command", required=True, parser_class=_RangeParser)
 
     def verb(name: str, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = verbs.add_parser(name, help=help_text)
@@ -140,7 +184,7 @@ def register(sub: Any) -> None:
             nargs=3,
             action="append",
             metavar=("NAME", "RANGE", "DSN"),
-            help="a new shard: its name, key range (e.g. -40) and DSN; repeat for each",
+            help="a new shard: its name, key range (e.g. -40, -a0, 40-80, c0-) and DSN; repeat for each",
         )
         p.add_argument(
             "--target-manager",
@@ -155,13 +199,13 @@ def register(sub: Any) -> None:
     p = verb("start", "prepare the targets, capture changes, copy every event (a rerun resumes)")
     with_targets(p)
     p.add_argument("--batch", type=int, default=2000, help="events per copy page (default 2000)")
-    p.set_defaults(func=cmd_start)
-    p = verb("status", "phase, rows copied and left, lag, estimated catch-up")
+    p.set_defaults(func=_lock_errors_exit_4(cmd_start))
+    p = verb("status", "phase, rows copied and left, lag, estimated catch-up (also while another command runs)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
     p = verb("sync", "apply the captured changes now")
     p.add_argument("--batch", type=int, default=2000)
-    p.set_defaults(func=cmd_sync)
+    p.set_defaults(func=_lock_errors_exit_4(cmd_sync))
     for name, func, help_text in (
         ("switch", cmd_switch, "cut over to the targets (a rerun resumes an interrupted one)"),
         ("reverse", cmd_reverse, "cut back over to the sources (allowed until cleanup)"),
@@ -169,6 +213,10 @@ def register(sub: Any) -> None:
         p = verb(name, help_text)
         p.add_argument("--timeout", type=float, default=10.0, help="bound on the frozen catch-up, seconds (default 10)")
         p.add_argument("--lock-timeout", type=float, default=2.0, help="bound on each freeze lock, seconds (default 2)")
-        p.set_defaults(func=func)
-    verb("cleanup", "after the switch: drop the sources' events; ends the reshard").set_defaults(func=cmd_cleanup)
-    verb("cancel", "before the switch: drop the targets' copy; the sources keep serving").set_defaults(func=cmd_cancel)
+        p.set_defaults(func=_lock_errors_exit_4(func))
+    verb("cleanup", "after the switch: drop the sources' events; ends the reshard").set_defaults(
+        func=_lock_errors_exit_4(cmd_cleanup)
+    )
+    verb("cancel", "before the switch: drop the targets' copy; the sources keep serving").set_defaults(
+        func=_lock_errors_exit_4(cmd_cancel)
+    )

@@ -13,7 +13,7 @@ ranges (a split ``-80`` -> ``-40``, ``40-80``; a merge, the inverse; or N to M).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -121,12 +121,16 @@ def _shards_dict(shards: Sequence[Shard]) -> list[dict[str, Any]]:
     ]
 
 
-def make_plan(old: Topology, targets: Sequence[Shard]) -> ReshardPlan:
+def make_plan(
+    old: Topology, targets: Sequence[Shard], database_of: Callable[[str], Hashable] = lambda dsn: dsn
+) -> ReshardPlan:
     """Plan moving the shards whose ranges the targets cover to the targets.
 
     The sources are the shards of ``old`` whose ranges meet a target's; their ranges together must
-    be exactly the targets' (whole shards move), target names must be new and unique, and the
-    result must be a valid topology. Raises ConfigurationError saying what is wrong.
+    be exactly the targets' (whole shards move), target names must be new and unique, each target
+    a database of its own (``database_of`` maps a DSN to what names its database: two DSNs written
+    differently may name the same one), and the result must be a valid topology. Raises
+    ConfigurationError saying what is wrong.
     """
     if not targets:
         raise ConfigurationError("a reshard needs at least one target shard (--target NAME RANGE DSN)")
@@ -141,12 +145,20 @@ def make_plan(old: Topology, targets: Sequence[Shard]) -> ReshardPlan:
             f"target shard names must be new; already in the topology: {', '.join(reused)} "
             "(a target is a new database that takes over the sources' ranges)"
         )
-    dsns = {s.dsn: s.name for s in old.shards}
+    shard_dbs = {database_of(s.dsn): s.name for s in old.shards}
+    target_dbs: dict[Hashable, str] = {}
     for t in targets:
-        if t.dsn in dsns:
+        db = database_of(t.dsn)
+        if db in shard_dbs:
             raise ConfigurationError(
-                f"target {t.name!r} has the DSN of shard {dsns[t.dsn]!r}: a target must be a new database"
+                f"target {t.name!r} has the database of shard {shard_dbs[db]!r}: a target must be a new database"
             )
+        if db in target_dbs:
+            raise ConfigurationError(
+                f"targets {target_dbs[db]!r} and {t.name!r} name the same database: each target must be a "
+                "database of its own"
+            )
+        target_dbs[db] = t.name
     sources = tuple(s for s in old.shards if any(overlaps(s.key_range, t.key_range) for t in targets))
     source_cover = _covered([s.key_range for s in sources])
     target_cover = _covered([t.key_range for t in targets])
@@ -302,10 +314,17 @@ def check_allowed(state: ReshardState, action: str) -> None:
     elif action == "cancel":
         if state.phase == "cutover":
             rolled_back(state, "", "")  # raises past 'serve'
+        elif state.phase == "done":
+            raise ConfigurationError(
+                "the reshard is finished (cleaned up: the targets serve and the sources' events are dropped); "
+                "there is nothing to cancel"
+            )
+        elif state.phase == "cancelled":
+            raise ConfigurationError("the reshard is cancelled already; there is nothing to cancel")
         elif state.phase != "copying" or state.serving != "sources":
             raise ConfigurationError(
                 f"cancel is allowed only before the switch (the reshard is {state.phase}, "
-                f"the {state.serving} serve): reverse first"
+                f"the {state.serving} serve): reverse first (qm reshard reverse), then cancel"
             )
     elif action == "sync":
         if state.phase not in ("copying", "switched"):

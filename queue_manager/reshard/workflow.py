@@ -19,11 +19,11 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg import errors as pg
@@ -55,12 +55,47 @@ Conn = psycopg.Connection[Any]
 #: rows per page of the snapshot copy and per round of applying captured changes
 BATCH = 2000
 #: a fault-injection point for the crash tests: the process kills itself (SIGKILL) right after it
-#: has recorded the step named here (a cut-over step, or 'prepared', 'capturing', 'copied')
+#: has recorded the step named here (a cut-over step, or 'prepared', 'capturing', 'copied'), or
+#: right after one shard's freeze committed ('freeze:<shard>', before the step is recorded)
 CRASH_AFTER_ENV = "QM_RESHARD_CRASH_AFTER"
+
+
+#: tries of each source's freeze when a lock is not granted in time or a deadlock ends it
+FREEZE_ATTEMPTS = 3
+#: libpq's words for a connection the server refused for good: retrying cannot mend these
+PERMANENT_CONNECT_FAILURES = (
+    "does not exist",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "could not translate host name",
+)
 
 
 class ReshardError(QueueManagerError):
     """The reshard stopped; the message says what happened and what to do."""
+
+
+class ReshardLockError(ReshardError):
+    """A lock of the reshard was not granted: a lock timeout, or a deadlock that PostgreSQL broke by
+    ending the reshard's statement. Nothing is half done (the cut-over rolled back): run it again."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        #: "lock timeout" or "deadlock"
+        self.kind = kind
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _heals(exc: psycopg.OperationalError) -> bool:
+    """Whether a retry may mend this failure: a lost connection or a server going down or starting
+    up may; a database or role that does not exist, or a refused login, may not."""
+    if exc.sqlstate is not None:
+        return exc.sqlstate.startswith(("57P", "08"))
+    return not any(words in str(exc) for words in PERMANENT_CONNECT_FAILURES)
 
 
 def _q(name: str, queue: str | None = None) -> sql.SQL | sql.Composed:
@@ -76,6 +111,24 @@ def _now() -> str:
 
 def _shards_json(topology: Topology) -> Jsonb:
     return Jsonb(json.loads(topology_json(topology)))
+
+
+#: host names a DSN may give the local server by (no host: its Unix socket)
+LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
+
+
+def database_of(dsn: str) -> tuple[str, str, str]:
+    """(host, port, database) of a DSN, normalised, so that two DSNs written differently (a URL and
+    key=value, the default port written out or not, localhost or 127.0.0.1 or the local socket)
+    compare equal when they name the same database."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"a DSN cannot be parsed ({_first_line(exc)})") from None
+    host = str(info.get("host") or info.get("hostaddr") or "").lower()
+    if host in LOCAL_HOSTS or host.startswith("/"):
+        host = "localhost"
+    return host, str(info.get("port") or "5432"), str(info.get("dbname") or info.get("user") or "")
 
 
 def state_path(topology_path: Path) -> Path:
@@ -135,7 +188,8 @@ class Reshard:
         self.topology_path = Path(topology_path)
         self.say = say or (lambda line: logger.info(line, extra={"action": "reshard"}))
         self._conns: dict[str, Conn] = {}
-        self._stack = ExitStack()
+        #: connections that only read (status, lag), without the reshard lock
+        self._readers: dict[str, Conn] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -146,9 +200,10 @@ class Reshard:
         self.close()
 
     def close(self) -> None:
-        for c in self._conns.values():
-            c.close()
-        self._conns.clear()
+        for conns in (self._conns, self._readers):
+            for c in conns.values():
+                c.close()
+            conns.clear()
 
     def conn(self, shard: Shard) -> Conn:
         """An autocommit connection to the shard, holding the reshard lock there."""
@@ -167,24 +222,46 @@ class Reshard:
             self._conns[shard.name] = c
         return c
 
-    def _retrying(self, shard: Shard, fn: Callable[[Conn], Any], what: str, attempts: int = 30) -> Any:
-        """Run ``fn`` on the shard's connection, reconnecting on a lost connection (a restarted
-        server) for up to ``attempts`` tries a second apart."""
+    def reader(self, shard: Shard) -> Conn:
+        """An autocommit connection to the shard for reading only, without the reshard lock (so
+        that ``status`` works while another process runs the reshard)."""
+        c = self._readers.get(shard.name)
+        if c is None or c.closed or c.broken:
+            if c is not None:
+                c.close()
+            c = psycopg.connect(shard.dsn, autocommit=True)
+            self._readers[shard.name] = c
+        return c
+
+    def _retrying(
+        self, shard: Shard, fn: Callable[[Conn], Any], what: str, attempts: int = 30, *, read_only: bool = False
+    ) -> Any:
+        """Run ``fn`` on the shard's connection (``reader``'s when ``read_only``), reconnecting on a
+        lost connection (a restarted server) for up to ``attempts`` tries a second apart. A failure
+        no retry can mend (a database that does not exist, a refused login) raises ReshardError at
+        once; a lock timeout or a deadlock raises ReshardLockError."""
+        conns = self._readers if read_only else self._conns
         for i in range(attempts):
             try:
-                return fn(self.conn(shard))
+                return fn(self.reader(shard) if read_only else self.conn(shard))
+            except (pg.DeadlockDetected, pg.LockNotAvailable) as exc:
+                kind = "deadlock" if isinstance(exc, pg.DeadlockDetected) else "lock timeout"
+                raise ReshardLockError(
+                    f"shard {shard.name!r}: {kind} while {what} ({_first_line(exc)})", kind=kind
+                ) from exc
             except psycopg.OperationalError as exc:
-                # a lost connection (none, or the server going down: 57P0x); a server's own refusal
-                # (a lock timeout, say) is the caller's to handle
-                if exc.sqlstate is not None and not exc.sqlstate.startswith(("57P", "08")):
-                    raise
+                if not _heals(exc):
+                    raise ReshardError(
+                        f"shard {shard.name!r} refused while {what}: {_first_line(exc)}; "
+                        "check the shard's DSN (database, role, password), then run the command again"
+                    ) from exc
                 if i + 1 == attempts:
                     raise ReshardError(f"shard {shard.name!r} unreachable while {what}: {exc}") from exc
                 logger.warning(
                     "shard unreachable, retrying",
                     extra={"action": "reshard_retry", "shard": shard.name, "what": what, "error": str(exc)},
                 )
-                old = self._conns.pop(shard.name, None)
+                old = conns.pop(shard.name, None)
                 if old is not None:
                     old.close()
                 time.sleep(1)
@@ -218,13 +295,15 @@ class Reshard:
 
     def plan(self, targets: Sequence[Shard]) -> ReshardPlan:
         """The plan for moving the targets' ranges to them (nothing changes)."""
-        return make_plan(Topology.load(self.topology_path), targets)
+        return make_plan(Topology.load(self.topology_path), targets, database_of)
 
     def start(self, targets: Sequence[Shard], *, batch: int = BATCH) -> ReshardState:
         """Prepare the targets, turn the capture on, copy every event, apply what changed meanwhile.
 
         A rerun with the same targets resumes (the copy from its cursors); another reshard of the
-        same topology must be finished or cancelled first."""
+        same topology must be finished or cancelled first. Nothing is recorded until the sources'
+        queues are read and every target's database is reachable (created if missing): a target
+        that cannot be used fails the command at once and leaves no reshard behind."""
         state = load_state(self.topology_path)
         if state is not None and state.active:
             if [t for t in state.plan.targets] != list(targets) and targets:
@@ -235,12 +314,21 @@ class Reshard:
             if state.copied:
                 self.say("the copy is complete already; the capture keeps it in sync: run 'qm reshard switch'")
                 return state
+            plan = state.plan
+            queues = self._source_queues(plan)
+            for t in plan.targets:
+                _ensure_database(t)
         else:
-            state = self.save(ReshardState(self.plan(targets)))
-        plan = state.plan
+            plan = self.plan(targets)
+            queues = self._source_queues(plan)
+            for t in plan.targets:
+                try:
+                    _ensure_database(t)
+                except ReshardError as exc:
+                    raise ReshardError(f"{exc} (nothing was started or recorded)") from exc
+            state = self.save(ReshardState(plan))
         for line in plan.describe():
             self.say(line)
-        queues = self._source_queues(plan)
         for t in plan.targets:
             self._prepare_target(plan, t, queues)
         _crash_point("prepared")
@@ -277,7 +365,6 @@ class Reshard:
         return {name: settings for name, (_, settings) in found.items()}
 
     def _prepare_target(self, plan: ReshardPlan, target: Shard, queues: dict[str, dict[str, Any]]) -> None:
-        _ensure_database(target.dsn)
         upgrade(target.dsn)
         c = self.conn(target)
         c.execute(
@@ -408,11 +495,13 @@ class Reshard:
                         t, _q("reshard_sync_tenants"), {**params, "rows": Jsonb(overrides)}, "syncing tenants"
                     )
 
-    def lag(self, shards: Sequence[Shard]) -> dict[str, int]:
-        """Captured changes not yet applied, per shard."""
+    def lag(self, shards: Sequence[Shard], *, attempts: int = 30) -> dict[str, int]:
+        """Captured changes not yet applied, per shard (read without the reshard lock)."""
         out = {}
         for s in shards:
-            row = self._retrying(s, lambda c: c.execute(_q("reshard_lag")).fetchone(), "reading the lag")
+            row = self._retrying(
+                s, lambda c: c.execute(_q("reshard_lag")).fetchone(), "reading the lag", attempts, read_only=True
+            )
             out[s.name] = int(row[0]) if row else 0
         return out
 
@@ -441,14 +530,14 @@ class Reshard:
         state = begin_cutover(state, to)
         plan = state.plan
         frm = other(to)
+        if not fresh and state.step is None:
+            # stopped in its freeze (or before it): no step is recorded, but a source may be frozen;
+            # it serves again, and the cut-over starts over with its catch-up while serving
+            self.say(f"the cut-over to the {to} stopped before its freeze was recorded: starting it over")
+            self._unfreeze(plan, frm)
+            fresh = True
         if fresh:
-            # catch up while the range still takes writes, so that the frozen catch-up is short
-            for _ in range(20):
-                self._apply_captured(plan, frm, until=time.monotonic() + 30)
-                lag = sum(self.lag(plan.side(frm)).values())
-                if lag < BATCH // 4:
-                    break
-            self._sync_tenants(plan, frm)
+            self._catch_up_serving(plan, frm)
             state = self.save(state)
         else:
             self.say(f"resuming the cut-over to the {to} after step {state.step!r}")
@@ -456,12 +545,15 @@ class Reshard:
         while (step := next_step(state)) is not None:
             t0 = time.monotonic()
             if step == "freeze":
-                ok = self._freeze(plan, frm, lock_timeout)
-                if not ok:
-                    return self._roll_back(state, "the freeze could not lock every queue table in time")
+                try:
+                    self._freeze(plan, frm, lock_timeout)
+                except ReshardLockError as exc:
+                    self._roll_back(state, f"the freeze could not take its locks ({exc})", kind=exc.kind)
+                except Exception as exc:
+                    self._roll_back(state, f"the freeze failed ({_first_line(exc)})")
             elif step == "catch_up":
                 if not self._final_catch_up(plan, frm, timeout):
-                    return self._roll_back(state, f"the catch-up did not finish within {timeout:g}s")
+                    self._roll_back(state, f"the catch-up did not finish within {timeout:g}s")
             elif step == "capture_back":
                 for s in plan.side(to):
                     self._retrying(s, lambda c: c.execute(_q("reshard_set_capturing"), {"on": True}), "capture on")
@@ -501,29 +593,46 @@ class Reshard:
         self.say(f"the {to} serve ({names}); cut-over took {time.monotonic() - started:.3f}s")
         return state
 
-    def _freeze(self, plan: ReshardPlan, frm: Side, lock_timeout: float) -> bool:
-        """Stop writes on the serving side and depose its managers; False if a lock timed out."""
+    def _catch_up_serving(self, plan: ReshardPlan, frm: Side) -> None:
+        """Apply the captured changes while the range still takes writes, until few are left, so
+        that the frozen catch-up is short."""
+        applied = Progress()
+        lag = 0
+        for _ in range(20):
+            p = self._apply_captured(plan, frm, until=time.monotonic() + 30)
+            applied.rows += p.rows
+            applied.seconds += p.seconds
+            lag = sum(self.lag(plan.side(frm)).values())
+            if lag < BATCH // 4:
+                break
+        self._sync_tenants(plan, frm)
+        self.say(
+            f"caught up while the {frm} serve: {applied.rows} changes applied in {applied.seconds:.3f}s, {lag} left"
+        )
+
+    def _freeze(self, plan: ReshardPlan, frm: Side, lock_timeout: float) -> None:
+        """Stop writes on the serving side and depose its managers, one shard after another, each
+        tried FREEZE_ATTEMPTS times; raises ReshardLockError when a shard's locks were still not
+        granted (a lock timeout, or a deadlock with an application's transaction)."""
         to_map = _shards_json(plan.topology_of(other(frm)))
+
+        def freeze(c: Conn) -> None:
+            c.execute(_q("reshard_lock_timeout"), {"timeout": f"{int(lock_timeout * 1000)}ms"})
+            try:
+                c.execute(_q("reshard_set_serving"), {"state": "frozen", "shards": to_map})
+            finally:
+                c.execute(_q("reshard_lock_timeout"), {"timeout": "0"})
+
         for s in plan.side(frm):
-            for attempt in range(3):
+            for attempt in range(1, FREEZE_ATTEMPTS + 1):
                 try:
-
-                    def freeze(c: Conn) -> None:
-                        c.execute(_q("reshard_lock_timeout"), {"timeout": f"{int(lock_timeout * 1000)}ms"})
-                        try:
-                            c.execute(_q("reshard_set_serving"), {"state": "frozen", "shards": to_map})
-                        finally:
-                            c.execute(_q("reshard_lock_timeout"), {"timeout": "0"})
-
                     self._retrying(s, freeze, "freezing")
                     break
-                except pg.LockNotAvailable:
-                    self.say(
-                        f"freezing {s.name}: a lock was not granted within {lock_timeout:g}s (attempt {attempt + 1})"
-                    )
-            else:
-                return False
-        return True
+                except ReshardLockError as exc:
+                    self.say(f"freezing {s.name}: {exc} (attempt {attempt} of {FREEZE_ATTEMPTS})")
+                    if attempt == FREEZE_ATTEMPTS:
+                        raise
+            _crash_point(f"freeze:{s.name}")
 
     def _final_catch_up(self, plan: ReshardPlan, frm: Side, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -549,9 +658,8 @@ class Reshard:
             )
         return True
 
-    def _roll_back(self, state: ReshardState, why: str) -> ReshardState:
-        plan = state.plan
-        frm = state.serving
+    def _unfreeze(self, plan: ReshardPlan, frm: Side) -> None:
+        """The frozen side serves again (a no-op on a shard that serves)."""
         for s in plan.side(frm):
             self._retrying(
                 s,
@@ -560,8 +668,17 @@ class Reshard:
                 ),
                 "unfreezing",
             )
-        state = self.save(rolled_back(state, _now(), why))
-        raise ReshardError(f"cut-over rolled back: {why}; the {frm} serve again. Run 'qm reshard sync', then try again")
+
+    def _roll_back(self, state: ReshardState, why: str, *, kind: str | None = None) -> NoReturn:
+        """Undo a cut-over stopped before its 'serve' step: the frozen side serves again and the
+        state says so; then raise (ReshardLockError when a lock stopped it, of that ``kind``)."""
+        frm = state.serving
+        self._unfreeze(state.plan, frm)
+        self.save(rolled_back(state, _now(), why))
+        message = f"cut-over rolled back: {why}; the {frm} serve again. Run the command again"
+        if kind is not None:
+            raise ReshardLockError(message + " (at a quieter moment, or with a longer --lock-timeout)", kind=kind)
+        raise ReshardError(message)
 
     def _publish_topology(self, plan: ReshardPlan, to: Side) -> None:
         topology = plan.topology_of(to)
@@ -622,7 +739,7 @@ class Reshard:
     def _clear_events(self, shard: Shard) -> None:
         def clear(c: Conn) -> None:
             with c.transaction():
-                for (name,) in c.execute("SELECT name FROM qm.queues").fetchall():
+                for (name,) in c.execute(_q("reshard_queue_names")).fetchall():
                     c.execute(_q("reshard_truncate_queue", name))
                 c.execute(_q("reshard_clear_tenants"))
                 c.execute(_q("reshard_clear_rows"))
@@ -633,7 +750,8 @@ class Reshard:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        """Phase, rows copied and left, lag, and an estimate of the cut-over's catch-up."""
+        """Phase, rows copied and left, lag, and an estimate of the cut-over's catch-up. Reads
+        without the reshard lock, so it answers while another process runs the reshard."""
         state = self.state()
         plan = state.plan
         out: dict[str, Any] = {
@@ -651,13 +769,18 @@ class Reshard:
             copy = {}
             if not state.copied:
                 for s in plan.sources:
-                    for (name,) in self.conn(s).execute("SELECT name FROM qm.queues").fetchall():
-                        key = f"{s.name}/{name}"
-                        after = state.cursors.get(key, 0)
-                        row = self.conn(s).execute(_q("reshard_left", name), {"after": after}).fetchone()
-                        copy[key] = {"copied_up_to_id": after, "left": int(row[0]) if row else 0}
+
+                    def left(c: Conn, origin: str = s.name) -> dict[str, dict[str, int]]:
+                        rows = {}
+                        for (name,) in c.execute(_q("reshard_queue_names")).fetchall():
+                            after = state.cursors.get(f"{origin}/{name}", 0)
+                            row = c.execute(_q("reshard_left", name), {"after": after}).fetchone()
+                            rows[f"{origin}/{name}"] = {"copied_up_to_id": after, "left": int(row[0]) if row else 0}
+                        return rows
+
+                    copy.update(self._retrying(s, left, "reading the copy's progress", 2, read_only=True))
                 out["snapshot"] = copy
-            lag = self.lag(plan.side(capturing))
+            lag = self.lag(plan.side(capturing), attempts=2)
             out["lag"] = lag
             rate = state.apply_rate
             out["apply_rate"] = rate
@@ -666,21 +789,29 @@ class Reshard:
         return out
 
 
-def _ensure_database(dsn: str) -> None:
-    """Create the database of ``dsn`` if its server has none of that name."""
+def _ensure_database(target: Shard) -> None:
+    """Create the target's database if its server has none of that name. Raises ReshardError at
+    once (no retry) when the target cannot be reached or its database cannot be created."""
     try:
-        psycopg.connect(dsn).close()
+        psycopg.connect(target.dsn, connect_timeout=10).close()
         return
     except psycopg.OperationalError as exc:
-        if "does not exist" not in str(exc):
-            raise
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
-    name = str(info.get("dbname") or "")
-    if not name:
-        raise ReshardError(f"cannot create the target database of {dsn!r}: it names no database")
-    admin = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        if not ('database "' in str(exc) and "does not exist" in str(exc)):
+            raise ReshardError(
+                f"target {target.name!r} cannot be reached: {_first_line(exc)}; "
+                "check its DSN and that its server runs, then run 'qm reshard start' again"
+            ) from exc
+    name = str(psycopg.conninfo.conninfo_to_dict(target.dsn).get("dbname") or "")
+    admin = psycopg.conninfo.make_conninfo(target.dsn, dbname="postgres")
+    try:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as c:
+            c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.Error as exc:
+        raise ReshardError(
+            f"target {target.name!r}: database {name!r} does not exist and could not be created "
+            f"({_first_line(exc)}); create it (CREATE DATABASE) or give the DSN's role CREATEDB, "
+            "then run 'qm reshard start' again"
+        ) from exc
     logger.info("created database", extra={"action": "reshard_create_database", "database": name})
 
 

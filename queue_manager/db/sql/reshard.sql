@@ -13,6 +13,9 @@ SELECT q.name, (SELECT jsonb_object_agg(k, to_jsonb(q) -> k) FROM unnest(qm.sett
        q.partitions <> q.partitions_physical
   FROM qm.queues q ORDER BY q.id
 
+-- reshard_queue_names --
+SELECT name FROM qm.queues ORDER BY id
+
 -- reshard_create_queue --
 SELECT (qm.create_queue(%(name)s, %(settings)s, true)).name
 
