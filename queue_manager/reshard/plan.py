@@ -312,6 +312,11 @@ def check_allowed(state: ReshardState, action: str) -> None:
                 f"the reshard is {state.phase}"
             )
     elif action == "cancel":
+        if state.phase == "cutover" and state.cutover_to == "sources":
+            raise ConfigurationError(
+                f"a reverse was interrupted after step {state.step!r}: finish it with 'qm reshard reverse' "
+                "(cancel is allowed only before the switch)"
+            )
         if state.phase == "cutover":
             rolled_back(state, "", "")  # raises past 'serve'
         elif state.phase == "done":

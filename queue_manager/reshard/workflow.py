@@ -19,7 +19,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,6 +62,9 @@ CRASH_AFTER_ENV = "QM_RESHARD_CRASH_AFTER"
 
 #: tries of each source's freeze when a lock is not granted in time or a deadlock ends it
 FREEZE_ATTEMPTS = 3
+#: the captured changes a cut-over may leave for its frozen catch-up: it catches up while the
+#: range takes writes until no more are left (what arrives until the freeze commits comes on top)
+CATCH_UP_LEFT = 100
 #: libpq's words for a connection the server refused for good: retrying cannot mend these
 PERMANENT_CONNECT_FAILURES = (
     "does not exist",
@@ -596,6 +599,7 @@ class Reshard:
     def _catch_up_serving(self, plan: ReshardPlan, frm: Side) -> None:
         """Apply the captured changes while the range still takes writes, until few are left, so
         that the frozen catch-up is short."""
+        self._sync_tenants(plan, frm)
         applied = Progress()
         lag = 0
         for _ in range(20):
@@ -603,9 +607,8 @@ class Reshard:
             applied.rows += p.rows
             applied.seconds += p.seconds
             lag = sum(self.lag(plan.side(frm)).values())
-            if lag < BATCH // 4:
+            if lag <= CATCH_UP_LEFT:
                 break
-        self._sync_tenants(plan, frm)
         self.say(
             f"caught up while the {frm} serve: {applied.rows} changes applied in {applied.seconds:.3f}s, {lag} left"
         )
@@ -614,14 +617,10 @@ class Reshard:
         """Stop writes on the serving side and depose its managers, one shard after another, each
         tried FREEZE_ATTEMPTS times; raises ReshardLockError when a shard's locks were still not
         granted (a lock timeout, or a deadlock with an application's transaction)."""
-        to_map = _shards_json(plan.topology_of(other(frm)))
+        params = {"shards": _shards_json(plan.topology_of(other(frm))), "timeout": f"{int(lock_timeout * 1000)}ms"}
 
         def freeze(c: Conn) -> None:
-            c.execute(_q("reshard_lock_timeout"), {"timeout": f"{int(lock_timeout * 1000)}ms"})
-            try:
-                c.execute(_q("reshard_set_serving"), {"state": "frozen", "shards": to_map})
-            finally:
-                c.execute(_q("reshard_lock_timeout"), {"timeout": "0"})
+            c.execute(_q("reshard_freeze"), params)
 
         for s in plan.side(frm):
             for attempt in range(1, FREEZE_ATTEMPTS + 1):
@@ -669,12 +668,16 @@ class Reshard:
                 "unfreezing",
             )
 
+    def _undo_cutover(self, state: ReshardState, why: str) -> ReshardState:
+        """Undo a cut-over stopped before its 'serve' step: the frozen side serves again, and the
+        state recorded says so."""
+        self._unfreeze(state.plan, state.serving)
+        return self.save(rolled_back(state, _now(), why))
+
     def _roll_back(self, state: ReshardState, why: str, *, kind: str | None = None) -> NoReturn:
-        """Undo a cut-over stopped before its 'serve' step: the frozen side serves again and the
-        state says so; then raise (ReshardLockError when a lock stopped it, of that ``kind``)."""
+        """``_undo_cutover``, then raise (ReshardLockError when a lock stopped it, of that ``kind``)."""
         frm = state.serving
-        self._unfreeze(state.plan, frm)
-        self.save(rolled_back(state, _now(), why))
+        self._undo_cutover(state, why)
         message = f"cut-over rolled back: {why}; the {frm} serve again. Run the command again"
         if kind is not None:
             raise ReshardLockError(message + " (at a quieter moment, or with a longer --lock-timeout)", kind=kind)
@@ -715,11 +718,18 @@ class Reshard:
         """Before the switch: end the capture and drop what was copied to the targets."""
         state = self.state()
         check_allowed(state, "cancel")
-        if state.phase == "cutover":
-            with suppress(ReshardError):
-                self._roll_back(state, "cancelled")
-            state = self.state()
         plan = state.plan
+        if state.phase == "cutover":
+            if next_step(state) == "serve":
+                # the serve step is recorded once it ran: a process stopped in between left no trace
+                # of it but the targets' own state
+                served = [t.name for t in plan.targets if self._serving(t)]
+                if served:
+                    raise ConfigurationError(
+                        f"the cut-over's serve step ran ({', '.join(served)} serve already): "
+                        "finish it with 'qm reshard switch'"
+                    )
+            state = self._undo_cutover(state, "cancelled")
         for s in plan.sources:
             self._retrying(
                 s,
@@ -735,6 +745,10 @@ class Reshard:
             except ReshardError as exc:
                 self.say(f"target {t.name}: not cleared ({exc})")
         return self.save(replace(state, phase="cancelled", history=[*state.history, {"step": "cancel", "at": _now()}]))
+
+    def _serving(self, shard: Shard) -> bool:
+        row = self._retrying(shard, lambda c: c.execute(_q("reshard_shard")).fetchone(), "reading its state")
+        return bool(row) and row[3] == "serving"
 
     def _clear_events(self, shard: Shard) -> None:
         def clear(c: Conn) -> None:

@@ -18,11 +18,20 @@ import psycopg
 import pytest
 
 from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.errors import ConfigurationError
 from queue_manager.producer import Event, Router, enqueue
 from queue_manager.reshard.workflow import Reshard, load_state
 from receivers.testing import MinimalClient
 from tests.conftest import DatabaseFactory, tenants_of
-from tests.integration.test_reshard import _stopped, events, seed, shard_state, split_targets, write_topology
+from tests.integration.test_reshard import (
+    _stopped,
+    events,
+    expected_on,
+    seed,
+    shard_state,
+    split_targets,
+    write_topology,
+)
 from tests.integration.test_reshard_faults import killed, ok
 from tests.integration.test_reshard_faults import qm as qm_process
 from tests.integration.test_reshard_input import qm
@@ -353,3 +362,38 @@ def test_a_deadlock_in_the_freeze_is_named_and_the_freeze_tried_again(
     assert any("freezing s0: shard 's0': deadlock while freezing" in line for line in said), said
     assert shard_state(s0.dsn)[1] == "moved"
     assert "app" in events(targets[0].dsn) or "app" in events(targets[1].dsn)
+
+
+def test_cancel_refuses_a_cut_over_whose_serve_step_ran_but_was_not_recorded(
+    shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
+) -> None:
+    """A switch stopped right after its serve step ran, before it recorded it: the state says
+    'capture_back', but a target serves. Cancel would make the sources serve too and drop the
+    targets' events: it refuses, and the switch finishes the cut-over."""
+    make_queue("orders")
+    s0 = shards.by_name("s0")
+    seed(s0.dsn, tenants_of(s0, 4), 0, 30)
+    topo = write_topology(tmp_path / "topology.toml", shards)
+    targets = split_targets(new_database)
+
+    class Stopped(Exception):
+        pass
+
+    def stop_after_capture_back(line: str) -> None:
+        if line.startswith("capture_back: done"):
+            raise Stopped
+
+    with Reshard(topo, say=stop_after_capture_back) as r:
+        r.start(targets)
+        with pytest.raises(Stopped):
+            r.switch()
+    with psycopg.connect(targets[0].dsn, autocommit=True) as c:
+        c.execute("SELECT qm.set_serving('serving')")  # what the serve step did before the stop
+    with Reshard(topo) as r:
+        with pytest.raises(ConfigurationError, match=r"serve step ran \(s2 serve already\)"):
+            r.cancel()
+        r.switch()
+    final = events(s0.dsn)
+    for t in targets:
+        assert events(t.dsn) == expected_on(t, final)
+        assert shard_state(t.dsn)[1] == "serving"

@@ -115,6 +115,9 @@ def test_what_each_phase_allows() -> None:
         check_allowed(replace(switched, phase="done"), "cancel")
     with pytest.raises(ConfigurationError, match="cancelled already"):
         check_allowed(replace(copying, phase="cancelled"), "cancel")
+    # an interrupted reverse is finished, not cancelled: cancel drops the targets' events
+    with pytest.raises(ConfigurationError, match="reverse was interrupted"):
+        check_allowed(begin_cutover(switched, "sources"), "cancel")
 
 
 def test_two_targets_naming_one_database_are_refused() -> None:

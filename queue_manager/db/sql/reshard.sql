@@ -34,8 +34,11 @@ SELECT qm.set_serving(%(state)s, %(shards)s::jsonb)
 -- reshard_set_shard_map --
 SELECT qm.set_shard_map(%(shards)s::jsonb)
 
--- reshard_lock_timeout --
-SELECT set_config('lock_timeout', %(timeout)s, false)
+-- reshard_freeze --
+-- The freeze of a cut-over: qm.set_serving('frozen'), each of its lock waits bounded by
+-- %(timeout)s (lock_timeout, set for this statement's own transaction, before the call runs: a
+-- subquery with a volatile function is not pulled up). One round trip.
+SELECT qm.set_serving('frozen', %(shards)s::jsonb) FROM (SELECT set_config('lock_timeout', %(timeout)s, true)) AS t
 
 -- reshard_snapshot --
 -- The next page of a queue's events after id %(after)s, each as the JSON qm.reshard_apply takes
