@@ -9,7 +9,13 @@ Prints one JSON object on stdout (logs go to stderr):
 * per move (``split``, ``merge``): the snapshot copy (events, seconds, events/s), the lag sampled
   while the sources keep serving, the cut-over's duration and the longest time one enqueue of the
   moved range waited (write-blocked), delivery latency p50/p99 of the live stream by phase
-  (before / during / after), and the checks: lost, early, duplicates, after-ack.
+  (before / during / after), and the checks: lost, early, duplicates, after-ack;
+* ``cutover_rounds`` (after the split, before its cleanup; ``--cutover-rounds``): the split range
+  reversed and switched again, round after round, each cut-over after a burst of due events of the
+  moved range (so that the managers fire and ack in full batches while it freezes): per round the
+  write block, the cut-over's steps, and whether it rolled back; the deadlocks PostgreSQL counted
+  on every shard over all rounds;
+* with ``--only-copy``: the snapshot copy alone, without load, in rounds (start, then cancel).
 
 Everything runs on embedded PostgreSQL servers started for the run (two servers; the targets are
 new databases on them, created by ``qm reshard start``), with the managers and receivers in this
@@ -137,8 +143,9 @@ class Producer:
         self.retries = 0
         self.retry_inserted = 0
         self.errors: list[str] = []
-        #: (start, duration) of every enqueue call
+        #: (start, duration) of every enqueue call, and its tenant
         self.calls: list[tuple[float, float]] = []
+        self.tenants: list[str] = []
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -172,6 +179,7 @@ class Producer:
                 end = time.time()
                 with self.lock:
                     self.calls.append((start, end - start))
+                    self.tenants.append(tenant)
                     if got is not None:
                         self.sent[k] = (tenant, start, end)
             except Exception as exc:
@@ -230,6 +238,103 @@ class Fleet:
 
 
 # --------------------------------------------------------------------------- one move
+
+
+def copy_rounds(topo: Path, shards: Topology, dsns: Sequence[str], rounds: int) -> dict[str, Any]:
+    """The snapshot copy alone: s0 split in two by ``start``, then cancelled, ``rounds`` times."""
+    s0 = shards.shards[0]
+    with psycopg.connect(s0.dsn) as c:
+        events = int(c.execute(f"SELECT count(*) FROM {QUEUE}").fetchone()[0])  # type: ignore[index]
+    low, high = KeyRange.parse("-40"), KeyRange.parse("40-80")  # s0 is -80
+    targets = [Shard("c2", with_dbname(dsns[0], "qm_c2"), low), Shard("c3", with_dbname(dsns[1], "qm_c3"), high)]
+    rates = []
+    snapshots = []
+    for _ in range(rounds):
+        said: list[str] = []
+        with Reshard(topo, say=said.append) as r:
+            t0 = time.perf_counter()
+            r.start(targets)
+            seconds = time.perf_counter() - t0
+            r.cancel()
+        rates.append(round(events / seconds))
+        snapshots += [x for x in said if x.startswith("snapshot")]
+        logger.info("copy: %d events in %.1fs", events, seconds)
+    return {
+        "events": events,
+        "rounds": rounds,
+        "events_per_s": rates,
+        "median": percentile(rates, 50),
+        "spread": [min(rates), max(rates)],
+        "snapshot_lines": snapshots,
+        "note": "start (targets migrated, capture on, snapshot copy, apply) timed end to end; cancel between rounds",
+    }
+
+
+def deadlocks(dsns: Sequence[str]) -> int:
+    """Deadlocks PostgreSQL detected in these databases (pg_stat_database), summed."""
+    total = 0
+    for dsn in dsns:
+        with psycopg.connect(dsn) as c:
+            row = c.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()
+            total += int(row[0]) if row else 0
+    return total
+
+
+async def cutover_rounds(
+    topo: Path, sources: list[Shard], targets: list[Shard], fleet: Fleet, producer: Producer, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Reverse and switch the split range ``args.cutover_rounds`` times (it starts switched, to the
+    targets), each after a burst of due events of the moved range; per round the write block."""
+    moved = [t for t in TENANTS if any(s.key_range.contains(t) for s in sources)]
+    dsns = [s.dsn for s in (*sources, *targets)]
+    before = deadlocks(dsns)
+    rounds: list[dict[str, Any]] = []
+    blocked: list[float] = []
+    for i in range(args.cutover_rounds + args.cutover_rounds % 2):  # an even count: it ends switched
+        to_targets = i % 2 == 1
+        with Router.from_file(topo) as burst:
+            await asyncio.to_thread(
+                burst.enqueue_batch, QUEUE, [Event(moved[j % len(moved)], {"burst": j}) for j in range(args.burst)]
+            )
+        said: list[str] = []
+        start = time.time()
+        error = None
+        try:
+            with Reshard(topo, say=said.append) as r:
+                await asyncio.to_thread(r.switch if to_targets else r.reverse)
+        except Exception as exc:  # a rolled-back round is a result, reported
+            error = f"{exc!r}"[:300]
+        end = time.time()
+        await fleet.leading([s.name for s in (targets if to_targets else sources)])
+        await asyncio.sleep(args.cutover_pause)
+        with producer.lock:
+            window = [
+                d
+                for (s, d), t in zip(producer.calls, producer.tenants, strict=True)
+                if start - 1 <= s <= end and any(x.key_range.contains(t) for x in sources)
+            ]
+        blocked.append(max(window, default=0.0))
+        rounds.append(
+            {
+                "to": "targets" if to_targets else "sources",
+                "write_blocked_ms": ms(blocked[-1]),
+                "cutover_s": round(end - start, 3),
+                "steps": [line for line in said if " done in " in line or line.startswith("caught up")],
+                "error": error,
+            }
+        )
+    return {
+        "rounds": len(rounds),
+        "burst": args.burst,
+        "write_blocked_ms": {
+            "max": ms(max(blocked, default=0.0)),
+            "median": ms(percentile(blocked, 50)),
+            "over_1s": sum(1 for b in blocked if b > 1.0),
+        },
+        "rolled_back": sum(1 for r in rounds if r["error"]),
+        "deadlocks": deadlocks(dsns) - before,
+        "per_round": rounds,
+    }
 
 
 async def move(topo: Path, targets: list[Shard], fleet: Fleet, producer: Producer, phase: float) -> dict[str, Any]:
@@ -356,10 +461,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         dsns = cluster.start()
         result: dict[str, Any] = {}
-        _create_db(dsns[0], "capture_cost")
-        result["capture_cost"] = await asyncio.to_thread(
-            capture_cost, with_dbname(dsns[0], "capture_cost"), args.cost_rows, args.cost_rounds
-        )
+        if not args.only_copy:
+            _create_db(dsns[0], "capture_cost")
+            result["capture_cost"] = await asyncio.to_thread(
+                capture_cost, with_dbname(dsns[0], "capture_cost"), args.cost_rows, args.cost_rounds
+            )
         result["loadavg_start"] = os.getloadavg()
         if args.only_cost:
             return result
@@ -383,6 +489,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             with psycopg.connect(s.dsn, autocommit=True) as c:
                 c.execute(f"ANALYZE {QUEUE}")
         logger.info("backlog of %d scheduled events", args.backlog)
+        if args.only_copy:
+            result["copy_only"] = await asyncio.to_thread(copy_rounds, topo, shards, dsns, args.copy_rounds)
+            result["loadavg_end"] = os.getloadavg()
+            return result
         for s in shards.shards:
             await fleet.add(s)
         await fleet.leading([s.name for s in shards.shards])
@@ -397,7 +507,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for i, (n, kr) in enumerate(zip(names, ranges, strict=True))
             ]
 
-        split = await move(topo, split_targets(), fleet, producer, args.phase)
+        targets = split_targets()
+        split = await move(topo, targets, fleet, producer, args.phase)
+        if args.cutover_rounds:
+            result["cutover_rounds"] = await cutover_rounds(topo, list(shards.shards), targets, fleet, producer, args)
         with Reshard(topo) as r:
             await asyncio.to_thread(r.cleanup)
         merge_targets = [
@@ -453,6 +566,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cost-rows", type=int, default=3000, help="inserts per capture-cost round (default 3000)")
     p.add_argument("--cost-rounds", type=int, default=5, help="capture-cost rounds, off and on (default 5)")
     p.add_argument("--only-cost", action="store_true", help="measure the capture's cost only")
+    p.add_argument(
+        "--cutover-rounds", type=int, default=6, help="cut-overs back and forth after the split (default 6; 0: none)"
+    )
+    p.add_argument("--burst", type=int, default=500, help="due events of the moved range before each round (500)")
+    p.add_argument("--cutover-pause", type=float, default=1.0, help="seconds between rounds (default 1)")
+    p.add_argument("--only-copy", action="store_true", help="measure the snapshot copy alone, without load")
+    p.add_argument("--copy-rounds", type=int, default=3, help="copies with --only-copy (default 3)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     logger.setLevel(logging.INFO)
