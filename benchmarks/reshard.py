@@ -18,8 +18,8 @@ Prints one JSON object on stdout (logs go to stderr):
 * with ``--only-copy``: the snapshot copy alone, without load, in rounds (start, then cancel).
 
 Everything runs on embedded PostgreSQL servers started for the run (two servers; the targets are
-new databases on them, created by ``qm reshard start``), with the managers and receivers in this
-process. A measurement is only as good as the machine is quiet: the JSON carries the load average.
+new databases on them, created by ``qm reshard start``), with the managers, receivers and producers
+in this process and each ``qm reshard`` command in a process of its own, as an operator runs it. A measurement is only as good as the machine is quiet: the JSON carries the load average.
 """
 
 from __future__ import annotations
@@ -270,6 +270,33 @@ def copy_rounds(topo: Path, shards: Topology, dsns: Sequence[str], rounds: int) 
     }
 
 
+def target_args(targets: Sequence[Shard]) -> list[str]:
+    return [a for t in targets for a in ("--target", t.name, str(t.key_range), t.dsn)]
+
+
+async def qm_reshard(topo: Path, *args: str) -> tuple[float, list[str]]:
+    """``qm reshard ARGS`` in a process of its own, as an operator runs it (in this process it
+    would share the interpreter with the managers, receivers and producers of the benchmark):
+    its duration and its output lines; RuntimeError with its stderr when it fails."""
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "queue_manager.cli.main",
+        "reshard",
+        *args,
+        "--topology",
+        str(topo),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"qm reshard {args[0]} exited {proc.returncode}: {err.decode()[-500:]}")
+    return seconds, out.decode().splitlines()
+
+
 def deadlocks(dsns: Sequence[str]) -> int:
     """Deadlocks PostgreSQL detected in these databases (pg_stat_database), summed."""
     total = 0
@@ -296,14 +323,12 @@ async def cutover_rounds(
             await asyncio.to_thread(
                 burst.enqueue_batch, QUEUE, [Event(moved[j % len(moved)], {"burst": j}) for j in range(args.burst)]
             )
-        said: list[str] = []
         start = time.time()
         error = None
         try:
-            with Reshard(topo, say=said.append) as r:
-                await asyncio.to_thread(r.switch if to_targets else r.reverse)
-        except Exception as exc:  # a rolled-back round is a result, reported
-            error = f"{exc!r}"[:300]
+            _, said = await qm_reshard(topo, "switch" if to_targets else "reverse")
+        except RuntimeError as exc:  # a rolled-back round is a result, reported
+            said, error = [], str(exc)[-300:]
         end = time.time()
         await fleet.leading([s.name for s in (targets if to_targets else sources)])
         await asyncio.sleep(args.cutover_pause)
@@ -349,20 +374,16 @@ async def move(topo: Path, targets: list[Shard], fleet: Fleet, producer: Produce
         for s in sources:
             with psycopg.connect(s.dsn) as c:
                 backlog += int(c.execute(f"SELECT count(*) FROM {QUEUE}").fetchone()[0])  # type: ignore[index]
-        t0 = time.perf_counter()
-        await asyncio.to_thread(r.start, targets)
-        copy_seconds = time.perf_counter() - t0
+        copy_seconds, _ = await qm_reshard(topo, "start", *target_args(targets))
         for t in targets:
             await fleet.add(t)
         lags = []
         for _ in range(int(phase / 0.5)):
             await asyncio.sleep(0.5)
-            lags.append(sum(r.lag(sources).values()))
-        sync = await asyncio.to_thread(r.sync)
+            lags.append(sum((await asyncio.to_thread(r.lag, sources)).values()))
+        sync_seconds, sync_lines = await qm_reshard(topo, "sync")
         marks["switch"] = time.time()
-        t0 = time.perf_counter()
-        await asyncio.to_thread(r.switch)
-        switch_seconds = time.perf_counter() - t0
+        switch_seconds, switch_lines = await qm_reshard(topo, "switch")
         marks["switched"] = time.time()
         history = r.state().history[-5:]
     await fleet.leading([t.name for t in targets])
@@ -381,9 +402,10 @@ async def move(topo: Path, targets: list[Shard], fleet: Fleet, producer: Produce
             "events_per_s": round(backlog / copy_seconds) if copy_seconds else None,
         },
         "lag_while_serving": {"samples": lags, "max": max(lags, default=0)},
-        "sync_before_switch": {"changes": sync.rows, "seconds": round(sync.seconds, 3)},
+        "sync_before_switch": {"seconds": round(sync_seconds, 3), "said": sync_lines[-1:]},
         "switch_seconds": round(switch_seconds, 3),
         "steps": history,
+        "switch_said": [line for line in switch_lines if " done in " in line or line.startswith("caught up")],
         "targets_dispatching_after_s": round(marks["serving"] - marks["switched"], 3),
         "write_blocked_max_ms": ms(blocked),
         "marks": marks,
@@ -511,8 +533,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         split = await move(topo, targets, fleet, producer, args.phase)
         if args.cutover_rounds:
             result["cutover_rounds"] = await cutover_rounds(topo, list(shards.shards), targets, fleet, producer, args)
-        with Reshard(topo) as r:
-            await asyncio.to_thread(r.cleanup)
+        await qm_reshard(topo, "cleanup")
         merge_targets = [
             Shard("s6", with_dbname(dsns[0], "qm_s6"), KeyRange.parse("-80")),
             Shard("s7", with_dbname(dsns[1], "qm_s7"), KeyRange.parse("80-")),

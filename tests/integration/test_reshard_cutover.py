@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from benchmarks.reshard import deadlocks
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.errors import ConfigurationError
 from queue_manager.producer import Event, Router, enqueue
@@ -167,15 +168,6 @@ class Producers:
 ACKED_LIVE = "SELECT payload->>'n' FROM orders WHERE state = 'acked' AND payload->>'n' LIKE 'live-%'"
 
 
-def _deadlocks(dsns: list[str]) -> int:
-    total = 0
-    for dsn in dsns:
-        with psycopg.connect(dsn) as c:
-            row = c.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()
-            total += int(row[0]) if row else 0
-    return total
-
-
 def _burst(topo: Path, tenants: list[str], i: int) -> None:
     with Router.from_file(topo) as router:
         router.enqueue_batch(
@@ -201,7 +193,7 @@ async def test_cutovers_in_rounds_while_managers_fire_and_ack_at_full_speed(
     topo = write_topology(tmp_path / "topology.toml", shards)
     targets = split_targets(new_database)
     dsns = [s0.dsn, s1.dsn, *(t.dsn for t in targets)]
-    deadlocks_before = _deadlocks(dsns)
+    deadlocks_before = deadlocks(dsns)
     moved = tenants_of(s0, 12)
     tenants = moved + tenants_of(s1, 6)
     blocks: list[float] = []
@@ -253,7 +245,7 @@ async def test_cutovers_in_rounds_while_managers_fire_and_ack_at_full_speed(
         assert not late, f"{len(late)} events not acked where they are served, e.g. {list(late.items())[:5]}"
     assert producers.errors == []
     assert "deadlock" not in caplog.text.lower(), "a manager met a deadlock"
-    assert _deadlocks(dsns) == deadlocks_before
+    assert deadlocks(dsns) == deadlocks_before
     steps = [line for line in said if " done in " in line or line.startswith("caught up")]
     print(json.dumps({"cutovers": ROUNDS, "write_block_s": [round(b, 3) for b in blocks], "steps": steps}))
     assert max(blocks) <= WRITE_BLOCK_BOUND, blocks
