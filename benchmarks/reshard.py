@@ -19,7 +19,8 @@ Prints one JSON object on stdout (logs go to stderr):
 
 Everything runs on embedded PostgreSQL servers started for the run (two servers; the targets are
 new databases on them, created by ``qm reshard start``), with the managers, receivers and producers
-in this process and each ``qm reshard`` command in a process of its own, as an operator runs it. A measurement is only as good as the machine is quiet: the JSON carries the load average.
+in this process and each ``qm reshard`` command in a process of its own, as an operator runs it. A
+measurement is only as good as the machine is quiet: the JSON carries the load average.
 """
 
 from __future__ import annotations
