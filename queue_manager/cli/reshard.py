@@ -11,8 +11,8 @@
     qm reshard cancel                              before the switch: drop the copy
 
 Exit status: 0 done, 2 an error (the message says what to do), 3 a database unreachable, 4 a lock
-of the cut-over not granted (a lock timeout, or a deadlock with an application's transaction): the
-cut-over rolled back and the sources serve; run the command again.
+not granted (a lock timeout, or a deadlock with an application's transaction): a cut-over stopped
+so rolled back and the sources serve; run the command again.
 
 A RANGE that starts at the keyspace's start begins with "-" (``-40``, ``-a0``) and is read as a
 value, not as an option.

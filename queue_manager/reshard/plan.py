@@ -43,6 +43,13 @@ def overlaps(a: KeyRange, b: KeyRange) -> bool:
     return not (a_below_b or b_below_a)
 
 
+def intersection(a: KeyRange, b: KeyRange) -> KeyRange:
+    """The keyspace ids in both ranges (which must overlap)."""
+    start = max(a.start, b.start)
+    ends = [e for e in (a.end, b.end) if e]
+    return KeyRange(start, min(ends) if ends else "")
+
+
 def _covered(ranges: Sequence[KeyRange]) -> list[tuple[str, str]]:
     """The union of ranges as sorted, merged [start, end) pairs ('' ends: open)."""
     end_of_keyspace = "g"  # sorts after every hex bound

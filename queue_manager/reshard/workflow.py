@@ -41,9 +41,11 @@ from queue_manager.reshard.plan import (
     Side,
     begin_cutover,
     check_allowed,
+    intersection,
     make_plan,
     next_step,
     other,
+    overlaps,
     rolled_back,
     step_done,
 )
@@ -177,6 +179,8 @@ class Progress:
 
     rows: int = 0
     seconds: float = 0.0
+    #: every change captured when the round started is applied (it did not stop at its deadline)
+    drained: bool = True
 
     @property
     def rate(self) -> float | None:
@@ -193,6 +197,8 @@ class Reshard:
         self._conns: dict[str, Conn] = {}
         #: connections that only read (status, lag), without the reshard lock
         self._readers: dict[str, Conn] = {}
+        #: tenant overrides this process wrote: (from shard, to shard, queue) -> overrides
+        self._synced: dict[tuple[str, str, str], Any] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -481,22 +487,35 @@ class Reshard:
                 self.fetchall(
                     s, _q("reshard_forget_captured") + sql.SQL(" RETURNING seq"), {"seqs": seqs}, "forgetting"
                 )
-                if once or len(entries) < batch or (until is not None and time.monotonic() > until):
+                if until is not None and time.monotonic() > until and len(entries) == batch:
+                    progress.drained = False
+                    break
+                if once or len(entries) < batch:
                     break
         progress.seconds = time.monotonic() - started
         return progress
 
     def _sync_tenants(self, plan: ReshardPlan, side: Side) -> None:
-        """Make the other side's tenant overrides for each of ``side``'s ranges equal to that shard's."""
+        """Make the other side's tenant overrides equal to ``side``'s: each shard of the other side
+        gets, from each shard of ``side`` whose range meets its own, the overrides of the tenants
+        of both ranges. What this process wrote already is not written again (the frozen catch-up
+        then reads the overrides and writes nothing, unless they changed)."""
         to_side = plan.side(other(side))
         for s in plan.side(side):
             rows = self._retrying(s, lambda c: c.execute(_q("reshard_tenants")).fetchall(), "reading tenant overrides")
             for t in to_side:
+                if not overlaps(s.key_range, t.key_range):
+                    continue
+                shared = intersection(s.key_range, t.key_range)
                 for queue, overrides in rows:
-                    params = {"queue": queue, "range_start": s.key_range.start, "range_end": s.key_range.end}
+                    key = (s.name, t.name, queue)
+                    if self._synced.get(key) == overrides:
+                        continue
+                    params = {"queue": queue, "range_start": shared.start, "range_end": shared.end}
                     self.fetchall(
                         t, _q("reshard_sync_tenants"), {**params, "rows": Jsonb(overrides)}, "syncing tenants"
                     )
+                    self._synced[key] = overrides
 
     def lag(self, shards: Sequence[Shard], *, attempts: int = 30) -> dict[str, int]:
         """Captured changes not yet applied, per shard (read without the reshard lock)."""
@@ -540,8 +559,12 @@ class Reshard:
             self._unfreeze(plan, frm)
             fresh = True
         if fresh:
-            self._catch_up_serving(plan, frm)
             state = self.save(state)
+            # the receiving side captures from before the freeze: it takes no writes until it
+            # serves but the copy's, which are not captured (session_replication_role), so this
+            # records nothing until then and keeps the DDL out of the frozen window
+            self._set_capturing(plan.side(to), True)
+            self._catch_up_serving(plan, frm)
         else:
             self.say(f"resuming the cut-over to the {to} after step {state.step!r}")
         started = time.monotonic()
@@ -558,20 +581,7 @@ class Reshard:
                 if not self._final_catch_up(plan, frm, timeout):
                     self._roll_back(state, f"the catch-up did not finish within {timeout:g}s")
             elif step == "capture_back":
-                for s in plan.side(to):
-                    self._retrying(s, lambda c: c.execute(_q("reshard_set_capturing"), {"on": True}), "capture on")
-                for s in plan.side(frm):
-                    self._retrying(
-                        s,
-                        lambda c: (
-                            c.execute(_q("reshard_set_capturing"), {"on": False}),
-                            c.execute(
-                                _q("reshard_set_serving"),
-                                {"state": "moved", "shards": _shards_json(plan.topology_of(to))},
-                            ),
-                        ),
-                        "marking moved",
-                    )
+                self._set_capturing(plan.side(to), True)  # on since before the freeze: no DDL now
             elif step == "serve":
                 for s in plan.side(to):
                     self._retrying(
@@ -636,19 +646,20 @@ class Reshard:
     def _final_catch_up(self, plan: ReshardPlan, frm: Side, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            self._apply_captured(plan, frm, until=deadline)
+            # the frozen side takes no writes: a round that was not cut short leaves nothing behind
+            if self._apply_captured(plan, frm, until=deadline).drained:
+                break
             if sum(self.lag(plan.side(frm)).values()) == 0:
                 break
             if time.monotonic() > deadline:
                 return False
         self._sync_tenants(plan, frm)
-        term = max(
-            int(self._retrying(s, lambda c: c.execute(_q("reshard_term")).fetchone(), "reading the term")[0])
-            for s in plan.side(frm)
-        )
+        term = 0
         min_ids: dict[str, int] = {}
         for s in plan.side(frm):
-            for name, last in self.fetchall(s, _q("reshard_last_ids")):
+            [(shard_term, last_ids)] = self.fetchall(s, _q("reshard_origin_marks"), None, "reading the term and ids")
+            term = max(term, int(shard_term))
+            for name, last in (last_ids or {}).items():
                 if last is not None:
                     min_ids[name] = max(min_ids.get(name, 0), int(last))
         for s in plan.side(other(frm)):
@@ -684,13 +695,28 @@ class Reshard:
         raise ReshardError(message)
 
     def _publish_topology(self, plan: ReshardPlan, to: Side) -> None:
+        """Write the topology file (what producers wait for), then retire the frozen side (its
+        capture off, marked moved) and rewrite every shard's stored map: after the file, nothing
+        here holds a write back."""
         topology = plan.topology_of(to)
         _write_atomically(self.topology_path, topology.to_toml())
+        frm = plan.side(other(to))
+        self._set_capturing(frm, False)
+        for s in frm:
+            self._retrying(
+                s,
+                lambda c: c.execute(_q("reshard_set_serving"), {"state": "moved", "shards": _shards_json(topology)}),
+                "marking moved",
+            )
         shards = {s.name: s for s in (*plan.old.shards, *plan.new.shards)}
         for s in shards.values():
             self._retrying(
                 s, lambda c: c.execute(_q("reshard_set_shard_map"), {"shards": _shards_json(topology)}), "map"
             )
+
+    def _set_capturing(self, shards: Sequence[Shard], on: bool) -> None:
+        for s in shards:
+            self._retrying(s, lambda c: c.execute(_q("reshard_set_capturing"), {"on": on}), "setting the capture")
 
     # ------------------------------------------------------------------ the end
 
@@ -741,6 +767,7 @@ class Reshard:
             )
         for t in plan.targets:
             try:
+                self._set_capturing([t], False)
                 self._clear_events(t)
             except ReshardError as exc:
                 self.say(f"target {t.name}: not cleared ({exc})")

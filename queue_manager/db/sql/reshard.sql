@@ -86,16 +86,15 @@ SELECT q.name,
 -- reshard_sync_tenants --
 SELECT qm.reshard_sync_tenants(%(queue)s, %(range_start)s, %(range_end)s, %(rows)s::jsonb)
 
--- reshard_term --
-SELECT term FROM qm.leader
+-- reshard_origin_marks --
+-- A frozen shard's leader term, and the last id each queue's sequence gave out ({queue: id}, null:
+-- none yet): a receiving shard's term and sequences go above them (qm.reshard_finish_copy).
+SELECT (SELECT term FROM qm.leader),
+       (SELECT jsonb_object_agg(q.name, pg_sequence_last_value(pg_get_serial_sequence(format('public.%I', q.name), 'id')::regclass))
+          FROM qm.queues q)
 
 -- reshard_finish_copy --
 SELECT qm.reshard_finish_copy(%(min_term)s, %(min_ids)s::jsonb)
-
--- reshard_last_ids --
--- The last id each queue's sequence gave out on this shard (NULL: none yet).
-SELECT q.name, pg_sequence_last_value(pg_get_serial_sequence(format('public.%I', q.name), 'id')::regclass)
-  FROM qm.queues q
 
 -- reshard_reconcile --
 -- The load counters of every queue equal to its live events per partition (after a copy).
