@@ -386,7 +386,7 @@ async def move(topo: Path, targets: list[Shard], fleet: Fleet, producer: Produce
         marks["switch"] = time.time()
         switch_seconds, switch_lines = await qm_reshard(topo, "switch")
         marks["switched"] = time.time()
-        history = r.state().history[-5:]
+        history = r.state().history[-4:]
     await fleet.leading([t.name for t in targets])
     marks["serving"] = time.time()
     await asyncio.sleep(phase)

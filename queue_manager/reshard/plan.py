@@ -24,16 +24,18 @@ Phase = Literal["copying", "cutover", "switched", "done", "cancelled"]
 Side = Literal["sources", "targets"]
 
 #: the cut-over's steps, in order; a run records each once it is done, and a rerun resumes after
-#: the last one recorded:
+#: the last one recorded (before the freeze, the other side's change capture is turned on, so
+#: that the move can be reversed: it takes no writes but the copy's, which are not captured):
 #:   freeze        the serving side refuses writes (QMM01, naming the other side) and its managers
 #:                 are deposed (term bump): no event of the moved range changes there any more
 #:   catch_up      every captured change applied (bounded; on timeout the freeze is undone), the
-#:                 tenant overrides synced, the other side's sequences, term and load counters set
-#:   capture_back  the other side captures its changes from now on (so the move can be reversed);
-#:                 the frozen side is marked moved
+#:                 tenant overrides synced, the other side's sequences and term set
 #:   serve         the other side serves: it takes writes and its managers take leadership
-#:   topology      the topology file (renamed into place) and every shard's stored map say so
-CUTOVER_STEPS: tuple[str, ...] = ("freeze", "catch_up", "capture_back", "serve", "topology")
+#:   topology      the topology file (renamed into place) says so; then the frozen side's capture
+#:                 ends, it is marked moved, and every shard's stored map is rewritten
+CUTOVER_STEPS: tuple[str, ...] = ("freeze", "catch_up", "serve", "topology")
+#: steps an earlier version recorded, as the step of this one that stands for them
+_OLD_STEPS = {"capture_back": "catch_up"}
 
 
 def overlaps(a: KeyRange, b: KeyRange) -> bool:
@@ -228,7 +230,7 @@ class ReshardState:
             phase=data["phase"],
             serving=data["serving"],
             cutover_to=data.get("cutover_to"),
-            step=data.get("step"),
+            step=_OLD_STEPS.get(data.get("step") or "", data.get("step")),
             copied=bool(data.get("copied")),
             cursors={str(k): int(v) for k, v in data.get("cursors", {}).items()},
             history=list(data.get("history", [])),

@@ -19,6 +19,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -580,18 +581,8 @@ class Reshard:
             elif step == "catch_up":
                 if not self._final_catch_up(plan, frm, timeout):
                     self._roll_back(state, f"the catch-up did not finish within {timeout:g}s")
-            elif step == "capture_back":
-                self._set_capturing(plan.side(to), True)  # on since before the freeze: no DDL now
             elif step == "serve":
-                for s in plan.side(to):
-                    self._retrying(
-                        s,
-                        lambda c: c.execute(
-                            _q("reshard_set_serving"),
-                            {"state": "serving", "shards": _shards_json(plan.topology_of(to))},
-                        ),
-                        "serving",
-                    )
+                self._serve(plan, to)
             elif step == "topology":
                 self._publish_topology(plan, to)
             state = self.save(step_done(state, step, _now()))
@@ -624,15 +615,15 @@ class Reshard:
         )
 
     def _freeze(self, plan: ReshardPlan, frm: Side, lock_timeout: float) -> None:
-        """Stop writes on the serving side and depose its managers, one shard after another, each
-        tried FREEZE_ATTEMPTS times; raises ReshardLockError when a shard's locks were still not
-        granted (a lock timeout, or a deadlock with an application's transaction)."""
+        """Stop writes on the serving side and depose its managers, every shard at once, each tried
+        FREEZE_ATTEMPTS times; raises ReshardLockError when a shard's locks were still not granted
+        (a lock timeout, or a deadlock with an application's transaction)."""
         params = {"shards": _shards_json(plan.topology_of(other(frm))), "timeout": f"{int(lock_timeout * 1000)}ms"}
 
         def freeze(c: Conn) -> None:
             c.execute(_q("reshard_freeze"), params)
 
-        for s in plan.side(frm):
+        def freeze_one(s: Shard) -> None:
             for attempt in range(1, FREEZE_ATTEMPTS + 1):
                 try:
                     self._retrying(s, freeze, "freezing")
@@ -642,6 +633,8 @@ class Reshard:
                     if attempt == FREEZE_ATTEMPTS:
                         raise
             _crash_point(f"freeze:{s.name}")
+
+        self._each(plan.side(frm), freeze_one)
 
     def _final_catch_up(self, plan: ReshardPlan, frm: Side, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -654,18 +647,21 @@ class Reshard:
             if time.monotonic() > deadline:
                 return False
         self._sync_tenants(plan, frm)
-        term = 0
+        marks: list[tuple[int, dict[str, int | None] | None]] = []
+        self._each(
+            plan.side(frm),
+            lambda s: marks.extend(self.fetchall(s, _q("reshard_origin_marks"), None, "reading the term and ids")),
+        )
+        term = max(int(t) for t, _ in marks)
         min_ids: dict[str, int] = {}
-        for s in plan.side(frm):
-            [(shard_term, last_ids)] = self.fetchall(s, _q("reshard_origin_marks"), None, "reading the term and ids")
-            term = max(term, int(shard_term))
+        for _, last_ids in marks:
             for name, last in (last_ids or {}).items():
                 if last is not None:
                     min_ids[name] = max(min_ids.get(name, 0), int(last))
-        for s in plan.side(other(frm)):
-            self.fetchall(
-                s, _q("reshard_finish_copy"), {"min_term": term, "min_ids": Jsonb(min_ids)}, "finishing the copy"
-            )
+        finish = {"min_term": term, "min_ids": Jsonb(min_ids)}
+        self._each(
+            plan.side(other(frm)), lambda s: self.fetchall(s, _q("reshard_finish_copy"), finish, "finishing the copy")
+        )
         return True
 
     def _unfreeze(self, plan: ReshardPlan, frm: Side) -> None:
@@ -713,6 +709,29 @@ class Reshard:
             self._retrying(
                 s, lambda c: c.execute(_q("reshard_set_shard_map"), {"shards": _shards_json(topology)}), "map"
             )
+
+    def _serve(self, plan: ReshardPlan, to: Side) -> None:
+        """The ``to`` side serves (every shard at once)."""
+        params = {"state": "serving", "shards": _shards_json(plan.topology_of(to))}
+
+        def serve(c: Conn) -> None:
+            c.execute(_q("reshard_set_serving"), params)
+
+        self._each(plan.side(to), lambda s: self._retrying(s, serve, "serving"))
+
+    def _each(self, shards: Sequence[Shard], fn: Callable[[Shard], Any]) -> None:
+        """``fn(shard)`` for every shard at once, each on its own connection: the cut-over's
+        statements to different shards wait for their round trips together. Raises the first
+        error (in the order of ``shards``) once every call has ended."""
+        if len(shards) < 2:
+            for s in shards:
+                fn(s)
+            return
+        with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="reshard") as pool:
+            futures = [pool.submit(fn, s) for s in shards]
+        for f in futures:
+            if (exc := f.exception()) is not None:
+                raise exc
 
     def _set_capturing(self, shards: Sequence[Shard], on: bool) -> None:
         for s in shards:

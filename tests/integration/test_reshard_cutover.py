@@ -303,20 +303,19 @@ def test_a_freeze_that_fails_rolls_back_by_itself_and_the_sources_serve(
     assert shard_state(s0.dsn)[1] == shard_state(s1.dsn)[1] == "moved"
 
 
-def test_a_switch_killed_between_two_freezes_starts_over_with_its_catch_up(
+def test_a_switch_killed_in_its_freeze_starts_over_with_its_catch_up(
     shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
 ) -> None:
-    """Killed after the first source froze, before the step was recorded: the rerun makes that
-    source serve again, catches up while both serve (it does not skip to a frozen catch-up), and
-    finishes the cut-over."""
+    """Killed once a source froze, before the step was recorded: the rerun makes the sources serve
+    again, catches up while they serve (it does not skip to a frozen catch-up), and finishes the
+    cut-over."""
     make_queue("orders")
     s0, s1 = shards.shards
     topo, merged = _merge(shards, new_database, tmp_path)
     assert killed(qm_process(topo, "switch", crash_after="freeze:s0"))
-    assert (shard_state(s0.dsn)[1], shard_state(s1.dsn)[1]) == ("frozen", "serving")
+    assert shard_state(s0.dsn)[1] == "frozen"  # s1's freeze, run at the same time, may have committed too
     state = load_state(topo)
     assert state is not None and (state.phase, state.step) == ("cutover", None)
-    seed(s1.dsn, tenants_of(s1, 4), 500, 10)  # the unfrozen source took writes meanwhile
     result = ok(qm(topo, "switch"))
     assert "stopped before its freeze was recorded: starting it over" in result.stdout
     assert "caught up while the sources serve" in result.stdout
@@ -360,7 +359,7 @@ def test_cancel_refuses_a_cut_over_whose_serve_step_ran_but_was_not_recorded(
     shards: Topology, new_database: DatabaseFactory, make_queue: Any, tmp_path: Path
 ) -> None:
     """A switch stopped right after its serve step ran, before it recorded it: the state says
-    'capture_back', but a target serves. Cancel would make the sources serve too and drop the
+    'catch_up', but a target serves. Cancel would make the sources serve too and drop the
     targets' events: it refuses, and the switch finishes the cut-over."""
     make_queue("orders")
     s0 = shards.by_name("s0")
@@ -371,11 +370,11 @@ def test_cancel_refuses_a_cut_over_whose_serve_step_ran_but_was_not_recorded(
     class Stopped(Exception):
         pass
 
-    def stop_after_capture_back(line: str) -> None:
-        if line.startswith("capture_back: done"):
+    def stop_after_catch_up(line: str) -> None:
+        if line.startswith("catch_up: done"):
             raise Stopped
 
-    with Reshard(topo, say=stop_after_capture_back) as r:
+    with Reshard(topo, say=stop_after_catch_up) as r:
         r.start(targets)
         with pytest.raises(Stopped):
             r.switch()
