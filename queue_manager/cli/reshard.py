@@ -34,7 +34,7 @@ from psycopg import errors as pg
 
 from queue_manager.domain.topology import Shard, shard_from_dict
 from queue_manager.errors import ConfigurationError
-from queue_manager.reshard.workflow import Reshard, ReshardLockError
+from queue_manager.reshard.workflow import FREEZE_ATTEMPTS, LOCK_TIMEOUT, Reshard, ReshardLockError
 
 #: the exit status of a cut-over stopped by a lock (a lock timeout or a deadlock), rolled back
 EXIT_LOCK = 4
@@ -212,7 +212,12 @@ def register(sub: Any) -> None:
     ):
         p = verb(name, help_text)
         p.add_argument("--timeout", type=float, default=10.0, help="bound on the frozen catch-up, seconds (default 10)")
-        p.add_argument("--lock-timeout", type=float, default=2.0, help="bound on each freeze lock, seconds (default 2)")
+        p.add_argument(
+            "--lock-timeout",
+            type=float,
+            default=LOCK_TIMEOUT,
+            help=f"bound on each lock wait of the freeze, seconds (default {LOCK_TIMEOUT:g}; {FREEZE_ATTEMPTS} tries)",
+        )
         p.set_defaults(func=_lock_errors_exit_4(func))
     verb("cleanup", "after the switch: drop the sources' events; ends the reshard").set_defaults(
         func=_lock_errors_exit_4(cmd_cleanup)

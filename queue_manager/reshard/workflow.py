@@ -63,11 +63,16 @@ BATCH = 2000
 CRASH_AFTER_ENV = "QM_RESHARD_CRASH_AFTER"
 
 
-#: tries of each source's freeze when a lock is not granted in time or a deadlock ends it
-FREEZE_ATTEMPTS = 3
+#: tries of each source's freeze when a lock is not granted in time or a deadlock ends it; between
+#: two, the source takes writes for as long as a lock wait may last (the writers queued behind the
+#: freeze's request go through, and a long transaction that held it back may end)
+FREEZE_ATTEMPTS = 5
+#: the default bound of each lock wait of the freeze, seconds: while the freeze waits for a lock,
+#: the writes queued behind it wait too, so this bounds what one long writer adds to the write block
+LOCK_TIMEOUT = 0.5
 #: the captured changes a cut-over may leave for its frozen catch-up: it catches up while the
 #: range takes writes until no more are left (what arrives until the freeze commits comes on top)
-CATCH_UP_LEFT = 100
+CATCH_UP_LEFT = 30
 #: libpq's words for a connection the server refused for good: retrying cannot mend these
 PERMANENT_CONNECT_FAILURES = (
     "does not exist",
@@ -539,11 +544,11 @@ class Reshard:
 
     # ------------------------------------------------------------------ the cut-over
 
-    def switch(self, *, timeout: float = 10.0, lock_timeout: float = 2.0) -> ReshardState:
+    def switch(self, *, timeout: float = 10.0, lock_timeout: float = LOCK_TIMEOUT) -> ReshardState:
         """Cut over to the targets (or resume an interrupted switch)."""
         return self._cutover("targets", timeout=timeout, lock_timeout=lock_timeout)
 
-    def reverse(self, *, timeout: float = 10.0, lock_timeout: float = 2.0) -> ReshardState:
+    def reverse(self, *, timeout: float = 10.0, lock_timeout: float = LOCK_TIMEOUT) -> ReshardState:
         """Cut back over to the sources (allowed until cleanup)."""
         return self._cutover("sources", timeout=timeout, lock_timeout=lock_timeout)
 
@@ -603,7 +608,7 @@ class Reshard:
         self._sync_tenants(plan, frm)
         applied = Progress()
         lag = 0
-        for _ in range(20):
+        for _ in range(40):
             p = self._apply_captured(plan, frm, until=time.monotonic() + 30)
             applied.rows += p.rows
             applied.seconds += p.seconds
@@ -632,6 +637,7 @@ class Reshard:
                     self.say(f"freezing {s.name}: {exc} (attempt {attempt} of {FREEZE_ATTEMPTS})")
                     if attempt == FREEZE_ATTEMPTS:
                         raise
+                    time.sleep(lock_timeout)
             _crash_point(f"freeze:{s.name}")
 
         self._each(plan.side(frm), freeze_one)
