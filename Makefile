@@ -121,7 +121,7 @@ bench-archive: setup ## archive 200k settled events of two shards to Parquet and
 bench-adopt: $(STAMP) ## qm queue adopt: 100k legacy rows into two shards, by slice size (JSON on stdout)
 	$(BIN)/python -m benchmarks.adopt $(ARGS)
 
-bench-reshard: $(STAMP) ## 2 shards split to 4 and merged back to 2 under 500 ev/s, 100k backlog, ~5 min (JSON on stdout)
+bench-reshard: $(STAMP) ## 2 shards split to 4, 6 cut-overs back and forth, merged to 2, under 500 ev/s, 100k backlog, ~6 min; ARGS="--rate 300 --cutover-rounds 20", "--only-copy" (JSON on stdout)
 	$(BIN)/python -m benchmarks.reshard $(ARGS)
 
 bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)

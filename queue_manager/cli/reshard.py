@@ -9,22 +9,69 @@
     qm reshard reverse [--timeout S]               back to the sources (until cleanup)
     qm reshard cleanup                             drop the sources' events; the reshard is over
     qm reshard cancel                              before the switch: drop the copy
+
+Exit status: 0 done, 2 an error (the message says what to do), 3 a database unreachable, 4 a lock
+not granted (a lock timeout, or a deadlock with an application's transaction): a cut-over stopped
+so rolled back and the sources serve; run the command again.
+
+A RANGE that starts at the keyspace's start begins with "-" (``-40``, ``-a0``) and is read as a
+value, not as an option.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from queue_manager.cli.common import HelpFormatter, duration, examples
 from queue_manager.domain.topology import Shard, shard_from_dict
 from queue_manager.errors import ConfigurationError
+from queue_manager.reshard.plan import FREEZE_ATTEMPTS, LOCK_TIMEOUT
 
 if TYPE_CHECKING:
     from queue_manager.reshard.workflow import Reshard
+
+#: the exit status of a cut-over stopped by a lock (a lock timeout or a deadlock), rolled back
+EXIT_LOCK = 4
+
+
+class _RangeParser(argparse.ArgumentParser):
+    """A parser that reads a key range starting with "-" (``-a0``) as a value, as argparse reads a
+    negative number: argparse takes any other word starting with "-" for an option. No option of
+    the reshard commands looks like a range (a hex digit after one "-"), which argparse needs for
+    this (it checks options against the same pattern)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-[0-9a-fA-F]+$|^-\d*\.\d+$")
+
+
+def _lock_errors_exit_4(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A cut-over stopped by a lock exits with EXIT_LOCK and says so (never "unreachable")."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        from psycopg import errors as pg
+
+        from queue_manager.reshard.workflow import ReshardLockError
+
+        try:
+            return func(args)
+        except ReshardLockError as exc:
+            print(f"qm: {exc.kind}: {exc}", file=sys.stderr)
+        except (pg.DeadlockDetected, pg.LockNotAvailable) as exc:
+            kind = "deadlock" if isinstance(exc, pg.DeadlockDetected) else "lock timeout"
+            print(f"qm: {kind}: {str(exc).strip()}; run the command again", file=sys.stderr)
+        return EXIT_LOCK
+
+    return run
 
 
 def _reshard(args: argparse.Namespace) -> Reshard:
@@ -149,7 +196,7 @@ VERBS = {
         "--target-manager s2=ws://mgr-e:8765/",
     ),
     "status": (
-        "phase, rows copied and left, lag, estimated catch-up",
+        "phase, rows copied and left, lag, estimated catch-up (also while another command runs)",
         "",
         "qm reshard status --json",
     ),
@@ -180,7 +227,9 @@ def register(sub: Any) -> None:
         epilog=examples("qm reshard plan --target s2 -40 DSN --target s3 40-80 DSN", "qm reshard status"),
         formatter_class=HelpFormatter,
     )
-    verbs = reshard.add_subparsers(dest="reshard_command", required=True, metavar="COMMAND", title="commands")
+    verbs = reshard.add_subparsers(
+        dest="reshard_command", required=True, metavar="COMMAND", title="commands", parser_class=_RangeParser
+    )
 
     def verb(name: str) -> argparse.ArgumentParser:
         help_text, description, example = VERBS[name]
@@ -200,7 +249,7 @@ def register(sub: Any) -> None:
             nargs=3,
             action="append",
             metavar=("NAME", "RANGE", "DSN"),
-            help="a new shard: its name, key range (e.g. -40) and DSN; repeat for each",
+            help="a new shard: its name, key range (e.g. -40, -a0, 40-80, c0-) and DSN; repeat for each",
         )
         p.add_argument(
             "--target-manager",
@@ -215,13 +264,13 @@ def register(sub: Any) -> None:
     p = verb("start")
     with_targets(p)
     p.add_argument("--batch", type=int, default=2000, help="events per copy page (default 2000)")
-    p.set_defaults(func=cmd_start)
+    p.set_defaults(func=_lock_errors_exit_4(cmd_start))
     p = verb("status")
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_status)
     p = verb("sync")
     p.add_argument("--batch", type=int, default=2000, help="changes applied per page (default 2000)")
-    p.set_defaults(func=cmd_sync)
+    p.set_defaults(func=_lock_errors_exit_4(cmd_sync))
     for name, func in (("switch", cmd_switch), ("reverse", cmd_reverse)):
         p = verb(name)
         p.add_argument(
@@ -234,10 +283,10 @@ def register(sub: Any) -> None:
         p.add_argument(
             "--lock-timeout",
             type=duration,
-            default=2.0,
+            default=LOCK_TIMEOUT,
             metavar="DURATION",
-            help="bound on each freeze lock (default 2 s)",
+            help=f"bound on each lock wait of the freeze (default {LOCK_TIMEOUT:g} s; {FREEZE_ATTEMPTS} tries)",
         )
-        p.set_defaults(func=func)
-    verb("cleanup").set_defaults(func=cmd_cleanup)
-    verb("cancel").set_defaults(func=cmd_cancel)
+        p.set_defaults(func=_lock_errors_exit_4(func))
+    verb("cleanup").set_defaults(func=_lock_errors_exit_4(cmd_cleanup))
+    verb("cancel").set_defaults(func=_lock_errors_exit_4(cmd_cancel))

@@ -23,7 +23,9 @@ BEGIN
     PERFORM 1 FROM qm.leader FOR UPDATE;
     -- a shard that does not serve its range (a reshard's target before the switch, or its source
     -- after the freeze; revision 0005_reshard) grants no lease. Read after the lock, by a statement
-    -- of its own: qm.set_serving holds the leader row while it changes the state
+    -- of its own: a qm.set_serving that committed before the lock was granted is seen here, and
+    -- one that commits after it bumps the term of whatever lease this grants (its UPDATE of the
+    -- leader row waits for this transaction and then deposes its holder)
     IF EXISTS (SELECT FROM qm.shard s WHERE s.serving <> 'serving') THEN
         RETURN NULL;
     END IF;
