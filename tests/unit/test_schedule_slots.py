@@ -16,8 +16,14 @@ from queue_manager.errors import InvalidInputError
 BERLIN = ZoneInfo("Europe/Berlin")
 
 
-def _leader(spec: sch.Spec, start: datetime, end: datetime, every: float = 1.0, lookahead: float = 30.0,
-            gaps: tuple[tuple[datetime, datetime], ...] = ()) -> tuple[list[tuple[datetime, datetime]], int]:
+def _leader(
+    spec: sch.Spec,
+    start: datetime,
+    end: datetime,
+    every: float = 1.0,
+    lookahead: float = 30.0,
+    gaps: tuple[tuple[datetime, datetime], ...] = (),
+) -> tuple[list[tuple[datetime, datetime]], int]:
     """A leader's passes every ``every`` seconds from ``start`` to ``end`` (none inside a gap): every
     (slot, time enqueued), and the slots skipped."""
     trig = sch.check(spec)
@@ -36,8 +42,14 @@ def _leader(spec: sch.Spec, start: datetime, end: datetime, every: float = 1.0, 
     return out, missed
 
 
-def _spec(cron: str | None = None, every: float | None = None, tz: str = "UTC", anchor: datetime | None = None,
-          misfire: sch.Misfire = "latest", catch_up: int = 1) -> sch.Spec:
+def _spec(
+    cron: str | None = None,
+    every: float | None = None,
+    tz: str = "UTC",
+    anchor: datetime | None = None,
+    misfire: sch.Misfire = "latest",
+    catch_up: int = 1,
+) -> sch.Spec:
     return sch.Spec(cron, every, tz, anchor or datetime(2026, 1, 1, tzinfo=UTC), misfire, catch_up)
 
 
@@ -94,8 +106,13 @@ def test_dst_back_a_daily_time_fires_once_and_every_quarter_hour_fires_in_both_p
     assert len(set(day)) == len(day) and day == sorted(day)
     # and the leader's passes through the night enqueue each once
     spec = _spec("*/15 * * * *", tz="Europe/Berlin")
-    got, _ = _leader(spec, datetime(2026, 10, 24, 23, 0, tzinfo=UTC), datetime(2026, 10, 25, 3, 0, tzinfo=UTC),
-                     every=20, lookahead=60)
+    got, _ = _leader(
+        spec,
+        datetime(2026, 10, 24, 23, 0, tzinfo=UTC),
+        datetime(2026, 10, 25, 3, 0, tzinfo=UTC),
+        every=20,
+        lookahead=60,
+    )
     slots = [s for s, _ in got]
     assert len(slots) == len(set(slots)) == 4 * 4 + 1  # 23:00 to 03:00 UTC, both ends
 
@@ -105,11 +122,15 @@ def test_dst_back_a_daily_time_fires_once_and_every_quarter_hour_fires_in_both_p
     [("skip", 1, 0), ("latest", 1, 1), ("catch_up", 3, 3), ("catch_up", 100, 10)],
 )
 @pytest.mark.parametrize("kind", ["cron", "interval"])
-def test_misfire_policies_after_a_leader_gap(misfire: sch.Misfire, catch_up: int, expected_missed_kept: int,
-                                             kind: str) -> None:
+def test_misfire_policies_after_a_leader_gap(
+    misfire: sch.Misfire, catch_up: int, expected_missed_kept: int, kind: str
+) -> None:
     start = datetime(2026, 6, 1, 10, 0, 30, tzinfo=UTC)
-    spec = (_spec("* * * * *", misfire=misfire, catch_up=catch_up) if kind == "cron"
-            else _spec(every=60, anchor=datetime(2026, 6, 1, tzinfo=UTC), misfire=misfire, catch_up=catch_up))
+    spec = (
+        _spec("* * * * *", misfire=misfire, catch_up=catch_up)
+        if kind == "cron"
+        else _spec(every=60, anchor=datetime(2026, 6, 1, tzinfo=UTC), misfire=misfire, catch_up=catch_up)
+    )
     gap = (start + timedelta(minutes=2), start + timedelta(minutes=12))  # nothing leads for 10 minutes
     got, missed = _leader(spec, start, start + timedelta(minutes=20), every=1.0, lookahead=30, gaps=(gap,))
     slots = [s for s, _ in got]

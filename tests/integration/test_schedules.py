@@ -1,0 +1,171 @@
+"""Periodic schedules against real PostgreSQL and a real manager: the SQL API refuses bad input and
+changes nothing, the leader enqueues each slot once ahead of its time and it fires at its instant,
+a deposed leader's pass is fenced, a cursor sent back enqueues nothing twice, pause and remove."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from queue_manager.domain.topology import Topology
+from queue_manager.manager import store
+from queue_manager.manager.schedules import Scheduler
+from tests.conftest import tenants_of
+from tests.managerkit import running_manager, running_receiver, url, wait_for, wait_leader
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def queue(make_queue) -> str:  # type: ignore[no-untyped-def]
+    return str(make_queue("orders", partitions=4, shuffle=2, window_seconds=3))
+
+
+def _count(conn: psycopg.Connection[Any], sql: str, *args: Any) -> int:
+    row = conn.execute(sql, args).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+BAD = [
+    ("qm.schedule_add('a', 'nope', %(t)s, interval_seconds => 5)", "42P01", 'queue "nope" does not exist'),
+    ("qm.schedule_add('a', 'orders', %(other)s, interval_seconds => 5)", "23514", "belongs to shard \"s1\""),
+    ("qm.schedule_add('a', 'orders', %(t)s, cron => '61 * * *')", "22023", "5 fields"),
+    ("qm.schedule_add('a', 'orders', %(t)s, cron => 'every day')", "22023", "5 fields"),
+    ("qm.schedule_add('a', 'orders', %(t)s, interval_seconds => 0.5)", "22023", "from 1 second"),
+    ("qm.schedule_add('a', 'orders', %(t)s)", "22023", "not neither"),
+    ("qm.schedule_add('a', 'orders', %(t)s, cron => '* * * * *', interval_seconds => 5)", "22023", "not both"),
+    ("qm.schedule_add('a', 'orders', %(t)s, interval_seconds => 5, timezone => 'Mars/Olympus')", "22023",
+     "unknown time zone 'Mars/Olympus'"),
+    ("qm.schedule_add('a', 'orders', %(t)s, interval_seconds => 5, misfire => 'often')", "22023", "misfire must be"),
+    ("qm.schedule_add('a', 'orders', %(t)s, interval_seconds => 5, catch_up => 0)", "22023", "catch_up must be"),
+    ("qm.schedule_add('a', 'orders', %(t)s, interval_seconds => 5, priority => 9::smallint)", "22023", "priority"),
+    ("qm.schedule_add('a b', 'orders', %(t)s, interval_seconds => 5)", "22023", "name 'a b' is not valid"),
+    ("qm.schedule_add('taken', 'orders', %(t)s, interval_seconds => 5)", "23505", "exists already"),
+    ("qm.schedule_pause('ghost')", "42704", "no schedule named 'ghost'"),
+]  # fmt: skip
+
+
+def test_the_sql_api_refuses_bad_input_clearly_and_changes_nothing(shards: Topology, queue: str) -> None:
+    s0, s1 = shards.shards
+    t = tenants_of(s0, 1)[0]
+    other = tenants_of(s1, 1)[0]
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        c.execute("SELECT qm.schedule_add('taken', 'orders', %s, interval_seconds => 60)", (t,))
+        before = c.execute("SELECT * FROM qm.schedules").fetchall()
+        for call, state, words in BAD:
+            with pytest.raises(psycopg.Error) as err:
+                c.execute(f"SELECT {call}", {"t": t, "other": other})
+            assert err.value.sqlstate == state, (call, err.value)
+            assert words in str(err.value), (call, str(err.value))
+        assert c.execute("SELECT * FROM qm.schedules").fetchall() == before
+        # in a transaction like an enqueue: a rollback leaves nothing
+        with pytest.raises(psycopg.errors.DivisionByZero), c.transaction():
+            c.execute("SELECT qm.schedule_add('rolled', 'orders', %s, interval_seconds => 5)", (t,))
+            c.execute("SELECT 1/0")
+        assert _count(c, "SELECT count(*) FROM qm.schedules WHERE name = 'rolled'") == 0
+
+
+async def test_the_leader_enqueues_each_slot_once_ahead_and_it_fires_at_its_instant(
+    shards: Topology, queue: str
+) -> None:
+    s0 = shards.shards[0]
+    t = tenants_of(s0, 1)[0]
+    async with running_manager(s0.dsn) as m, running_receiver(url(m)) as (_, rec):
+        await wait_leader(m)
+        with psycopg.connect(s0.dsn, autocommit=True) as c:
+            c.execute(
+                "SELECT qm.schedule_add('tick', 'orders', %s, '{\"job\": \"tick\"}', interval_seconds => 1,"
+                " anchor => date_trunc('second', now()) + interval '3 seconds')",
+                (t,),
+            )
+        await wait_for(lambda: len(rec.events) >= 6, 20, "six slots fired")
+        with psycopg.connect(s0.dsn, autocommit=True) as c:
+            rows = c.execute(
+                "SELECT dedup_key, fire_at, created_at FROM orders WHERE dedup_key LIKE 'qm:schedule:%%' ORDER BY fire_at"
+            ).fetchall()
+            sched = c.execute("SELECT next_at, last_slot, last_event_id, missed FROM qm.schedules").fetchone()
+    assert sched is not None and sched[3] == 0 and sched[2] is not None
+    keys = [r[0] for r in rows]
+    assert len(keys) == len(set(keys))
+    fire_ats = [r[1] for r in rows]
+    assert all(b - a == fire_ats[1] - fire_ats[0] for a, b in zip(fire_ats, fire_ats[1:], strict=False))
+    assert fire_ats[1] - fire_ats[0] == timedelta(seconds=1)
+    # enqueued ahead: the window (3 s) at least, less a pass
+    assert all((fa - ca).total_seconds() >= 1.5 for _, fa, ca in rows[3:])
+    # fired at the slot's instant: never before, and within 100 ms on this shared machine
+    for e, at in zip(rec.events, rec.received_at, strict=True):
+        assert e.payload == {"job": "tick"}
+        assert -0.01 <= at - e.fire_at < 0.1, at - e.fire_at
+
+
+async def test_a_deposed_leaders_pass_is_fenced_and_a_cursor_sent_back_enqueues_nothing_twice(
+    shards: Topology, queue: str
+) -> None:
+    s0 = shards.shards[0]
+    t = tenants_of(s0, 1)[0]
+    async with running_manager(s0.dsn) as m:
+        await wait_leader(m)
+        with psycopg.connect(s0.dsn, autocommit=True) as c:
+            c.execute("SELECT qm.schedule_add('fast', 'orders', %s, interval_seconds => 1)", (t,))
+            await wait_for(lambda: _count(c, "SELECT count(*) FROM orders") >= 4, 10, "slots enqueued")
+            term = _count(c, "SELECT term FROM qm.leader")
+            # the cursor sent back a minute: the leader walks those slots again, and enqueues none twice
+            c.execute(
+                "UPDATE qm.schedules SET next_at = next_at - interval '20 seconds', misfire = 'catch_up', catch_up = 100"
+            )
+            moved = _count(c, "SELECT count(*) FROM orders")
+            await wait_for(
+                lambda: _count(c, "SELECT count(*) FROM qm.schedules WHERE next_at > now()") == 1, 10, "pass"
+            )
+            dup = _count(c, "SELECT count(*) - count(DISTINCT dedup_key) FROM orders")
+            assert dup == 0 and _count(c, "SELECT count(*) FROM orders") >= moved
+    # a pass with a term that is no longer current changes nothing
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        c.execute("UPDATE qm.schedules SET next_at = now() - interval '5 seconds'")
+        before = _count(c, "SELECT count(*) FROM orders")
+    conn = await store.connect(s0.dsn, "test-deposed")
+    try:
+        with pytest.raises(psycopg.Error) as err:
+            await Scheduler(m.rt, conn, term).run_once()
+        assert store.is_fenced(err.value)
+    finally:
+        await conn.close()
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        assert _count(c, "SELECT count(*) FROM orders") == before
+
+
+async def test_pause_drops_the_slots_enqueued_ahead_resume_goes_on_remove_ends_it(shards: Topology, queue: str) -> None:
+    s0 = shards.shards[0]
+    t = tenants_of(s0, 1)[0]
+    pending = "SELECT count(*) FROM orders WHERE state = 'to_be_fired' AND fire_at > now()"
+    async with running_manager(s0.dsn) as m:
+        await wait_leader(m)
+        with psycopg.connect(s0.dsn, autocommit=True) as c:
+            c.execute("SELECT qm.schedule_add('p', 'orders', %s, interval_seconds => 1)", (t,))
+            await wait_for(lambda: _count(c, pending) >= 3, 10, "slots ahead")
+            c.execute("SELECT qm.schedule_pause('p')")
+            assert _count(c, pending) == 0
+            paused_at = time.time()
+            await asyncio.sleep(2.5)  # a paused schedule: nothing is enqueued (two passes at least)
+            assert _count(c, pending) == 0
+            c.execute("SELECT qm.schedule_resume('p')")
+            await wait_for(lambda: _count(c, pending) >= 3, 10, "slots ahead again")
+            gap = c.execute(
+                "SELECT count(*) FROM orders WHERE fire_at > to_timestamp(%s) + interval '0.5 s'"
+                " AND fire_at < to_timestamp(%s) + interval '2 s'",
+                (paused_at, paused_at),
+            ).fetchone()
+            assert gap is not None and gap[0] == 0  # the slots of the pause never come
+            assert c.execute("SELECT qm.schedule_remove('p')").fetchone() == (True,)
+            assert _count(c, pending) == 0
+            assert c.execute("SELECT qm.schedule_remove('p')").fetchone() == (False,)
+            # the load counters: the dropped slots were counted done
+            loads = c.execute("SELECT qm.partition_loads('orders')").fetchone()
+            live = _count(c, "SELECT count(*) FROM orders WHERE state IN ('to_be_fired', 'fired')")
+            assert loads is not None and sum(loads[0]) == live
