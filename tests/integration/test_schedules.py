@@ -5,6 +5,7 @@ a deposed leader's pass is fenced, a cursor sent back enqueues nothing twice, pa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from datetime import timedelta
 from typing import Any
@@ -87,14 +88,15 @@ async def test_the_leader_enqueues_each_slot_once_ahead_and_it_fires_at_its_inst
         await wait_for(lambda: len(rec.events) >= 6, 20, "six slots fired")
         with psycopg.connect(s0.dsn, autocommit=True) as c:
             rows = c.execute(
-                "SELECT dedup_key, fire_at, created_at FROM orders WHERE dedup_key LIKE 'qm:schedule:%%' ORDER BY fire_at"
+                "SELECT dedup_key, fire_at, created_at FROM orders"
+                " WHERE dedup_key LIKE 'qm:schedule:%%' ORDER BY fire_at"
             ).fetchall()
             sched = c.execute("SELECT next_at, last_slot, last_event_id, missed FROM qm.schedules").fetchone()
     assert sched is not None and sched[3] == 0 and sched[2] is not None
     keys = [r[0] for r in rows]
     assert len(keys) == len(set(keys))
     fire_ats = [r[1] for r in rows]
-    assert all(b - a == fire_ats[1] - fire_ats[0] for a, b in zip(fire_ats, fire_ats[1:], strict=False))
+    assert all(b - a == fire_ats[1] - fire_ats[0] for a, b in itertools.pairwise(fire_ats))
     assert fire_ats[1] - fire_ats[0] == timedelta(seconds=1)
     # enqueued ahead: the window (3 s) at least, less a pass
     assert all((fa - ca).total_seconds() >= 1.5 for _, fa, ca in rows[3:])
@@ -117,7 +119,8 @@ async def test_a_deposed_leaders_pass_is_fenced_and_a_cursor_sent_back_enqueues_
             term = _count(c, "SELECT term FROM qm.leader")
             # the cursor sent back a minute: the leader walks those slots again, and enqueues none twice
             c.execute(
-                "UPDATE qm.schedules SET next_at = next_at - interval '20 seconds', misfire = 'catch_up', catch_up = 100"
+                "UPDATE qm.schedules"
+                " SET next_at = next_at - interval '20 seconds', misfire = 'catch_up', catch_up = 100"
             )
             moved = _count(c, "SELECT count(*) FROM orders")
             await wait_for(
