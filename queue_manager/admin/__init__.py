@@ -11,6 +11,9 @@ touches many events, and writing its audit row (``qm.audit``) in the transaction
   :data:`ACTIONS` (retry dead letters, fire now, reschedule, cancel) by :func:`bind` (what a
   confirmation binds) and :func:`run`.
 
+- periodic schedules (:mod:`.schedules`): add or change, pause, resume, remove; list and show
+  with their next runs.
+
 Reads: :func:`create_queue` and the registry (:mod:`.queues`), :func:`status` (:mod:`.status`),
 the audit (:mod:`.audit`). Every function takes a topology, or a :class:`Connector` (the
 dashboard's pooled connections). Bad input is refused before any shard sees it
@@ -20,6 +23,7 @@ a shard that could not be reached.
 
 from __future__ import annotations
 
+from queue_manager.admin import schedules
 from queue_manager.admin.audit import Action, find, recent
 from queue_manager.admin.events import ACTIONS, Binding, EventAction, Outcome, action_named, bind, retry_failed, run
 from queue_manager.admin.queues import create_queue, list_queues, list_tenants, queue_row
@@ -60,6 +64,7 @@ __all__ = [
     "resume",
     "retry_failed",
     "run",
+    "schedules",
     "set_tenant",
     "shard_status",
     "status",

@@ -260,13 +260,3 @@ def dedup_key(schedule_id: int, slot: datetime) -> str:
 def micros(t: datetime) -> int:
     delta = t - datetime(1970, 1, 1, tzinfo=UTC)
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def parse_every(text: str) -> float:
-    """An interval as ``90``, ``90s``, ``15m``, ``2h``, ``1d`` or ``1h30m`` (seconds)."""
-    src = text.strip().lower() if isinstance(text, str) else ""
-    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", src)
-    if not src or m is None or not any(m.groups()):
-        raise ScheduleError(f"interval {str(text)[:40]!r} is not valid: write e.g. 30s, 15m, 2h, 1d or 1h30m")
-    d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-    return d * 86400 + h * 3600 + mi * 60 + s

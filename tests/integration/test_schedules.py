@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -172,3 +173,80 @@ async def test_pause_drops_the_slots_enqueued_ahead_resume_goes_on_remove_ends_i
             loads = c.execute("SELECT qm.partition_loads('orders')").fetchone()
             live = _count(c, "SELECT count(*) FROM orders WHERE state IN ('to_be_fired', 'fired')")
             assert loads is not None and sum(loads[0]) == live
+
+
+CLI_BAD = [
+    (["--cron", "61 * * * *"], "cron expression '61 * * * *' is not valid"),
+    (["--cron", "* * * *"], "give 5 fields"),
+    (["--cron", "0 3 * * *", "--tz", "Mars/Olympus"], "unknown time zone 'Mars/Olympus'"),
+    (["--every", "0.5"], "from 1 second"),
+    (["--every", "soon"], "--every"),
+    (["--every", "5", "--queue", "nope"], "queue \"nope\" does not exist on shard 's0'"),
+    (["--every", "5", "--payload", "{bad"], "--payload must be JSON"),
+    (["--every", "5", "--misfire", "catch_up", "--catch-up", "0"], "catch_up must be"),
+    (["--every", "5", "--priority", "7"], "priority must be from 1"),
+    (["--every", "5", "--start", "2026-12-01T09:00:00"], "must carry its offset"),
+    (["--every", "5", "--name", "taken"], "a schedule named 'taken' exists already"),
+    (["--every", "5", "--name", "on-s1", "--tenant", "{t}"], "a schedule named 'on-s1' exists on shard s1"),
+]  # fmt: skip
+
+
+def test_the_cli_adds_lists_shows_pauses_resumes_removes_and_refuses_bad_input(
+    shards: Topology, queue: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from queue_manager.cli.main import main
+
+    s0, s1 = shards.shards
+    t, other = tenants_of(s0, 1)[0], tenants_of(s1, 1)[0]
+    topo = tmp_path / "topology.toml"
+    topo.write_text(shards.to_toml())
+    base = ["--topology", str(topo)]
+    add = ["schedule", "add", "--queue", "orders", "--tenant", t, *base]
+    assert main([*add[:2], "taken", *add[2:], "--every", "1h"]) == 0
+    assert main(["schedule", "add", "on-s1", "--queue", "orders", "--tenant", other, "--every", "1h", *base]) == 0
+    capsys.readouterr()
+
+    def rows() -> list[Any]:
+        out = []
+        for s in shards.shards:
+            with psycopg.connect(s.dsn) as c:
+                out += c.execute("SELECT * FROM qm.schedules ORDER BY id").fetchall()
+        return out
+
+    before = rows()
+    for extra, words in CLI_BAD:
+        extra = [x.replace("{t}", t) for x in extra]
+        name = extra[extra.index("--name") + 1] if "--name" in extra else "fresh"
+        extra = [x for i, x in enumerate(extra) if x != "--name" and (i == 0 or extra[i - 1] != "--name")]
+        argv = [*add[:2], name, *add[2:], *extra]
+        code = -1
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's own refusals
+            code = int(exc.code or 0)
+        err = capsys.readouterr().err
+        assert code == 2, (argv, err)
+        assert words in err, (argv, err)
+    assert rows() == before
+
+    assert main([*add[:2], "nightly", *add[2:], "--cron", "30 2 * * *", "--tz", "Europe/Berlin"]) == 0
+    out = capsys.readouterr().out
+    assert "schedule nightly added on shard s0: cron '30 2 * * *' in Europe/Berlin" in out
+    assert main(["schedule", "list", "--json", *base]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in listed] == ["nightly", "on-s1", "taken"]
+    nightly = listed[0]
+    assert nightly["shard"] == "s0" and len(nightly["next_runs"]) == 3
+    assert all(r.endswith(":30:00+00:00") for r in nightly["next_runs"])
+    assert main(["schedule", "pause", "nightly", *base]) == 0
+    assert main(["schedule", "show", "nightly", "--json", *base]) == 0
+    shown = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert shown["paused"] is True and shown["next_runs"] == []
+    assert main(["schedule", "resume", "nightly", *base]) == 0
+    assert main(["schedule", "remove", "nightly", *base]) == 0
+    assert main(["schedule", "show", "nightly", *base]) == 2
+    assert "no schedule named 'nightly'" in capsys.readouterr().err
+    # the changes are in the audit
+    with psycopg.connect(s0.dsn) as c:
+        acts = [r[0] for r in c.execute("SELECT action FROM qm.audit ORDER BY id").fetchall()]
+    assert acts == ["schedule_add", "schedule_add", "schedule_pause", "schedule_resume", "schedule_remove"]

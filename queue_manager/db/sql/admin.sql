@@ -125,3 +125,37 @@ SELECT id, at, action_id, via, actor, action, queue, filter, plan, requested, af
 SELECT id, at, action_id, via, actor, action, queue, filter, plan, requested, affected, finished_at
   FROM qm.audit
  WHERE action_id = %(action_id)s::uuid
+
+-- schedule_add --
+-- A periodic schedule added (%(replace)s: or the one of that name changed) on the tenant's shard,
+-- by the SQL API's checks (qm.schedule_write). One row: the schedule.
+SELECT (qm.schedule_write(%(replace)s, %(name)s, %(queue)s, %(tenant)s, %(payload)s::jsonb, %(cron)s,
+                          %(interval)s, %(timezone)s, %(misfire)s, %(catch_up)s, %(priority)s::smallint, %(paused)s,
+                          %(anchor)s)).id AS changed
+
+-- schedule_pause --
+SELECT (qm.schedule_pause(%(name)s)).id AS changed
+
+-- schedule_resume --
+SELECT (qm.schedule_resume(%(name)s)).id AS changed
+
+-- schedule_remove --
+SELECT qm.schedule_remove(%(name)s) AS changed
+
+-- schedules_list --
+-- A shard's schedules (of one queue, or all; one by name), with their queue's name and the state
+-- of their last enqueued slot's event.
+SELECT s.id, s.name, q.name AS queue, s.tenant, s.payload, s.priority, s.cron, s.interval_seconds, s.timezone,
+       s.anchor, s.paused, s.misfire, s.catch_up, s.next_at, s.last_slot, s.last_event_id, s.missed, s.error,
+       s.created_at, s.updated_at, now() AS now
+  FROM qm.schedules s JOIN qm.queues q ON q.id = s.queue_id
+ WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s::text)
+   AND (%(name)s::text IS NULL OR s.name = %(name)s::text)
+ ORDER BY s.name
+ LIMIT %(limit)s
+
+-- schedule_slot_event --
+-- The event of one slot of a schedule (by its dedup key), if it is still there.
+SELECT id, state::text AS state, fire_at, fired_at, acked_at, attempts
+  FROM {queue}
+ WHERE tenant = %(tenant)s AND dedup_key = %(key)s

@@ -25,7 +25,7 @@ BEGIN
     END IF;
     SELECT * INTO q FROM qm.queues WHERE qm.queues.name = queue_name;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
+        RAISE EXCEPTION 'queue "%" does not exist', queue_name USING ERRCODE = '42P01';
     END IF;
     IF tenant IS NULL OR tenant = '' OR length(tenant) > 1000 THEN
         RAISE EXCEPTION 'schedule "%": tenant must be a non-empty string of at most 1000 characters', name
