@@ -195,7 +195,7 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
     # ---- safety
     lost = 0
     for k, rec in committed.items():
-        if k not in acked_at and final.get(k) not in ("acked", "failed"):
+        if k not in acked_at and final.get(k) not in ("acked", "cancelled", "failed"):
             lost += 1
             flag("lost", rec, final_state=final.get(k), deliveries=len(deliveries.get(k, ())))
     unexpected = early = after_ack = cross = deposed = duplicates = 0

@@ -31,6 +31,9 @@ from typing import Any, Protocol
 from queue_manager.wire import frames as f
 from queue_manager.wire.ledger import Claim, Ledger
 
+#: the per-item code of an ack, nack or extend of an event an operator cancelled (docs/protocol.md)
+CANCELLED = "cancelled"
+
 
 class Scope(Protocol):
     """What a token allows (``queue_manager.manager.auth.Grant``)."""
@@ -126,6 +129,9 @@ class WakeUp:
 Action = Send | Resolve | Write | Release | Probe | WakeUp
 
 _NOT_HERE = "not in flight on this connection (never delivered here, already settled, or re-fired)"
+_CANCELLED = "an operator cancelled this event (it is cancelled, and never fired again): drop it"
+#: the cancelled deliveries a connection remembers, to refuse their acks with their own code
+MAX_CANCELLED = 10_000
 
 
 class ReceiverSession:
@@ -150,6 +156,8 @@ class ReceiverSession:
         #: or extend): alive, perhaps, but not working through what it is sent, so the dispatcher
         #: gives it events only when no other subscriber with credit takes them
         self.lapsed = False
+        #: deliveries of this connection an operator cancelled: (id -> attempt), the oldest first out
+        self._cancelled: dict[int, int] = {}
 
     @property
     def free(self) -> int:
@@ -243,7 +251,9 @@ class ReceiverSession:
                 out.append(True)
                 continue
             out.append(False)
-            if found is Claim.UNKNOWN:
+            if found is Claim.UNKNOWN and self._cancelled.get(ident) == attempt:
+                errors.append(f.item_error(ident, attempt, CANCELLED, _CANCELLED))
+            elif found is Claim.UNKNOWN:
                 errors.append(f.item_error(ident, attempt, f.UNKNOWN_ID, _NOT_HERE))
             elif found is Claim.STALE:
                 assert d is not None
@@ -286,6 +296,8 @@ class ReceiverSession:
             found, _ = ledger.lookup(self.id, it.id, it.attempt)
             if found is Claim.OK:
                 valid.append((it.id, it.attempt, it.seconds))
+            elif found is Claim.UNKNOWN and self._cancelled.get(it.id) == it.attempt:
+                errors.append(f.item_error(it.id, it.attempt, CANCELLED, _CANCELLED))
             elif found is Claim.UNKNOWN:
                 errors.append(f.item_error(it.id, it.attempt, f.UNKNOWN_ID, "not in flight on this connection"))
             else:
@@ -313,6 +325,8 @@ class ReceiverSession:
                     acked.append(ident)
                     if d is not None:
                         latencies.append(now - d.pushed_at)
+                elif self._cancelled.get(ident) == attempt:
+                    errors.append(f.item_error(ident, attempt, CANCELLED, _CANCELLED))
                 else:
                     errors.append(
                         f.item_error(
@@ -363,6 +377,20 @@ class ReceiverSession:
         if op.kind is WriteKind.RELEASE:
             return [Send(f.result_frame("nack_result", op.ref, errors, requeued=[], failed=[]))]
         return [Send(f.result_frame("extend_result", op.ref, errors, extended=[]))]
+
+    # ------------------------------------------------------------------ an operator cancelled an event
+
+    def cancelled(self, ident: int, attempt: int) -> list[Action]:
+        """An operator cancelled (ident, attempt) while this connection held it (its state is
+        ``cancelled`` in the table): it leaves the ledger (its slot is free), and an ack, nack or
+        extend of it from now on is refused with the code ``cancelled``."""
+        ledger = self.ledger
+        if ledger is None or ledger.drop(ident, attempt) is None:
+            return []
+        self._cancelled[ident] = attempt
+        if len(self._cancelled) > MAX_CANCELLED:
+            del self._cancelled[next(iter(self._cancelled))]
+        return [WakeUp(Wake.CREDIT)]
 
     # ------------------------------------------------------------------ a silent connection
 

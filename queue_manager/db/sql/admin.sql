@@ -25,13 +25,13 @@
            END)
 
 -- events_pick --
--- The events an action may change: in state %(target)s (one no manager holds in hand: failed, or
--- to_be_fired), with %(future)s only those not yet due, matching the filter and, when %(ids)s is
+-- The events an action may change: in one of the states %(targets)s, with %(future)s only those not
+-- yet due, matching the filter and, when %(ids)s is
 -- given, among those ids. Below id %(below)s (NULL: from the newest), newest first, at most
 -- %(limit)s.
 SELECT e.id, e.created_at
   FROM {queue} e
- WHERE e.state = %(target)s::qm.event_state
+ WHERE e.state = ANY(%(targets)s::qm.event_state[])
    AND (NOT %(future)s OR e.fire_at > now())
    AND (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
    AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
@@ -43,7 +43,7 @@ SELECT e.id, e.created_at
 -- How many events an action would change now (events_pick's conditions), counted up to %(limit)s.
 SELECT count(*) AS n
   FROM (SELECT 1 FROM {queue} e
-         WHERE e.state = %(target)s::qm.event_state
+         WHERE e.state = ANY(%(targets)s::qm.event_state[])
            AND (NOT %(future)s OR e.fire_at > now())
            AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
            AND {filters}
@@ -85,20 +85,10 @@ UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
 RETURNING id
 
 -- events_cancel --
--- Scheduled events deleted before they fire. Only rows still to_be_fired and not yet due go: the
--- manager fires an event only by an UPDATE that finds it to_be_fired and due, so an event it
--- fired or holds in the meantime is never deleted (and the qm_settled_delete trigger, for fired
--- rows, never runs here). A deleted event never reaches an ack, so it is counted done here, one
--- entry per event in its partition (qm.add_done), in the same statement: the partitions' load
--- counters stay exact. One row: the ids deleted.
-WITH gone AS (
-        DELETE FROM {queue}
-         WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
-        RETURNING id, partition)
-SELECT coalesce(array_agg(id), ARRAY[]::bigint[]) AS ids,
-       qm.add_done((SELECT q.id FROM qm.queues q WHERE q.name = %(queue)s),
-                   coalesce(array_agg(partition), ARRAY[]::smallint[]))::text AS counted
-  FROM gone
+-- Events not yet settled cancelled (qm.cancel: to_be_fired and fired ones become cancelled, the
+-- others are left as they are; a fired one's manager hears of it at the commit and tells the
+-- receiver holding it). One row: the ids cancelled.
+SELECT qm.cancel(%(queue)s, %(ids)s::bigint[], %(reason)s) AS ids
 
 -- audit_record --
 -- An action's part on this shard, in the transaction of its change: created by its first slice
