@@ -149,3 +149,22 @@ SELECT s.id, s.name, q.name AS queue, s.tenant, s.payload, s.priority, s.cron, s
 SELECT id, state::text AS state, fire_at, fired_at, acked_at, attempts
   FROM {queue}
  WHERE tenant = %(tenant)s AND dedup_key = %(key)s
+
+-- events_list --
+-- A page of a queue's events on this shard for `qm events list`, newest first, below id %(below)s
+-- (NULL: from the newest), matching the filters, at most %(limit)s (the payload cut to 200
+-- characters: `qm events show` gives it whole).
+SELECT e.id, e.tenant, e.partition, e.state::text AS state, e.attempts, e.fire_at, e.created_at, e.fired_at,
+       e.acked_at, e.dedup_key, left(e.payload::text, 200) AS payload, left(e.last_error, 200) AS last_error
+  FROM {queue} e
+ WHERE (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
+   AND {filters}
+ ORDER BY e.id DESC
+ LIMIT %(limit)s
+
+-- event_show --
+-- One event, every column.
+SELECT id, tenant, partition, state::text AS state, attempts, fire_at, created_at, fired_at, acked_at, ack_deadline,
+       fired_term, dedup_key, last_error, traceparent, tracestate, baggage, payload
+  FROM {queue}
+ WHERE id = %(id)s
