@@ -42,9 +42,13 @@ AHEAD = 2.0 * PASS_INTERVAL
 #: runs late by less enqueues it, to fire at once
 GRACE = 2.0 * PASS_INTERVAL
 #: schedules per statement (a pass takes as many rounds as needed)
-BATCH = 2000
-#: slots of one schedule per pass
-SLOTS_PER_PASS = 1000
+BATCH = 1000
+#: slots of one schedule per transaction
+SLOTS_PER_PASS = 500
+#: slot events per transaction at most: each routed insert with a dedup key holds an advisory lock
+#: to the commit, and the server's lock table is shared (64 per connection by default): 14 000 in
+#: one transaction ran it out ("out of shared memory") in the first measurement of 10 000 schedules
+ROWS_PER_TRANSACTION = 500
 _FILE = "schedules.sql"
 #: what the database answers when a slot's event breaks a rule of its queue (or the fence)
 _REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError, psycopg.errors.ProgramLimitExceeded,
@@ -135,11 +139,14 @@ class Scheduler:
             now: datetime = head["now"]
             await cur.execute(query("schedules_due", _FILE), self._due(now, only))
             due = await cur.fetchall()
-            counts.schedules = len(due)
             inserts: dict[str, list[tuple[str, str, datetime, str]]] = defaultdict(list)
             key_of: dict[str, tuple[int, datetime]] = {}
             advance: dict[int, list[Any]] = {}
+            left = False
             for s in due:
+                if counts.slots >= ROWS_PER_TRANSACTION:
+                    left = True  # the rest keep their cursors: the next round takes them first
+                    break
                 try:
                     trig = self._trigger(s)
                 except InvalidInputError as exc:
@@ -151,6 +158,7 @@ class Scheduler:
                     inserts[s["queue"]].append((s["tenant"], s["payload"], slot, key))
                     key_of[key] = (s["id"], slot)
                 advance[s["id"]] = [p.next_at, p.enqueue[-1] if p.enqueue else None, None, p.missed]
+                counts.schedules += 1
                 counts.slots += len(p.enqueue)
                 counts.missed += p.missed
             for queue, rows in inserts.items():
@@ -174,7 +182,7 @@ class Scheduler:
             for sid, why in failed:
                 await cur.execute(query("schedules_error", _FILE), {"id": sid, "error": why})
         counts.errors = len(failed)
-        return counts, len(due) >= BATCH
+        return counts, left or len(due) >= BATCH
 
     def _trigger(self, s: dict[str, Any]) -> sch.Trigger:
         key = (s["cron"], s["interval_seconds"], s["timezone"], s["anchor"])

@@ -250,3 +250,61 @@ def test_the_cli_adds_lists_shows_pauses_resumes_removes_and_refuses_bad_input(
     with psycopg.connect(s0.dsn) as c:
         acts = [r[0] for r in c.execute("SELECT action FROM qm.audit ORDER BY id").fetchall()]
     assert acts == ["schedule_add", "schedule_add", "schedule_pause", "schedule_resume", "schedule_remove"]
+
+
+async def test_thousands_of_schedules_are_enqueued_in_bounded_transactions(shards: Topology, queue: str) -> None:
+    """1 000 schedules of 1 s with a 25 s window: the first pass has about 27 000 slots to enqueue.
+    Each routed insert with a dedup key holds an advisory lock to its commit, so one transaction of
+    them all ran the server's lock table out; the pass commits them in transactions of at most 500."""
+    s0 = shards.shards[0]
+    tenants = tenants_of(s0, 50)
+    async with running_manager(s0.dsn) as m:
+        await wait_leader(m)
+        with psycopg.connect(s0.dsn, autocommit=True) as c:
+            c.execute("SELECT qm.alter_queue('orders', '{\"window_seconds\": 25}')")
+            # the server's lock table: max_locks_per_transaction per connection slot
+            locks = c.execute(
+                "SELECT current_setting('max_locks_per_transaction')::int"
+                " * (current_setting('max_connections')::int + current_setting('max_prepared_transactions')::int)"
+            ).fetchone()
+            c.execute(
+                "SELECT qm.schedule_add('many-' || g, 'orders', (%s::text[])[1 + g %% 50], interval_seconds => 1,"
+                " anchor => now() + interval '1 second') FROM generate_series(0, 999) g",
+                (tenants,),
+            )
+            ahead = "SELECT count(*) FROM qm.schedules WHERE next_at > now() + interval '25 seconds'"
+            await wait_for(lambda: _count(c, ahead) == 1000, 90, "every schedule enqueued a window ahead")
+            assert locks is not None and _count(c, "SELECT count(*) FROM orders") > locks[0]
+            assert _count(c, "SELECT count(*) - count(DISTINCT dedup_key) FROM orders") == 0
+            assert _count(c, "SELECT count(*) FROM qm.schedules WHERE error IS NOT NULL") == 0
+            assert m.rt.session is not None and m.rt.session.failed is None
+
+
+async def test_a_round_enqueues_at_most_its_row_bound_and_the_next_goes_on(shards: Topology, queue: str) -> None:
+    """The bound itself: a round stops taking schedules once it holds ROWS_PER_TRANSACTION slots
+    (the rest keep their cursors, and the next round of the pass takes them first)."""
+    from queue_manager.manager.schedules import ROWS_PER_TRANSACTION, SLOTS_PER_PASS
+
+    s0 = shards.shards[0]
+    tenants = tenants_of(s0, 20)
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        row = c.execute("SELECT qm.acquire_leadership('test-holder', 60)").fetchone()
+        assert row is not None and row[0] is not None
+        term = int(row[0])
+        c.execute(
+            "SELECT qm.schedule_add('r-' || g, 'orders', (%s::text[])[1 + g %% 20], interval_seconds => 1,"
+            " anchor => now() + interval '1 second') FROM generate_series(0, 299) g",
+            (tenants,),
+        )
+    conn = await store.connect(s0.dsn, "test-scheduler")
+    try:
+        sched = Scheduler(None, conn, term)  # type: ignore[arg-type]  # no runtime: its rounds only
+        counts, more = await sched._round(None)
+        assert more and ROWS_PER_TRANSACTION <= counts.slots < ROWS_PER_TRANSACTION + SLOTS_PER_PASS
+        rest = await sched.run_once()
+        assert counts.slots + rest.slots == counts.enqueued + rest.enqueued >= 300 * 4
+    finally:
+        await conn.close()
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        assert _count(c, "SELECT count(*) FROM qm.schedules WHERE next_at < now() + interval '3 seconds'") == 0
+        assert _count(c, "SELECT count(*) - count(DISTINCT dedup_key) FROM orders") == 0
