@@ -31,8 +31,7 @@ from typing import Any, Protocol
 from queue_manager.wire import frames as f
 from queue_manager.wire.ledger import Claim, Ledger
 
-#: the per-item code of an ack, nack or extend of an event an operator cancelled (docs/protocol.md)
-CANCELLED = "cancelled"
+CANCELLED = f.CANCELLED
 
 
 class Scope(Protocol):
@@ -89,6 +88,8 @@ class Resolve:
     tenants: frozenset[str] | None
     credit: int | None
     ref: Any
+    #: the optional features the subscribe asked for (None: it named none)
+    features: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -158,6 +159,8 @@ class ReceiverSession:
         self.lapsed = False
         #: deliveries of this connection an operator cancelled: (id -> attempt), the oldest first out
         self._cancelled: dict[int, int] = {}
+        #: its subscribe asked for the feature "cancel": it is sent cancel frames
+        self.cancel_frames = False
 
     @property
     def free(self) -> int:
@@ -221,7 +224,7 @@ class ReceiverSession:
         except PermissionError as exc:
             raise f.FrameError(f.FORBIDDEN, str(exc), frame.ref) from None
         self.subscribing = True
-        return [Resolve(frame.queue, tenants, frame.credit, frame.ref)]
+        return [Resolve(frame.queue, tenants, frame.credit, frame.ref, frame.features)]
 
     def subscribed(self, resolve: Resolve, ledger: Ledger) -> list[Action]:
         """The queue of ``resolve`` exists: the connection now receives its events."""
@@ -232,7 +235,11 @@ class ReceiverSession:
         if resolve.credit is not None:
             self.credit = resolve.credit
         tenants = None if resolve.tenants is None else tuple(sorted(resolve.tenants))
-        frame = f.Subscribed(resolve.queue, tenants, self.credit, resolve.ref)
+        granted = None
+        if resolve.features is not None:  # version negotiation: the features both sides know
+            granted = tuple(x for x in f.FEATURES if x in resolve.features)
+            self.cancel_frames = f.Cancel.TYPE in granted
+        frame = f.Subscribed(resolve.queue, tenants, self.credit, resolve.ref, granted)
         return [Send(frame.to_json()), WakeUp(Wake.SUBSCRIBED)]
 
     def subscribe_failed(self, resolve: Resolve, code: str, message: str) -> list[Action]:
@@ -379,15 +386,19 @@ class ReceiverSession:
 
     def cancelled(self, ident: int, attempt: int) -> list[Action]:
         """An operator cancelled (ident, attempt) while this connection held it (its state is
-        ``cancelled`` in the table): it leaves the ledger (its slot is free), and an ack, nack or
-        extend of it from now on is refused with the code ``cancelled``."""
+        ``cancelled`` in the table): it leaves the ledger (its slot is free), a client that asked
+        for the feature is sent a ``cancel`` frame (its handler stops), and an ack, nack or extend
+        of it from now on is refused with the code ``cancelled`` (an old client learns it so)."""
         ledger = self.ledger
-        if ledger is None or ledger.drop(ident, attempt) is None:
+        if ledger is None or self.queue is None or ledger.drop(ident, attempt) is None:
             return []
         self._cancelled[ident] = attempt
         if len(self._cancelled) > MAX_CANCELLED:
             del self._cancelled[next(iter(self._cancelled))]
-        return [WakeUp(Wake.CREDIT)]
+        out: list[Action] = [WakeUp(Wake.CREDIT)]
+        if self.cancel_frames:
+            out.insert(0, Send(f.Cancel(self.queue, [{"id": ident, "attempt": attempt}]).to_json()))
+        return out
 
     # ------------------------------------------------------------------ a silent connection
 

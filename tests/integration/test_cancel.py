@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from queue_manager.cli.main import main
 from queue_manager.domain.eventfilter import EventFilter
 from queue_manager.domain.topology import Topology
 from tests.conftest import tenants_of
-from tests.managerkit import insert, raw_client, recv_type, running_manager, states, wait_for, wait_leader
+from tests.managerkit import insert, raw_client, recv_type, running_manager, states, url, wait_for, wait_leader
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -167,3 +168,87 @@ def test_the_cli_cancels_by_id_and_by_filter_after_a_confirmation_and_lists_and_
     assert shown["state"] == "cancelled" and shown["last_error"].startswith("cancelled by ")
     assert shown["payload"] == {"i": 0} and shown["attempts"] == 0
     assert admin.browse.list_events(shards, "orders", EventFilter(state="to_be_fired")).events[0]["id"] == ids1[1]
+
+
+async def _cancelled_at(dsn: str, ident: int) -> float:
+    """The moment of the cancel's statement (acked_at: before its commit), epoch seconds."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT extract(epoch FROM acked_at)::float8 FROM orders WHERE id = %s", (ident,))
+        row = await cur.fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+async def test_a_running_handler_cancelled_from_the_cli_sees_it_within_100_ms_and_is_never_refired(
+    shards: Topology, queue: str, tmp_path: Path
+) -> None:
+    """The receiver library asks for cancel frames: a slow coroutine handler's task is cancelled
+    within 100 ms of the CLI's cancel; the event ends cancelled at attempt 1, never fired again past
+    its ack deadline and back-off, and nothing is acked for it; the receiver goes on."""
+    from tests.integration.test_receiver_library import receiving
+
+    s0 = shards.shards[0]
+    t = tenants_of(s0, 1)[0]
+    topo = tmp_path / "topology.toml"
+    topo.write_text(shards.to_toml())
+    started: list[int] = []
+    stopped: list[float] = []
+    done: list[int] = []
+
+    async def handle(event: Any) -> None:
+        started.append(event.id)
+        if event.payload.get("slow"):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                stopped.append(time.time())
+                raise
+        done.append(event.id)
+
+    async with running_manager(s0.dsn) as m:
+        await wait_leader(m)
+        async with receiving({"s0": [url(m)]}, handle, concurrency=2) as receiver:
+            [slow] = await insert(s0.dsn, [(t, {"slow": True})])
+            await wait_for(lambda: slow in started, 10, "the slow handler started")
+            code = await asyncio.to_thread(
+                main, ["events", "cancel", "orders", "--id", str(slow), "--topology", str(topo)]
+            )
+            assert code == 0
+            await wait_for(lambda: bool(stopped), 2, "the handler's task cancelled")
+            seen = stopped[0] - await _cancelled_at(s0.dsn, slow)
+            assert seen < 0.1, f"the handler saw the cancel {seen * 1000:.0f} ms after it"
+            await asyncio.sleep(2.5)  # past the ack deadline (1 s) and the back-off
+            assert started.count(slow) == 1 and slow not in done
+            assert (await states(s0.dsn))[slow] == ("cancelled", 1)
+            [more] = await insert(s0.dsn, [(t, {"n": 1})])
+            await wait_for(lambda: more in done, 10, "the next event handled")
+            assert receiver.stats.cancelled == 1 and receiver.stats.acked == 1
+    assert m.metrics.refired.get(queue="orders", reason="ack_timeout") == 0
+
+
+async def test_a_function_handler_sees_the_cancel_flag_and_its_result_is_not_sent(shards: Topology, queue: str) -> None:
+    from tests.integration.test_receiver_library import receiving
+
+    s0 = shards.shards[0]
+    t = tenants_of(s0, 1)[0]
+    saw: list[float] = []
+
+    def handle(event: Any) -> None:  # a thread: it polls the flag
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if event.cancelled:
+                saw.append(time.time())
+                return
+            time.sleep(0.005)
+
+    async with running_manager(s0.dsn) as m:
+        await wait_leader(m)
+        async with receiving({"s0": [url(m)]}, handle, concurrency=1) as receiver:
+            [ident] = await insert(s0.dsn, [(t, {"n": 1})])
+            await wait_for(lambda: ident in m.rt.queues["orders"].ledger, 10, "the event in hand")
+            await asyncio.to_thread(admin.run, shards, "orders", admin.ACTIONS["cancel"], None, {"s0": [ident]})
+            await wait_for(lambda: bool(saw), 2, "the handler saw the flag")
+            assert saw[0] - await _cancelled_at(s0.dsn, ident) < 0.1
+            await asyncio.sleep(0.3)
+            assert receiver.stats.acked == 0 and receiver.stats.cancelled == 1
+            assert (await states(s0.dsn))[ident] == ("cancelled", 1)
