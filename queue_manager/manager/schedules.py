@@ -26,6 +26,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from queue_manager.db.sqlfiles import query
+from queue_manager.domain import routing
 from queue_manager.domain import schedules as sch
 from queue_manager.domain.names import check_queue_name
 from queue_manager.errors import InvalidInputError
@@ -45,9 +46,10 @@ GRACE = 2.0 * PASS_INTERVAL
 BATCH = 1000
 #: slots of one schedule per transaction
 SLOTS_PER_PASS = 500
-#: slot events per transaction at most: each routed insert with a dedup key holds an advisory lock
-#: to the commit, and the server's lock table is shared (64 per connection by default): 14 000 in
-#: one transaction ran it out ("out of shared memory") in the first measurement of 10 000 schedules
+#: slot events per transaction at most: a pass's transactions stay short (the schedules they lock
+#: wait for them). Slots were routed inserts at first, each holding a dedup advisory lock to the
+#: commit: 14 000 in one transaction ran the server's lock table out ("out of shared memory") in
+#: the first measurement of 10 000 schedules
 ROWS_PER_TRANSACTION = 500
 _FILE = "schedules.sql"
 #: what the database answers when a slot's event breaks a rule of its queue (or the fence)
@@ -73,6 +75,8 @@ class Scheduler:
         self.term = term
         #: a schedule's trigger, by its definition (parsing a cron expression costs ~100 us)
         self._triggers: dict[tuple[Any, ...], sch.Trigger] = {}
+        #: a tenant's shuffle set, by (tenant, N, k)
+        self._sets: dict[tuple[str, int, int], tuple[int, ...]] = {}
         self.passes = 0
 
     async def run(self) -> None:
@@ -162,15 +166,27 @@ class Scheduler:
                 counts.slots += len(p.enqueue)
                 counts.missed += p.missed
             for queue, rows in inserts.items():
+                await cur.execute(query("schedules_placement", _FILE), {"queue": queue})
+                place = await cur.fetchone()
+                if place is None:
+                    continue  # dropped meanwhile: its schedules went with it
+                parts = self._place(place["partitions"], place["shuffle"], place["loads"], [r[0] for r in rows])
                 stmt = sql.SQL(query("schedules_insert", _FILE)).format(queue=sql.Identifier(check_queue_name(queue)))
                 tenants, payloads, fire_ats, keys = (list(c) for c in zip(*rows, strict=True))
-                await cur.execute(stmt, {"tenants": tenants, "payloads": payloads, "fire_ats": fire_ats, "keys": keys})
+                params = {"tenants": tenants, "partitions": parts, "payloads": payloads, "fire_ats": fire_ats,
+                          "keys": keys}  # fmt: skip
+                await cur.execute(stmt, params)
+                added: dict[int, int] = defaultdict(int)
                 for r in await cur.fetchall():
                     sid, slot = key_of[r["dedup_key"]]
                     a = advance[sid]
                     if a[1] == slot:
                         a[2] = r["id"]
+                    added[r["partition"]] += 1
                     counts.enqueued += 1
+                if added:
+                    load = {"queue": queue, "partitions": list(added), "counts": list(added.values())}
+                    await cur.execute(query("schedules_load", _FILE), load)
             if advance:
                 ids = list(advance)
                 cols = list(zip(*advance.values(), strict=True))
@@ -183,6 +199,23 @@ class Scheduler:
                 await cur.execute(query("schedules_error", _FILE), {"id": sid, "error": why})
         counts.errors = len(failed)
         return counts, left or len(due) >= BATCH
+
+    def _place(self, n: int, k: int, loads: list[int] | None, tenants: list[str]) -> list[int]:
+        """Each slot event's partition: the least loaded of its tenant's shuffle set, counting the
+        ones placed before it (as the routing trigger and a bulk load place events)."""
+        load = dict(enumerate(loads or []))
+        out = []
+        for tenant in tenants:
+            key = (tenant, n, k)
+            candidates = self._sets.get(key)
+            if candidates is None:
+                if len(self._sets) > 100_000:
+                    self._sets.clear()
+                candidates = self._sets[key] = routing.shuffle_set(tenant, n, k)
+            p = routing.least_loaded(candidates, load)
+            load[p] = load.get(p, 0) + 1
+            out.append(p)
+        return out
 
     def _trigger(self, s: dict[str, Any]) -> sch.Trigger:
         key = (s["cron"], s["interval_seconds"], s["timezone"], s["anchor"])

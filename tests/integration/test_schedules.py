@@ -308,3 +308,29 @@ async def test_a_round_enqueues_at_most_its_row_bound_and_the_next_goes_on(shard
     with psycopg.connect(s0.dsn, autocommit=True) as c:
         assert _count(c, "SELECT count(*) FROM qm.schedules WHERE next_at < now() + interval '3 seconds'") == 0
         assert _count(c, "SELECT count(*) - count(DISTINCT dedup_key) FROM orders") == 0
+
+
+async def test_a_schedule_whose_event_the_queue_refuses_gets_its_error_and_the_others_go_on(
+    shards: Topology, queue: str
+) -> None:
+    s0 = shards.shards[0]
+    t1, t2 = tenants_of(s0, 2)
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        c.execute(
+            "SELECT qm.schedule_add('big', 'orders', %s, %s::jsonb, interval_seconds => 1)",
+            (t1, '{"x": "' + "y" * 400 + '"}'),
+        )
+        c.execute("SELECT qm.schedule_add('small', 'orders', %s, interval_seconds => 1)", (t2,))
+        c.execute("SELECT qm.alter_queue('orders', '{\"payload_limit_bytes\": 100}')")
+    async with running_manager(s0.dsn) as m:
+        await wait_leader(m)
+        with psycopg.connect(s0.dsn, autocommit=True) as c:
+            err = "SELECT count(*) FROM qm.schedules WHERE name = 'big' AND error LIKE 'its event was refused:%%'"
+            await wait_for(lambda: _count(c, err) == 1, 15, "the big schedule's error recorded")
+            small = "SELECT count(*) FROM orders WHERE tenant = %s"
+            await wait_for(lambda: _count(c, small, t2) >= 3, 15, "the small schedule's slots enqueued")
+            assert _count(c, "SELECT count(*) FROM orders WHERE tenant = %s", t1) == 0
+            # a change clears the error (a smaller payload): its slots come
+            c.execute("SELECT qm.schedule_upsert('big', 'orders', %s, interval_seconds => 1)", (t1,))
+            await wait_for(lambda: _count(c, small, t1) >= 2, 15, "the changed schedule's slots enqueued")
+        assert m.rt.session is not None and m.rt.session.failed is None

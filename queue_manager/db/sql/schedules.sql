@@ -19,14 +19,27 @@ SELECT s.id, s.name, q.name AS queue, q.window_seconds, s.tenant, s.payload::tex
  LIMIT %(limit)s
    FOR UPDATE OF s SKIP LOCKED
 
+-- schedules_placement --
+-- What placing a queue's slot events needs: N, k, and the producers' load of each partition
+-- (qm.partition_loads, from sequences: no scan).
+SELECT q.partitions, q.shuffle, qm.partition_loads(q.name) AS loads FROM qm.queues q WHERE q.name = %(queue)s
+
 -- schedules_insert --
--- The slots' events, through the queue's routing trigger like any producer's INSERT: a (tenant,
--- dedup key) that exists already makes its row do nothing, so no slot is enqueued twice.
-INSERT INTO {queue} (tenant, payload, fire_at, dedup_key)
-SELECT u.tenant, u.payload::jsonb, u.fire_at, u.dedup_key
-  FROM unnest(%(tenants)s::text[], %(payloads)s::text[], %(fire_ats)s::timestamptz[], %(keys)s::text[])
-       AS u(tenant, payload, fire_at, dedup_key)
-RETURNING id, dedup_key
+-- The slots' events, placed by the leader in the least-loaded partition of their tenant's shuffle
+-- set (as a bulk load does: the queue's qm_verify trigger checks every rule of the rows), with
+-- ON CONFLICT on the dedup index: a (tenant, dedup key) that exists already makes its row do
+-- nothing, so no slot is enqueued twice. No routing trigger and no advisory lock per row (a routed
+-- insert takes one to its commit): a slot costs an index insert and the statement's checks.
+INSERT INTO {queue} (tenant, partition, payload, fire_at, dedup_key)
+SELECT u.tenant, u.partition, u.payload::jsonb, u.fire_at, u.dedup_key
+  FROM unnest(%(tenants)s::text[], %(partitions)s::smallint[], %(payloads)s::text[], %(fire_ats)s::timestamptz[],
+              %(keys)s::text[]) AS u(tenant, partition, payload, fire_at, dedup_key)
+    ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+RETURNING id, dedup_key, partition
+
+-- schedules_load --
+-- The inserted slot events counted in their partitions' enqueue counters, as a bulk load's are.
+SELECT qm.add_load(%(queue)s, %(partitions)s::integer[], %(counts)s::integer[])
 
 -- schedules_advance --
 -- The cursors: slots before next_at are enqueued (or skipped by the misfire policy).
