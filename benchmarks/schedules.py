@@ -38,16 +38,14 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from benchmarks.lib import procs
 from benchmarks.lib.fleet import start_receivers
 from benchmarks.lib.machine import count_server, cpu_delta, cpu_snapshot
 from benchmarks.lib.report import emit, header, summary_ms
-from benchmarks.lib.server import QUEUE, bench_server, server_info
+from benchmarks.lib.server import QUEUE, bench_server, server_info, tenants_for, two_shards
 from queue_manager import admin
-from queue_manager.db.migrate import set_identity, upgrade
-from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.domain.topology import Topology
 from queue_manager.local import fleet
 
 logger = logging.getLogger("bench.schedules")
@@ -56,39 +54,11 @@ TENANTS_PER_SHARD = 500
 P99_TARGET_MS = 10.0
 
 
-def _tenants(key_range: KeyRange, count: int) -> list[str]:
-    out: list[str] = []
-    i = 0
-    while len(out) < count:
-        t = f"tenant-{i}"
-        if key_range.contains(t):
-            out.append(t)
-        i += 1
-    return out
-
-
-def make_shards(admin_dsn: str, first_dsn: str) -> Topology:
-    """Two shards: the benchmark's database and a second one beside it, migrated."""
-    second = f"{psycopg.conninfo.conninfo_to_dict(first_dsn)['dbname']}_s1"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(second)))
-    topology = Topology(
-        (
-            Shard("s0", first_dsn, KeyRange.parse("-80")),
-            Shard("s1", make_conninfo(admin_dsn, dbname=second), KeyRange.parse("80-")),
-        )
-    )
-    for shard in topology.shards:
-        upgrade(shard.dsn)
-        set_identity(shard.dsn, shard, topology)
-    return topology
-
-
 def add_schedules(topology: Topology, count: int, every: float) -> None:
     """``count`` schedules, half on each shard, anchors spread evenly over one interval."""
     per_shard = count // len(topology.shards)
     for s, shard in enumerate(topology.shards):
-        tenants = _tenants(shard.key_range, TENANTS_PER_SHARD)
+        tenants = tenants_for(shard.key_range, TENANTS_PER_SHARD)
         with psycopg.connect(shard.dsn) as conn:
             # one anchor a whole number of intervals back, the schedules spread over the interval
             conn.execute(
@@ -177,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         admin_dsn, first_dsn = stack.enter_context(bench_server(args.dsn, "schedules"))
         report["server"] = server_info(first_dsn)
-        topology = make_shards(admin_dsn, first_dsn)
+        topology, _ = two_shards(admin_dsn, first_dsn)
         stack.callback(_drop, admin_dsn, topology.shards[1].dsn)
         admin.create_queue(topology, QUEUE, settings)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qm-bench-schedules-")))
@@ -209,8 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i, r in enumerate(receivers):
             for res in r.finish():
                 for x in res["records"]:
-                    ident, fire_at, t = int(x[0]), float(x[1]), float(x[2])
-                    if start <= fire_at < end:
+                    ident, fire_at, t, attempt = int(x[0]), float(x[1]), float(x[2]), int(x[3])
+                    if attempt == 1 and start <= fire_at < end:  # a re-fire's fire_at is its back-off's
                         received.setdefault((i, ident), t - fire_at)
     late = list(received.values())
     due = len(received)
