@@ -180,6 +180,15 @@ class Trigger:
     def slots(self, start: datetime, end: datetime, limit: int) -> list[datetime]:
         """The slots in [start, end], ascending, at most ``limit``."""
         out: list[datetime] = []
+        if self.interval is not None:
+            # the trigger finds the first; the next ones are a step apart (its own arithmetic), so
+            # a pass that takes one slot asks it once, not twice
+            first = self.first_at_or_after(start)
+            step = timedelta(seconds=self.interval)
+            while first is not None and first <= end and len(out) < limit:
+                out.append(first)
+                first += step
+            return out
         t = start
         while len(out) < limit:
             s = self.first_at_or_after(t)
