@@ -18,7 +18,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-fire bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark test-spark-cluster bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local schema conformance bench-ts-receiver
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-fire bench-schedules bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark test-spark-cluster bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local schema conformance bench-ts-receiver
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -99,6 +99,9 @@ bench-e2e: $(STAMP) $(PEERS_STAMP) ## one shard end to end: drain, latency, fire
 
 bench-fire: $(STAMP) ## scheduled fires in rounds (300 events 0.5-5 s ahead, a standby, maintenance slices due): lateness p50/p99/max and over 20 ms per round; OTHER=<checkout> alternated (JSON on stdout)
 	$(BIN)/python -m benchmarks.fire_rounds $(if $(OTHER),--other $(OTHER)) $(ARGS)
+
+bench-schedules: $(STAMP) ## 10 000 schedules every second on two shards: slot lateness p50/p99/max, early, missing, the managers' and the server's CPU per slot; ARGS="--schedules 2000 --seconds 10" (JSON on stdout)
+	$(BIN)/python -m benchmarks.schedules $(ARGS)
 
 bench-held-snapshot: $(STAMP) ## dispatch while a long transaction holds back vacuum, 500/s and 2000/s, ~10 min (JSON on stdout)
 	$(BIN)/python -m benchmarks.held_snapshot $(ARGS)

@@ -17,9 +17,10 @@ with the queue's back-off); ``sleep:S`` (sleep S seconds, then ack).
 
 It writes one JSON object per line on stdout, each with ``kind`` and ``t`` (epoch seconds):
 ``{"kind": "start", "shard", "id", "attempt", "tenant"}`` when a handler starts,
-``{"kind": "end", "shard", "id", "attempt", "outcome"}`` (``ack``, ``nack`` or ``fail``) when it
-returns, and ``{"kind": "refused", "shard", "id", "attempt", "code"}`` for each item of an ack,
-nack or extend that the manager refused (its per-item code).
+``{"kind": "end", "shard", "id", "attempt", "outcome"}`` (``ack``, ``nack`` or ``fail``, or
+``cancelled`` when a ``cancel`` frame stopped it) when it returns, and
+``{"kind": "refused", "shard", "id", "attempt", "code"}`` for each item of an ack, nack or extend
+that the manager refused (its per-item code).
 """
 
 from __future__ import annotations

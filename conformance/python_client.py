@@ -35,6 +35,9 @@ async def handle(event: Event) -> None:
         elif todo.kind == "fail":
             outcome = "fail"
             raise Failed("the payload asked for a failure")
+    except asyncio.CancelledError:
+        outcome = "cancelled"  # an operator cancelled the event: the cancel frame stopped the handler
+        raise
     finally:
         emit("end", shard=event.shard, id=event.id, attempt=event.attempt, outcome=outcome)
 

@@ -74,6 +74,8 @@ class Scenario:
     opt_in: bool = False
     #: shard s0's server gets a synchronous streaming standby, and its address follows the primary
     replica: bool = False
+    #: periodic schedules of 1 s on the shards during the rounds (faults/schedules.py)
+    schedules: int = 0
 
 
 MANAGER_BOUND = LEASE_TTL + 1.0
@@ -276,7 +278,7 @@ def link(where: str, how: str, hold: float = 2 * LEASE_TTL) -> Inject:
     async def inject(ctx: Ctx) -> None:
         shard = ctx.shard()
         slot = ctx.dep.active(shard)
-        name = f"{where}-link-{ {'stall': 'partition', 'slow': 'slow', 'lossy': 'lossy'}[how]}"
+        name = f"{where}-link-{ {'stall': 'partition', 'slow': 'slow', 'lossy': 'lossy'}[how] }"
         ctx.start(name, [shard], manager=None if slot is None else slot.index, hold_s=hold)
         if slot is not None:
             proxy = slot.db_proxy if where == "db" else slot.front
@@ -407,6 +409,15 @@ def quiet() -> Inject:
     return inject
 
 
+def rotate(*injects: Inject) -> Inject:
+    """Round n injects the nth of ``injects``, in turn."""
+
+    async def inject(ctx: Ctx) -> None:
+        await injects[(ctx.round - 1) % len(injects)](ctx)
+
+    return inject
+
+
 def both(a: Inject, b: Inject) -> Inject:
     async def inject(ctx: Ctx) -> None:
         await asyncio.gather(a(ctx), b(Ctx(ctx.dep, ctx.servers, ctx.rng, ctx.round)))
@@ -502,6 +513,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         SPARK_BOUND,
         "the drain of a 2000-event burst (the receivers are busy, not free)",
         opt_in=True,
+    ),
+    Scenario(
+        "schedules",
+        rotate(manager_kill("active"), manager_pause("active"), pg_restart()),
+        1.0 + 3.0 + MANAGER_BOUND,
+        "its worst fault, a PostgreSQL restart: 1 s down + 3 s recovery + lease TTL + 1 s",
+        schedules=10,
     ),
     Scenario(
         "kill-active-and-receiver-link-partition",

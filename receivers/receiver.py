@@ -21,6 +21,12 @@ coroutine functions or plain functions (run in a thread pool). A handler that ru
 seconds); one that runs longer than ``handler_timeout`` is nacked. :meth:`Receiver.stop` drains: credit 0, the
 handlers in hand finish and are acked, then the connections close.
 
+An operator may cancel an event while its handler runs (``qm events cancel``): the manager sends a
+``cancel`` frame (this library asks for the feature in its subscribe), and the handler is stopped:
+a coroutine handler's task is cancelled (``asyncio.CancelledError`` inside it), a plain function's
+``event.cancelled`` turns true (poll it, or wait on ``event.cancel_requested``). Nothing is sent for
+a cancelled event: it is ``cancelled`` in the database, and never fired again.
+
 Delivery is at least once: an event in hand when its connection drops is fired again, to this
 receiver or another, and its old handler's ack is dropped. Handlers must be idempotent, or settle
 the event in their own transaction with :func:`receivers.sql.ack_in_transaction`.
@@ -36,6 +42,7 @@ import json
 import logging
 import signal
 import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -54,6 +61,7 @@ from queue_manager.tracing import ReceiverTracer, TraceMode, check_mode, in_use
 from queue_manager.wire.client import (
     ACK,
     SETTLED,
+    Cancelled,
     ClientSession,
     Effect,
     Outcome,
@@ -112,6 +120,14 @@ class Event:
     #: when it arrived, by this process's monotonic clock
     received_at: float = field(default_factory=time.monotonic, repr=False)
     _settled_by_sql: bool = field(default=False, repr=False)
+    #: set when an operator cancels this delivery (a thread may wait on it: :attr:`cancel_requested`)
+    cancel_requested: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once an operator cancelled this delivery: a plain function handler polls it and
+        returns (whatever it returns, nothing is sent: the event is cancelled in the database)."""
+        return self.cancel_requested.is_set()
 
     @property
     def settled_by_sql(self) -> bool:
@@ -138,6 +154,8 @@ class ReceiverStats:
     settled_by_sql: int = 0
     #: handlers stopped by ``handler_timeout``
     timeouts: int = 0
+    #: deliveries an operator cancelled while this receiver held them (their handlers told to stop)
+    cancelled: int = 0
     #: lease extensions the manager confirmed
     extended: int = 0
     #: results dropped because the event was no longer this connection's (stale, unknown_id, reconnect)
@@ -244,6 +262,7 @@ class _Link:
             make_event=self._event,
             stats=receiver.stats,
             tenants=receiver.tenants,
+            cancellable=True,
         )
         self.backoff = receiver.backoff_factory()
         #: set when the receiver stops or the shard leaves the topology file: drain, then close
@@ -461,6 +480,8 @@ class _Link:
         for effect in effects:
             if isinstance(effect, Start):
                 self._start(effect)
+            elif isinstance(effect, Cancelled):
+                self._cancel(effect)
             elif isinstance(effect, RetryLater):
                 asyncio.get_running_loop().call_later(effect.seconds, self.wake.set)
             elif isinstance(effect, Subscribed):
@@ -510,6 +531,22 @@ class _Link:
     def _start(self, start: Start[Event]) -> None:
         task = asyncio.ensure_future(self._handle(start.event, start.gen))
         self.running[task] = _Running(start.event, start.gen)
+
+    def _cancel(self, c: Cancelled) -> None:
+        """An operator cancelled a delivery in hand: stop its handler (a task is cancelled, a thread
+        sees the event's flag); its slot frees when the handler ends, and nothing is sent for it."""
+        self.r.stats.cancelled += 1
+        for task, run in list(self.running.items()):
+            if run.gen == c.gen and run.event.id == c.id and run.event.attempt == c.attempt:
+                run.event.cancel_requested.set()
+                if self.r.handler_is_async:
+                    task.cancel()
+        logger.info(
+            "event %s (attempt %s) cancelled by an operator: its handler is stopped",
+            c.id,
+            c.attempt,
+            extra={"shard": self.shard},
+        )
 
     def _slot_freed(self, event: Event) -> None:
         for start in self.session.slot_freed(event):

@@ -160,3 +160,32 @@ class ServerCpu:
             except OSError:  # gone (and reaped: counted above) between the listing and the read
                 continue
         return pg
+
+
+def two_shards(admin_dsn: str, first_dsn: str) -> tuple[Topology, str]:
+    """A two-shard topology (``s0``: ``-80``, ``s1``: ``80-``): the given database and a second one
+    on the same server, both migrated with their identities; the second's name is returned (to drop)."""
+    second = f"{psycopg.conninfo.conninfo_to_dict(first_dsn)['dbname']}_s1"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(second)))
+    topology = Topology(
+        (
+            Shard("s0", first_dsn, KeyRange.parse("-80")),
+            Shard("s1", make_conninfo(admin_dsn, dbname=second), KeyRange.parse("80-")),
+        )
+    )
+    for shard in topology.shards:
+        upgrade(shard.dsn)
+        set_identity(shard.dsn, shard, topology)
+    return topology, second
+
+
+def tenants_for(key_range: KeyRange, count: int) -> list[str]:
+    """The first ``count`` tenants ``tenant-<i>`` in ``key_range``."""
+    out: list[str] = []
+    i = 0
+    while len(out) < count:
+        if key_range.contains(f"tenant-{i}"):
+            out.append(f"tenant-{i}")
+        i += 1
+    return out

@@ -11,7 +11,11 @@ touches many events, and writing its audit row (``qm.audit``) in the transaction
   :data:`ACTIONS` (retry dead letters, fire now, reschedule, cancel) by :func:`bind` (what a
   confirmation binds) and :func:`run`.
 
-Reads: :func:`create_queue` and the registry (:mod:`.queues`), :func:`status` (:mod:`.status`),
+- periodic schedules (:mod:`.schedules`): add or change, pause, resume, remove; list and show
+  with their next runs.
+
+Reads: events across the shards (:mod:`.browse`: ``qm events list`` and ``show``),
+:func:`create_queue` and the registry (:mod:`.queues`), :func:`status` (:mod:`.status`),
 the audit (:mod:`.audit`). Every function takes a topology, or a :class:`Connector` (the
 dashboard's pooled connections). Bad input is refused before any shard sees it
 (:class:`~queue_manager.errors.InvalidInputError`), and a value a shard refuses is never reported as
@@ -20,6 +24,7 @@ a shard that could not be reached.
 
 from __future__ import annotations
 
+from queue_manager.admin import browse, schedules
 from queue_manager.admin.audit import Action, find, recent
 from queue_manager.admin.events import ACTIONS, Binding, EventAction, Outcome, action_named, bind, retry_failed, run
 from queue_manager.admin.queues import create_queue, list_queues, list_tenants, queue_row
@@ -46,6 +51,7 @@ __all__ = [
     "action_named",
     "alter_queue",
     "bind",
+    "browse",
     "check_tenant",
     "create_queue",
     "find",
@@ -60,6 +66,7 @@ __all__ = [
     "resume",
     "retry_failed",
     "run",
+    "schedules",
     "set_tenant",
     "shard_status",
     "status",

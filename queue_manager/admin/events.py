@@ -1,10 +1,14 @@
 """Operator actions on events: retry dead letters, fire scheduled events now, reschedule events not
-yet fired, cancel (delete) scheduled events.
+yet fired, cancel events not yet settled.
 
-Each touches only events in a state no manager holds in hand (``failed``, or ``to_be_fired``), with
-a state-guarded statement (db/sql/admin.sql): an event a manager or another action changed
-meanwhile is simply not changed, and the manager fires an event only by an UPDATE that finds it
-``to_be_fired`` and due, so none fires twice because of an action. An action runs in slices of
+Each changes only events in the states it names, with a state-guarded statement
+(db/sql/admin.sql): an event a manager or another action changed meanwhile is simply not changed,
+and the manager fires an event only by an UPDATE that finds it ``to_be_fired`` and due, so none
+fires twice because of an action. Retry, fire now and reschedule touch only states no manager
+holds in hand (``failed``, ``to_be_fired``); cancel also takes ``fired`` events (``qm.cancel``):
+the event becomes ``cancelled`` in the table at once, and the shard's manager, told at the
+commit, sends the connection holding it a ``cancel`` frame (docs/protocol.md) and refuses its
+ack. An action runs in slices of
 ``slice_size`` events, each slice in one transaction with its audit row (admin/audit.py).
 
 Which events, two ways:
@@ -52,8 +56,8 @@ class EventAction:
 
     #: the action's name in forms, the CLI and the audit
     name: str
-    #: the state of the events it changes
-    target: str
+    #: the states of the events it changes
+    targets: tuple[str, ...]
     #: only events not yet due
     future: bool
     #: its state-guarded statement in admin.sql
@@ -69,22 +73,21 @@ ACTIONS: dict[str, EventAction] = {
     a.name: a
     for a in (
         EventAction(
-            "retry_dead", "failed", False, "events_retry", "Retry", "dead letters",
+            "retry_dead", ("failed",), False, "events_retry", "Retry", "dead letters",
             "back in the queue, due now, with a fresh attempt budget",
         ),
         EventAction(
-            "fire_now", "to_be_fired", True, "events_fire_now", "Fire now", "scheduled events",
+            "fire_now", ("to_be_fired",), True, "events_fire_now", "Fire now", "scheduled events",
             "due now instead of at their fire_at: the manager fires each once",
         ),
         EventAction(
-            "reschedule", "to_be_fired", False, "events_reschedule", "Reschedule", "events not yet fired",
+            "reschedule", ("to_be_fired",), False, "events_reschedule", "Reschedule", "events not yet fired",
             "due at the new time (never fired before it)",
         ),
-        # cancel: the dashboard's bulk cancel of scheduled events. A cancel of one event by its id
-        # (`qm events cancel`, a cancel frame of the wire protocol) is this same entry, on a selection.
+        # cancel: the dashboard's bulk action, and qm events cancel by id or by filter
         EventAction(
-            "cancel", "to_be_fired", True, "events_cancel", "Cancel", "scheduled events",
-            "deleted before they fire: never delivered, counted done in their partitions' load",
+            "cancel", ("to_be_fired", "fired"), False, "events_cancel", "Cancel", "events not yet settled",
+            "cancelled: never fired (again); a receiver holding one is told to stop, and its ack is refused",
         ),
     )
 }  # fmt: skip
@@ -157,7 +160,7 @@ def _filled(name: str) -> sql.SQL:
 
 
 def _params(action: EventAction, flt: EventFilter, ids: Sequence[int] | None, **more: Any) -> dict[str, Any]:
-    return {**flt.params(), "ids": None if ids is None else list(ids), "target": action.target,
+    return {**flt.params(), "ids": None if ids is None else list(ids), "targets": list(action.targets),
             "future": action.future, **more}  # fmt: skip
 
 
@@ -216,10 +219,13 @@ def bind(
     return Binding(matched, bound, count_cap)
 
 
-def _change(conn: Conn, queue: str, action: EventAction, ids: list[int], fire_at: datetime | None) -> int:
+def _change(
+    conn: Conn, queue: str, action: EventAction, ids: list[int], fire_at: datetime | None, reason: str | None = None
+) -> int:
     """One slice's change, in the caller's transaction; how many events changed."""
     statement = sql.SQL(query(action.statement, ADMIN_SQL)).format(queue=sql.Identifier(queue))
-    rows = conn.execute(statement, {"ids": ids, "queue": queue, "fire_at": fire_at}).fetchall()
+    params = {"ids": ids, "queue": queue, "fire_at": fire_at, "reason": reason}
+    rows = conn.execute(statement, params).fetchall()
     if action.name == "cancel":
         return len(rows[0]["ids"])
     if action.name == "retry_dead" and rows:  # delivered at commit: the manager fires them without a rescan
@@ -256,6 +262,7 @@ def run(
     if fire_at is not None:
         what = f"{what}; fire_at {fire_at.isoformat()}"
     record = audit.new(action.name, queue, actor=actor, via=via, detail=what, plan=plan, action_id=action_id)
+    why = f"cancelled by {record.actor} ({via})"
     pick = _filled("events_pick").format(queue=sql.Identifier(queue))
     remaining = cap
     asked: dict[str, int] = {}
@@ -272,7 +279,7 @@ def run(
                     with conn.transaction():
                         params = _params(action, flt, chunk, below=below, limit=limit)
                         found = [r["id"] for r in conn.execute(pick, params)] if limit > 0 else []
-                        n = _change(conn, queue, action, found, fire_at) if found else 0
+                        n = _change(conn, queue, action, found, fire_at, why) if found else 0
                         if mine is None:
                             last = len(found) < limit or limit == 0
                             looked = len(found)

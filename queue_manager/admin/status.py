@@ -15,6 +15,7 @@ from psycopg import sql
 from queue_manager.db.health import read_health
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain import health
+from queue_manager.domain.eventfilter import STATES
 from queue_manager.domain.health import Thresholds, format_bytes
 from queue_manager.domain.topology import Shard, Topology
 
@@ -59,9 +60,7 @@ def shard_status(shard: Shard) -> list[QueueStatus]:
                 remaining = conn.execute(query("finish_resize"), {"queue": name}).fetchone()
                 if remaining is not None and remaining[0] == 0:
                     physical = n
-            st = QueueStatus(
-                name, n, physical, k, paused, counts={s: 0 for s in ("to_be_fired", "fired", "acked", "failed")}
-            )
+            st = QueueStatus(name, n, physical, k, paused, counts=dict.fromkeys(STATES, 0))
             depth = [0] * max(physical, n)
             table = sql.Identifier(name)
             for part, state, cnt in conn.execute(sql.SQL(query("queue_state_counts")).format(queue=table)):
@@ -166,7 +165,7 @@ def render_status(data: dict[str, Any]) -> str:
             age = q["oldest_due_age_seconds"]
             lines.append(
                 f"  {q['queue']}: length {q['length']}  to_be_fired {c['to_be_fired']}  fired {c['fired']}  "
-                f"acked {c['acked']}  failed {c['failed']}  due {q['due_now']}"
+                f"acked {c['acked']}  cancelled {c['cancelled']}  failed {c['failed']}  due {q['due_now']}"
                 f"  oldest due {'-' if age is None else f'{age:.1f}s'}{'  PAUSED' if q['paused'] else ''}"
             )
             lines.append(f"    depth by partition: {q['depth']}")

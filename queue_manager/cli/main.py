@@ -40,7 +40,20 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from queue_manager import logs
-from queue_manager.cli import demo, events, local, manager, queues, receive, reshard, shard_for, spark, status, web
+from queue_manager.cli import (
+    demo,
+    events,
+    local,
+    manager,
+    queues,
+    receive,
+    reshard,
+    schedules,
+    shard_for,
+    spark,
+    status,
+    web,
+)
 from queue_manager.cli.common import HelpFormatter, examples, run
 from queue_manager.cli.receive import managers_by_shard as _managers  # noqa: F401  (the name tests know)
 
@@ -55,6 +68,7 @@ GROUPS = (
     manager.register,
     receive.register,
     events.register,
+    schedules.register,
     web.register,
     spark.register,
     demo.register,

@@ -34,7 +34,7 @@ from queue_manager.domain.inputs import dump_json, json_problem, parse_json, tex
 from queue_manager.errors import InvalidInputError
 
 #: the states of an event (qm.event_state)
-STATES = ("to_be_fired", "fired", "acked", "failed")
+STATES = ("to_be_fired", "fired", "acked", "cancelled", "failed")
 #: the longest payload filter accepted, characters
 MAX_PAYLOAD_FILTER = 500
 #: the deepest path accepted

@@ -106,6 +106,10 @@ class ReceiverConnection:
         """The collector took back an event this connection held, past its ack deadline."""
         self._run(self.session.timed_out())
 
+    def cancelled(self, ident: int, attempt: int) -> None:
+        """An operator cancelled (ident, attempt), which this connection holds."""
+        self._run(self.session.cancelled(ident, attempt))
+
     @property
     def tenants(self) -> frozenset[str] | None:
         return self.session.tenants

@@ -264,16 +264,21 @@ class Runtime:
     # ------------------------------------------------------------------ events that left their holder
 
     def settled_by_sql(self, queue: str, ident: int, attempt: int, partition: int, state: str) -> None:
-        """An application settled (ident, attempt) by SQL (``state``: acked, failed, deleted, or
-        to_be_fired for an event it put back): its holder's credit slot is free, and an event that
-        left the queue counts as done for the producers' load."""
+        """An application settled (ident, attempt) by SQL (``state``: acked, failed, deleted,
+        cancelled by an operator, or to_be_fired for an event it put back): its holder's credit
+        slot is free, and an event that left the queue counts as done for the producers' load."""
         q = self.queues.get(queue)
         if q is None:
             return
+        if state == "cancelled":  # its holder is told, and refuses its ack with its own code
+            d = q.ledger.get(ident)
+            holder = None if d is None else next((c for c in q.subscribers if c.id == d.holder), None)
+            if holder is not None:
+                holder.cancelled(ident, attempt)
         if q.ledger.drop(ident, attempt) is not None:
             self.metrics.settled_by_sql.inc(queue=queue)
             self.nudge(q, Reason.CREDIT)
-        if state in ("acked", "failed", "deleted"):
+        if state in ("acked", "failed", "deleted", "cancelled"):
             fut = self.submit(OpKind.SETTLED, q, [partition])
             # not recorded (no session): the reconciliation re-anchors the count
             fut.add_done_callback(lambda f: f.exception())

@@ -24,6 +24,7 @@ from queue_manager.manager.dispatch import Dispatcher
 from queue_manager.manager.maintenance import Maintenance
 from queue_manager.manager.queues import Reason
 from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.schedules import Scheduler
 from queue_manager.manager.slices import Slicer
 from queue_manager.manager.store import AsyncConn
 from queue_manager.manager.wakeups import Listener, Waiter
@@ -128,6 +129,8 @@ class TermSession:
         self._spawn(listener.run(), "qm-listen")
         self._budget = Budget(rt, limits, self.term, rt.shard_name or cfg.shard or "")
         self._spawn(self._budget.run(), "qm-limits")
+        # periodic schedules: their slots enqueued ahead, fenced by the term (schedules.py)
+        self._spawn(Scheduler(rt, await self._connect("schedules", durable=True), self.term).run(), "qm-schedules")
         self.maintenance = Maintenance(rt, self.slicer)
         rt.session = self
         self.maintenance.start()

@@ -5,7 +5,7 @@ small static script for the live parts; no JavaScript build).
 server or a host application can mount it (``root_path`` puts every route under a sub-path).
 
 The package, beside this assembly: one module per page in ``pages/`` (overview, queue, events,
-event, health, audit), each with its routes; the pieces they share beside them: ``context.py``
+event, health, audit, schedules), each with its routes; the pieces they share beside them: ``context.py``
 (the shared :class:`~queue_manager.web.context.Web`), ``auth.py`` (login, CSRF, the scopes, what a
 refused request is answered), ``formatting.py``, ``cache.py`` and ``monitor.py`` (the readings),
 ``stream.py`` (the live parts), ``headers.py`` (what every response carries), ``reads.py`` and
@@ -32,7 +32,7 @@ from queue_manager.web.cache import Shared
 from queue_manager.web.config import WebConfig
 from queue_manager.web.context import HERE, build
 from queue_manager.web.headers import Guarded
-from queue_manager.web.pages import audit, event, events, health, overview, queue
+from queue_manager.web.pages import audit, event, events, health, overview, queue, schedules
 
 __all__ = ["Shared", "WebConfig", "create_app"]
 
@@ -55,6 +55,7 @@ def create_app(config: WebConfig) -> Starlette:
         *events.routes(web),
         *event.routes(web),
         *audit.routes(web),
+        *schedules.routes(web),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
 

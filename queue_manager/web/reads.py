@@ -122,7 +122,7 @@ def exact_counts(db: Shards, queue: str) -> dict[str, dict[str, int] | str]:
         except psycopg.Error as exc:
             out[shard.name] = str(on_error(shard, queue, exc))
             continue
-        counts = {state: 0 for state in ("to_be_fired", "fired", "acked", "failed")}
+        counts = {state: 0 for state in ("to_be_fired", "fired", "acked", "cancelled", "failed")}
         counts.update({r["state"]: int(r["n"]) for r in rows})
         out[shard.name] = counts
     return out

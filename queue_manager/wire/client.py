@@ -20,9 +20,12 @@ The calling contract:
 
 Effects are: :class:`Send` (a frame), :class:`Start` (run the handler on an event now: a slot is
 free), :class:`Subscribed`, :class:`RetryLater` (call :meth:`~ClientSession.frames` again after a
-pause: the manager could not write some items for a moment) and :class:`Refused` (the subscribe
-was refused; ``fatal`` when retrying cannot help). A server frame this client cannot read raises
-:class:`ServerFrameError`: the connection should be dropped and opened again.
+pause: the manager could not write some items for a moment), :class:`Refused` (the subscribe
+was refused; ``fatal`` when retrying cannot help) and :class:`Cancelled` (an operator cancelled a
+delivery in hand: stop its handler; nothing is sent for it). A session made ``cancellable`` asks
+for the feature ``cancel`` in its subscribe; a manager that grants it sends ``cancel`` frames. A
+server frame this client cannot read raises :class:`ServerFrameError`: the connection should be
+dropped and opened again.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from queue_manager.wire import frames as f
 from queue_manager.wire.credit import CreditBook
 from queue_manager.wire.frames import ServerFrameError
 
-__all__ = ["ACK", "SETTLED", "ClientSession", "Effect", "Outcome", "ServerFrameError"]
+__all__ = ["ACK", "SETTLED", "Cancelled", "ClientSession", "Effect", "Outcome", "ServerFrameError"]
 
 logger = logging.getLogger("receivers")
 
@@ -111,7 +114,18 @@ class Refused:
     fatal: bool
 
 
-Effect = Send | Start[E] | Subscribed | RetryLater | Refused
+@dataclass(slots=True)
+class Cancelled:
+    """An operator cancelled this delivery of the connection ``gen``: stop its handler (an asyncio
+    task is cancelled; a thread sees the event's flag); it is no longer in hand, and nothing is sent
+    for it (its result, if the handler still returns one, is dropped)."""
+
+    id: int
+    attempt: int
+    gen: int
+
+
+Effect = Send | Start[E] | Subscribed | RetryLater | Refused | Cancelled
 #: a frame sent whose reply has not come yet
 Outstanding = f.Ack | f.Nack | f.Extend | f.Credit
 
@@ -142,6 +156,7 @@ class ClientSession(Generic[E]):
         make_event: Callable[[str, Mapping[str, Any]], E],
         stats: ClientStats,
         tenants: Sequence[str] | None = None,
+        cancellable: bool = False,
     ) -> None:
         #: the shard's name (the receiver's, the key of its managers' URLs)
         self.shard = shard
@@ -169,6 +184,12 @@ class ClientSession(Generic[E]):
         self.outstanding: dict[int, Outstanding] = {}
         self._next_ref = 0
         self._retry = False
+        #: the adapter can stop a running handler: ask for the feature "cancel" in the subscribe
+        self.cancellable = cancellable
+        #: the manager of the current connection granted it (echoed in ``subscribed``)
+        self.cancel_granted = False
+        #: deliveries cancelled by an operator, since the session started
+        self.cancelled = 0
 
     # ------------------------------------------------------------------ state
 
@@ -243,8 +264,11 @@ class ClientSession(Generic[E]):
             self._extend_result(frame)
         elif isinstance(frame, f.Error):
             return self._error(frame)
+        elif isinstance(frame, f.Cancel):
+            return self._cancel(frame)
         elif isinstance(frame, f.Subscribed):
             self.subscribed = True
+            self.cancel_granted = frame.features is not None and f.Cancel.TYPE in frame.features
             self.stats.connects += 1
             return [Subscribed(self.queue, self.term)]
         elif isinstance(frame, f.Welcome):
@@ -259,7 +283,8 @@ class ClientSession(Generic[E]):
         self.term = frame.term
         self.last_credit = self.book.credit
         tenants = tuple(self.tenants) if self.tenants is not None else None
-        return [Send(f.Subscribe(self.queue, tenants, self.last_credit, SUBSCRIBE_REF).to_json())]
+        features = (f.Cancel.TYPE,) if self.cancellable else None
+        return [Send(f.Subscribe(self.queue, tenants, self.last_credit, SUBSCRIBE_REF, features).to_json())]
 
     def _deliver(self, frame: f.Deliver) -> list[Effect[E]]:
         queue = frame.queue
@@ -272,6 +297,25 @@ class ClientSession(Generic[E]):
                 out.append(Start(event, self.gen))
             else:
                 self.waiting.append(event)
+        return out
+
+    def _cancel(self, frame: f.Cancel) -> list[Effect[E]]:
+        """Deliveries an operator cancelled: out of hand (an event still waiting for a slot never
+        starts), their results not sent; each running handler is to be stopped."""
+        out: list[Effect[E]] = []
+        for item in frame.events:
+            ident, attempt = item["id"], item["attempt"]
+            if not self.book.holds(ident, attempt):
+                continue
+            self.cancelled += 1
+            for waiting in [e for e in self.waiting if e.id == ident and e.attempt == attempt]:
+                self.waiting.remove(waiting)
+                self.book.waiting -= 1
+            self.book.settled(ident, attempt)
+            self.acks = [a for a in self.acks if a != (ident, attempt)]
+            self.nacks = [n for n in self.nacks if (n.id, n.attempt) != (ident, attempt)]
+            self.extends.pop(ident, None)
+            out.append(Cancelled(ident, attempt, self.gen))
         return out
 
     def _ack_result(self, frame: f.AckResult) -> None:

@@ -6,7 +6,8 @@ frame as a typed value, its constructor (``to_json``) and its parser.
   by the manager with :func:`parse`, which checks every rule of the protocol;
 - server frames (:data:`ServerFrame`: :class:`Welcome`, :class:`Subscribed`, :class:`CreditSet`,
   :class:`Deliver`, :class:`AckResult`, :class:`NackResult`, :class:`ExtendResult`, :class:`Pong`,
-  :class:`Error`) are built by the manager with ``to_json()`` and read by receivers with
+  :class:`Error`, and :class:`Cancel` for a connection whose subscribe asked for the feature
+  ``cancel``: :data:`FEATURES`) are built by the manager with ``to_json()`` and read by receivers with
   :func:`parse_server`. A ``deliver`` is built on the manager's hot path by :func:`deliver_frame`
   from :func:`event_json` texts (each payload spliced in as the JSON text the database stored).
 
@@ -64,6 +65,14 @@ STALE = "stale"
 DUPLICATE = "duplicate"
 UNAVAILABLE = "unavailable"
 DRAINING = "draining"
+#: per item: an operator cancelled the delivery (the event is cancelled, never fired again)
+CANCELLED = "cancelled"
+
+#: the optional features of this version a subscribe may ask for, and the manager grants (echoed in
+#: ``subscribed``): ``cancel``, the ``cancel`` frame. A manager that does not know a feature does
+#: not echo it, so a client knows what it gets; an old client asks for none and gets none.
+FEATURES: Final = ("cancel",)
+MAX_FEATURES = 16
 
 # close codes
 CLOSE_GOING_AWAY = 1001  # the manager drains or stops
@@ -152,7 +161,12 @@ ErrorCode = Annotated[
         "already_subscribed, unavailable, draining (later versions may add codes)"
     ),
 ]
-ItemCode = Annotated[str, Doc("unknown_id, stale, duplicate or unavailable (later versions may add codes)")]
+ItemCode = Annotated[str, Doc("unknown_id, stale, duplicate, cancelled or unavailable (later versions may add codes)")]
+Features = Annotated[
+    tuple[Annotated[str, Length(1, 40)], ...],
+    Length(0, MAX_FEATURES),
+    Doc("optional features of the protocol: cancel (the cancel frame)"),
+]
 
 
 class IdAttemptObject(TypedDict):
@@ -178,6 +192,8 @@ class Subscribe:
     #: None: unchanged (0 on a new connection)
     credit: CreditValue | None = None
     ref: ClientRef = None
+    #: the optional features the client handles (FEATURES); unknown ones are ignored
+    features: Annotated[Features | None, Member(omit_none=True)] = None
 
     def to_json(self) -> str:
         body: dict[str, Any] = {"type": "subscribe", "queue": self.queue}
@@ -185,6 +201,8 @@ class Subscribe:
             body["tenants"] = list(self.tenants)
         if self.credit is not None:
             body["credit"] = self.credit
+        if self.features is not None:
+            body["features"] = list(self.features)
         return _with_ref(body, self.ref)
 
 
@@ -387,10 +405,14 @@ class Subscribed:
     tenants: Tenants | None
     credit: CreditValue
     ref: ServerRef = None
+    #: the features asked for that this manager grants (absent when none was asked for)
+    features: Annotated[Features | None, Member(omit_none=True)] = None
 
     def to_json(self) -> str:
         tenants = None if self.tenants is None else list(self.tenants)
-        body = {"type": "subscribed", "queue": self.queue, "tenants": tenants, "credit": self.credit}
+        body: dict[str, Any] = {"type": "subscribed", "queue": self.queue, "tenants": tenants, "credit": self.credit}
+        if self.features is not None:
+            body["features"] = list(self.features)
         return _with_ref(body, self.ref)
 
 
@@ -490,7 +512,21 @@ class Error:
         return _with_ref({"type": "error", "code": self.code, "message": self.message}, self.ref)
 
 
-ServerFrame = Welcome | Subscribed | CreditSet | Deliver | AckResult | NackResult | ExtendResult | Pong | Error
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Deliveries of this connection an operator cancelled: stop their handlers and send nothing
+    for them (an ack, nack or extend of one is refused with ``cancelled``). Sent only on a
+    connection whose subscribe asked for the feature ``cancel``."""
+
+    TYPE: ClassVar[str] = "cancel"
+    queue: QueueName
+    events: Annotated[list[IdAttemptObject], Length(1)]
+
+    def to_json(self) -> str:
+        return dumps({"type": "cancel", "queue": self.queue, "events": self.events})
+
+
+ServerFrame = Welcome | Subscribed | CreditSet | Deliver | AckResult | NackResult | ExtendResult | Pong | Error | Cancel
 SERVER_FRAMES: tuple[type[ServerFrame], ...] = (
     Welcome,
     Subscribed,
@@ -501,6 +537,7 @@ SERVER_FRAMES: tuple[type[ServerFrame], ...] = (
     ExtendResult,
     Pong,
     Error,
+    Cancel,
 )
 
 
@@ -541,8 +578,13 @@ _SERVER_PARSERS: dict[Any, Any] = {
     "pong": lambda o: Pong(o["time"], o.get("ref")),
     "error": lambda o: Error(_str(o["code"]), str(o.get("message", "")), o.get("ref")),
     "subscribed": lambda o: Subscribed(
-        _str(o["queue"]), _tenants_of(o.get("tenants")), _integer(o["credit"]), o.get("ref")
+        _str(o["queue"]),
+        _tenants_of(o.get("tenants")),
+        _integer(o["credit"]),
+        o.get("ref"),
+        _tenants_of(o.get("features")),
     ),
+    "cancel": lambda o: Cancel(_str(o["queue"]), _list(o["events"])),
     "welcome": lambda o: Welcome(
         o["protocol"], o["shard"], None if o["term"] is None else _integer(o["term"]), _str(o["manager"]), o["limits"]
     ),
@@ -715,7 +757,16 @@ def parse(text: str | bytes) -> Frame:
         credit = obj.get("credit")
         if credit is not None:
             credit = _int(credit, "credit", 0, MAX_CREDIT, ref)
-        return Subscribe(queue, tenants, credit, ref)
+        features = obj.get("features")
+        if features is not None:
+            if (
+                not isinstance(features, list)
+                or len(features) > MAX_FEATURES
+                or not all(isinstance(x, str) and 0 < len(x) <= 40 for x in features)
+            ):
+                raise FrameError(BAD_FRAME, f"'features' must be a list of at most {MAX_FEATURES} names, or null", ref)
+            features = tuple(features)
+        return Subscribe(queue, tenants, credit, ref, features)
     if kind == "ping":
         return Ping(ref)
     if isinstance(kind, str):

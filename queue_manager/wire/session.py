@@ -31,6 +31,8 @@ from typing import Any, Protocol
 from queue_manager.wire import frames as f
 from queue_manager.wire.ledger import Claim, Ledger
 
+CANCELLED = f.CANCELLED
+
 
 class Scope(Protocol):
     """What a token allows (``queue_manager.manager.auth.Grant``)."""
@@ -86,6 +88,8 @@ class Resolve:
     tenants: frozenset[str] | None
     credit: int | None
     ref: Any
+    #: the optional features the subscribe asked for (None: it named none)
+    features: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +130,9 @@ class WakeUp:
 Action = Send | Resolve | Write | Release | Probe | WakeUp
 
 _NOT_HERE = "not in flight on this connection (never delivered here, already settled, or re-fired)"
+_CANCELLED = "an operator cancelled this event (it is cancelled, and never fired again): drop it"
+#: the cancelled deliveries a connection remembers, to refuse their acks with their own code
+MAX_CANCELLED = 10_000
 
 
 class ReceiverSession:
@@ -150,6 +157,10 @@ class ReceiverSession:
         #: or extend): alive, perhaps, but not working through what it is sent, so the dispatcher
         #: gives it events only when no other subscriber with credit takes them
         self.lapsed = False
+        #: deliveries of this connection an operator cancelled: (id -> attempt), the oldest first out
+        self._cancelled: dict[int, int] = {}
+        #: its subscribe asked for the feature "cancel": it is sent cancel frames
+        self.cancel_frames = False
 
     @property
     def free(self) -> int:
@@ -213,7 +224,7 @@ class ReceiverSession:
         except PermissionError as exc:
             raise f.FrameError(f.FORBIDDEN, str(exc), frame.ref) from None
         self.subscribing = True
-        return [Resolve(frame.queue, tenants, frame.credit, frame.ref)]
+        return [Resolve(frame.queue, tenants, frame.credit, frame.ref, frame.features)]
 
     def subscribed(self, resolve: Resolve, ledger: Ledger) -> list[Action]:
         """The queue of ``resolve`` exists: the connection now receives its events."""
@@ -224,7 +235,11 @@ class ReceiverSession:
         if resolve.credit is not None:
             self.credit = resolve.credit
         tenants = None if resolve.tenants is None else tuple(sorted(resolve.tenants))
-        frame = f.Subscribed(resolve.queue, tenants, self.credit, resolve.ref)
+        granted = None
+        if resolve.features is not None:  # version negotiation: the features both sides know
+            granted = tuple(x for x in f.FEATURES if x in resolve.features)
+            self.cancel_frames = f.Cancel.TYPE in granted
+        frame = f.Subscribed(resolve.queue, tenants, self.credit, resolve.ref, granted)
         return [Send(frame.to_json()), WakeUp(Wake.SUBSCRIBED)]
 
     def subscribe_failed(self, resolve: Resolve, code: str, message: str) -> list[Action]:
@@ -240,7 +255,9 @@ class ReceiverSession:
                 out.append(True)
                 continue
             out.append(False)
-            if found is Claim.UNKNOWN:
+            if found is Claim.UNKNOWN and self._cancelled.get(ident) == attempt:
+                errors.append(f.item_error(ident, attempt, CANCELLED, _CANCELLED))
+            elif found is Claim.UNKNOWN:
                 errors.append(f.item_error(ident, attempt, f.UNKNOWN_ID, _NOT_HERE))
             elif found is Claim.STALE:
                 assert d is not None
@@ -283,6 +300,8 @@ class ReceiverSession:
             found, _ = ledger.lookup(self.id, it.id, it.attempt)
             if found is Claim.OK:
                 valid.append((it.id, it.attempt, it.seconds))
+            elif found is Claim.UNKNOWN and self._cancelled.get(it.id) == it.attempt:
+                errors.append(f.item_error(it.id, it.attempt, CANCELLED, _CANCELLED))
             elif found is Claim.UNKNOWN:
                 errors.append(f.item_error(it.id, it.attempt, f.UNKNOWN_ID, "not in flight on this connection"))
             else:
@@ -310,6 +329,8 @@ class ReceiverSession:
                     acked.append(ident)
                     if d is not None:
                         latencies.append(now - d.pushed_at)
+                elif self._cancelled.get(ident) == attempt:
+                    errors.append(f.item_error(ident, attempt, CANCELLED, _CANCELLED))
                 else:
                     errors.append(
                         f.item_error(
@@ -360,6 +381,24 @@ class ReceiverSession:
         if op.kind is WriteKind.RELEASE:
             return [Send(f.NackResult([], [], errors, op.ref).to_json())]
         return [Send(f.ExtendResult([], errors, op.ref).to_json())]
+
+    # ------------------------------------------------------------------ an operator cancelled an event
+
+    def cancelled(self, ident: int, attempt: int) -> list[Action]:
+        """An operator cancelled (ident, attempt) while this connection held it (its state is
+        ``cancelled`` in the table): it leaves the ledger (its slot is free), a client that asked
+        for the feature is sent a ``cancel`` frame (its handler stops), and an ack, nack or extend
+        of it from now on is refused with the code ``cancelled`` (an old client learns it so)."""
+        ledger = self.ledger
+        if ledger is None or self.queue is None or ledger.drop(ident, attempt) is None:
+            return []
+        self._cancelled[ident] = attempt
+        if len(self._cancelled) > MAX_CANCELLED:
+            del self._cancelled[next(iter(self._cancelled))]
+        out: list[Action] = [WakeUp(Wake.CREDIT)]
+        if self.cancel_frames:
+            out.insert(0, Send(f.Cancel(self.queue, [{"id": ident, "attempt": attempt}]).to_json()))
+        return out
 
     # ------------------------------------------------------------------ a silent connection
 

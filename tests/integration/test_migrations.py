@@ -25,10 +25,10 @@ from queue_manager.local.embedded import pg_bin_dir
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0007_audit"
+HEAD = "0008_schedules_cancel"
 #: tables the revisions after the baseline add
-ADDED_TABLES = ("qm.audit", "qm.archive_runs", "qm.reshard_capture", "qm.reshard_rows")
-ADDED_SEQUENCES = ("audit_id_seq", "reshard_capture_seq_seq")
+ADDED_TABLES = ("qm.audit", "qm.archive_runs", "qm.reshard_capture", "qm.reshard_rows", "qm.schedules")
+ADDED_SEQUENCES = ("audit_id_seq", "reshard_capture_seq_seq", "schedules_id_seq")
 #: columns the revisions after the baseline add to a table, and the value every old row gets
 ADDED_COLUMNS = {
     "qm.shard": ("serving", False),

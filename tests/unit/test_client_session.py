@@ -324,3 +324,40 @@ def finish(s: ClientSession[Ev], ev: Ev, outcome: Outcome) -> None:
 def started_event(s: ClientSession[Ev], ident: int, attempt: int) -> Ev:
     (start,) = [e for e in s.receive(deliver((ident, attempt))) if isinstance(e, Start)]
     return start.event
+
+
+def test_a_cancellable_session_asks_for_cancel_frames_and_a_cancel_stops_its_delivery_and_sends_nothing() -> None:
+    from queue_manager.wire.client import Cancelled
+
+    stats = Stats()
+    s = ClientSession("s0", "orders", slots=1, make_event=make_event, stats=stats, cancellable=True)
+    s.connected()
+    sub = f.parse(next(e for e in s.receive(WELCOME) if isinstance(e, Send)).text)
+    assert isinstance(sub, f.Subscribe) and sub.features == ("cancel",)
+    s.receive(f.Subscribed("orders", None, 1, "subscribe", ("cancel",)).to_json())
+    assert s.cancel_granted
+    running, waiting = s.receive(deliver((1, 1), (2, 1)))[0], None
+    assert isinstance(running, Start) and s.waiting and s.waiting[0].id == 2
+    out = s.receive(
+        f.Cancel("orders", [{"id": 1, "attempt": 1}, {"id": 2, "attempt": 1}, {"id": 9, "attempt": 1}]).to_json()
+    )
+    assert out == [Cancelled(1, 1, s.gen), Cancelled(2, 1, s.gen)]  # 9: not in hand here, nothing to stop
+    assert s.cancelled == 2 and not s.waiting and s.in_hand == 0 and waiting is None
+    # the handler of 1 ends anyway (a thread that did not poll its flag): nothing is sent for it
+    s.completed(running.event, running.gen, ACK)
+    assert s.slot_freed(running.event) == [] and s.frames() == []
+    assert stats.acked == 0
+
+
+def test_a_session_that_cannot_stop_handlers_asks_for_no_feature_and_a_manager_that_grants_none_sends_none() -> None:
+    s, _ = session()
+    s.connected()
+    sub = f.parse(next(e for e in s.receive(WELCOME) if isinstance(e, Send)).text)
+    assert isinstance(sub, f.Subscribe) and sub.features is None
+    assert '"features"' not in sub.to_json()
+    # a cancellable session against a manager of before the feature: subscribed without features
+    c = ClientSession("s0", "orders", slots=1, make_event=make_event, stats=Stats(), cancellable=True)
+    c.connected()
+    c.receive(WELCOME)
+    c.receive('{"type":"subscribed","ref":"subscribe","queue":"orders","tenants":null,"credit":1}')
+    assert not c.cancel_granted

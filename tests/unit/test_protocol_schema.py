@@ -19,6 +19,7 @@ PROTOCOL_MD = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 CLIENT_EXAMPLES: list[f.ClientFrame] = [
     f.Subscribe("orders"),
     f.Subscribe("orders", ("acme", "Zürich"), 100, "sub"),
+    f.Subscribe("orders", None, 10, "sub", ("cancel",)),
     f.Credit(0, 7),
     f.Credit(f.MAX_CREDIT),
     f.Ack(((1041, 1), (2**63 - 1, 2**31 - 1)), 12),
@@ -41,6 +42,7 @@ SERVER_EXAMPLES: list[f.ServerFrame] = [
     f.Welcome(f.PROTOCOL, "s0", 12, "mgr-a:4711:9f2c01ab", f.limits(500)),
     f.Subscribed("orders", ("acme",), 100, "sub"),
     f.Subscribed("orders", None, 0),
+    f.Subscribed("orders", None, 10, "sub", ("cancel",)),
     f.CreditSet(50, 7),
     f.Deliver("orders", [EVENT, {**EVENT, "id": 1042, "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}]),
     f.AckResult([1041], [f.item_error(1042, 2, f.STALE, "re-fired")], 12),
@@ -48,6 +50,8 @@ SERVER_EXAMPLES: list[f.ServerFrame] = [
     f.ExtendResult([{"id": 1044, "ack_deadline": 1763719522.5}], [], 14),
     f.Pong(1763719201.337, "p1"),
     f.Error(f.FORBIDDEN, "token 'billing-workers' may not read queue 'audit'", "sub"),
+    f.Cancel("orders", [{"id": 1041, "attempt": 1}]),
+    f.AckResult([], [f.item_error(1041, 1, f.CANCELLED, "an operator cancelled this event")], 15),
 ]
 
 
@@ -110,6 +114,8 @@ MALFORMED: list[dict[str, Any]] = [
     {"type": "subscribe", "queue": "orders", "credit": f.MAX_CREDIT + 1},
     {"type": "subscribe", "queue": "orders", "tenants": []},
     {"type": "subscribe", "queue": "orders", "tenants": [""]},
+    {"type": "subscribe", "queue": "orders", "features": "cancel"},
+    {"type": "subscribe", "queue": "orders", "features": [""]},
     {"type": "credit", "credit": 5.5},
     {"type": "credit", "credit": "5"},
     {"type": "ack", "events": []},

@@ -565,7 +565,9 @@ def loads(topology: Topology) -> dict[str, list[int]]:
     return out
 
 
-def test_cancel_deletes_only_scheduled_events_and_counts_them_done(client: TestClient, topology: Topology) -> None:
+def test_cancel_takes_only_events_not_yet_settled_and_counts_the_scheduled_ones_done(
+    client: TestClient, topology: Topology
+) -> None:
     s0 = topology.shards[0]
     t0 = tenants_of(s0, 1)[0]
     with psycopg.connect(s0.dsn, autocommit=True) as c:
@@ -594,20 +596,21 @@ def test_cancel_deletes_only_scheduled_events_and_counts_them_done(client: TestC
     preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
     assert (
         preview.status_code == 200
-        and "<strong>2</strong>" in preview.text
-        and "<li>s0: 2 match, 2 bound</li>" in preview.text
+        and "<strong>4</strong>" in preview.text
+        and "<li>s0: 4 match, 4 bound</li>" in preview.text
     )
-    assert "Cancel 2 scheduled events" in preview.text
-    # a forged confirmation binding every id changes only what the action may: still 2
+    assert "Cancel 4 events not yet settled" in preview.text
+    # a forged confirmation binding every id changes only what the action may: still 4
     r = client.post("/queues/orders/bulk/confirm", data={**confirm_form(preview.text), "bound": "s0:6-1"})
-    assert "Cancel: 2 scheduled events of orders changed, of 6 bound" in notice(client, r)
+    assert "Cancel: 4 events not yet settled of orders changed, of 6 bound" in notice(client, r)
     with psycopg.connect(s0.dsn) as c:
         left = dict(c.execute("SELECT id, state::text FROM orders ORDER BY id").fetchall())
         audit = c.execute("SELECT action, requested, affected, finished_at IS NOT NULL FROM qm.audit").fetchall()
-    assert left == {2: "to_be_fired", 3: "fired", 4: "acked", 5: "failed"}
-    assert audit == [("cancel", 6, 2, True)]
+    assert left == {1: "cancelled", 2: "cancelled", 3: "cancelled", 4: "acked", 5: "failed", 6: "cancelled"}
+    assert audit == [("cancel", 6, 4, True)]
+    # the scheduled and due ones are counted done at once; a fired one by its manager, which hears of it
     expected = list(before["s0"])
-    for gone in (1, 6):
+    for gone in (1, 2, 6):
         expected[partition[gone]] -= 1
     assert loads(topology) == {**before, "s0": expected}
 
@@ -624,22 +627,23 @@ def test_cancel_of_all_matching_is_confirmed_capped_and_audited(
                     "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, %s, now() + interval '1 hour')",
                     (tenant, json.dumps({"n": i})),
                 )
-    insert(topology, [(t1, {"due": True})])  # due now: not a scheduled event, never cancelled
     before = loads(topology)
     csrf = login(client, ADMIN)
     form = {"csrf": csrf, "do": "cancel/all", "state": "to_be_fired"}
     preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
     assert preview.status_code == 200
     assert (
-        "<strong>5</strong> scheduled events match" in preview.text and '<strong id="bound">3</strong>' in preview.text
+        "<strong>5</strong> events not yet settled match" in preview.text
+        and '<strong id="bound">3</strong>' in preview.text
     )
     assert "<li>s0: 3 match, 1 bound</li>" in preview.text and "<li>s1: 2 match, 2 bound</li>" in preview.text
     confirm = confirm_form(preview.text)
     assert confirm["bound"] == "s0:3;s1:2-1"
     done = client.post("/queues/orders/bulk/confirm", data={**confirm, "csrf": csrf_of(preview.text)})
-    assert "Cancel: 3 scheduled events of orders changed, of 3 bound (s0 1 of 1, s1 2 of 2)" in notice(client, done)
+    changed = "Cancel: 3 events not yet settled of orders changed, of 3 bound (s0 1 of 1, s1 2 of 2)"
+    assert changed in notice(client, done)
     counts = {s["shard"]: s["queues"][0]["counts"]["to_be_fired"] for s in admin.status(topology)["shards"]}
-    assert counts == {"s0": 2, "s1": 1}
+    assert counts == {"s0": 2, "s1": 0}
     assert audit_rows(topology) == {
         "s0": [("alice", "web", "cancel", "state to_be_fired", 1, 1, True)],
         "s1": [("alice", "web", "cancel", "state to_be_fired", 2, 2, True)],

@@ -25,13 +25,13 @@
            END)
 
 -- events_pick --
--- The events an action may change: in state %(target)s (one no manager holds in hand: failed, or
--- to_be_fired), with %(future)s only those not yet due, matching the filter and, when %(ids)s is
+-- The events an action may change: in one of the states %(targets)s, with %(future)s only those not
+-- yet due, matching the filter and, when %(ids)s is
 -- given, among those ids. Below id %(below)s (NULL: from the newest), newest first, at most
 -- %(limit)s.
 SELECT e.id, e.created_at
   FROM {queue} e
- WHERE e.state = %(target)s::qm.event_state
+ WHERE e.state = ANY(%(targets)s::qm.event_state[])
    AND (NOT %(future)s OR e.fire_at > now())
    AND (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
    AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
@@ -43,7 +43,7 @@ SELECT e.id, e.created_at
 -- How many events an action would change now (events_pick's conditions), counted up to %(limit)s.
 SELECT count(*) AS n
   FROM (SELECT 1 FROM {queue} e
-         WHERE e.state = %(target)s::qm.event_state
+         WHERE e.state = ANY(%(targets)s::qm.event_state[])
            AND (NOT %(future)s OR e.fire_at > now())
            AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
            AND {filters}
@@ -85,20 +85,10 @@ UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
 RETURNING id
 
 -- events_cancel --
--- Scheduled events deleted before they fire. Only rows still to_be_fired and not yet due go: the
--- manager fires an event only by an UPDATE that finds it to_be_fired and due, so an event it
--- fired or holds in the meantime is never deleted (and the qm_settled_delete trigger, for fired
--- rows, never runs here). A deleted event never reaches an ack, so it is counted done here, one
--- entry per event in its partition (qm.add_done), in the same statement: the partitions' load
--- counters stay exact. One row: the ids deleted.
-WITH gone AS (
-        DELETE FROM {queue}
-         WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
-        RETURNING id, partition)
-SELECT coalesce(array_agg(id), ARRAY[]::bigint[]) AS ids,
-       qm.add_done((SELECT q.id FROM qm.queues q WHERE q.name = %(queue)s),
-                   coalesce(array_agg(partition), ARRAY[]::smallint[]))::text AS counted
-  FROM gone
+-- Events not yet settled cancelled (qm.cancel: to_be_fired and fired ones become cancelled, the
+-- others are left as they are; a fired one's manager hears of it at the commit and tells the
+-- receiver holding it). One row: the ids cancelled.
+SELECT qm.cancel(%(queue)s, %(ids)s::bigint[], %(reason)s) AS ids
 
 -- audit_record --
 -- An action's part on this shard, in the transaction of its change: created by its first slice
@@ -125,3 +115,56 @@ SELECT id, at, action_id, via, actor, action, queue, filter, plan, requested, af
 SELECT id, at, action_id, via, actor, action, queue, filter, plan, requested, affected, finished_at
   FROM qm.audit
  WHERE action_id = %(action_id)s::uuid
+
+-- schedule_add --
+-- A periodic schedule added (%(replace)s: or the one of that name changed) on the tenant's shard,
+-- by the SQL API's checks (qm.schedule_write). One row: the schedule.
+SELECT (qm.schedule_write(%(replace)s, %(name)s, %(queue)s, %(tenant)s, %(payload)s::jsonb, %(cron)s,
+                          %(interval)s, %(timezone)s, %(misfire)s, %(catch_up)s, %(priority)s::smallint, %(paused)s,
+                          %(anchor)s)).id AS changed
+
+-- schedule_pause --
+SELECT (qm.schedule_pause(%(name)s)).id AS changed
+
+-- schedule_resume --
+SELECT (qm.schedule_resume(%(name)s)).id AS changed
+
+-- schedule_remove --
+SELECT qm.schedule_remove(%(name)s) AS changed
+
+-- schedules_list --
+-- A shard's schedules (of one queue, or all; one by name), with their queue's name and the state
+-- of their last enqueued slot's event.
+SELECT s.id, s.name, q.name AS queue, s.tenant, s.payload, s.priority, s.cron, s.interval_seconds, s.timezone,
+       s.anchor, s.paused, s.misfire, s.catch_up, s.next_at, s.last_slot, s.last_event_id, s.missed, s.error,
+       s.created_at, s.updated_at, now() AS now
+  FROM qm.schedules s JOIN qm.queues q ON q.id = s.queue_id
+ WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s::text)
+   AND (%(name)s::text IS NULL OR s.name = %(name)s::text)
+ ORDER BY s.name
+ LIMIT %(limit)s
+
+-- schedule_slot_event --
+-- The event of one slot of a schedule (by its dedup key), if it is still there.
+SELECT id, state::text AS state, fire_at, fired_at, acked_at, attempts
+  FROM {queue}
+ WHERE tenant = %(tenant)s AND dedup_key = %(key)s
+
+-- events_list --
+-- A page of a queue's events on this shard for `qm events list`, newest first, below id %(below)s
+-- (NULL: from the newest), matching the filters, at most %(limit)s (the payload cut to 200
+-- characters: `qm events show` gives it whole).
+SELECT e.id, e.tenant, e.partition, e.state::text AS state, e.attempts, e.fire_at, e.created_at, e.fired_at,
+       e.acked_at, e.dedup_key, left(e.payload::text, 200) AS payload, left(e.last_error, 200) AS last_error
+  FROM {queue} e
+ WHERE (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
+   AND {filters}
+ ORDER BY e.id DESC
+ LIMIT %(limit)s
+
+-- event_show --
+-- One event, every column.
+SELECT id, tenant, partition, state::text AS state, attempts, fire_at, created_at, fired_at, acked_at, ack_deadline,
+       fired_term, dedup_key, last_error, traceparent, tracestate, baggage, payload
+  FROM {queue}
+ WHERE id = %(id)s

@@ -349,7 +349,9 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
 
 -- mgr_slice_purge --
 -- A retention slice: in one partition, delete up to %(limit)s acked events acked more than
--- %(retention)s seconds ago and up to %(limit)s failed events whose last fire (their settle time,
+-- %(retention)s seconds ago, as many cancelled ones cancelled that long ago (by the <queue>_cancelled
+-- index, whose predicate says state > 'failed': cancelled is the enum's last value), and up to
+-- %(limit)s failed events whose last fire (their settle time,
 -- as in archive.sql) is more than %(failed_retention)s seconds ago (NULL: failed events are kept),
 -- oldest first, by the <queue>_acked and <queue>_failed indexes. Rows another transaction holds
 -- are skipped, not waited for. Runs on any manager's maintenance connection, leader or standby:
@@ -357,11 +359,18 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
 -- The DELETE states its own guard: whatever the candidates, it never deletes a live event
 -- (to_be_fired or fired), however old. The state is compared as text so that the planner probes
 -- the primary key (see the top of this file).
--- Returns the acked and failed events deleted, and the larger of the two candidate counts (a full
--- page means more may wait in this partition).
+-- Returns the acked (with the cancelled) and failed events deleted, and the largest of the
+-- candidate counts (a full page means more may wait in this partition).
 WITH acked AS MATERIALIZED (
         SELECT q.id FROM {queue} q
          WHERE q.partition = %(partition)s AND q.state = 'acked'
+           AND q.acked_at < now() - make_interval(secs => %(retention)s)
+         ORDER BY q.acked_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED),
+     cancelled AS MATERIALIZED (
+        SELECT q.id FROM {queue} q
+         WHERE q.partition = %(partition)s AND q.state > 'failed'
            AND q.acked_at < now() - make_interval(secs => %(retention)s)
          ORDER BY q.acked_at
          LIMIT %(limit)s
@@ -377,11 +386,11 @@ WITH acked AS MATERIALIZED (
            FOR UPDATE SKIP LOCKED),
      gone AS (
         DELETE FROM {queue} q
-         WHERE q.id = ANY(ARRAY(SELECT id FROM acked UNION ALL SELECT id FROM failed))
-           AND q.state::text IN ('acked', 'failed')
+         WHERE q.id = ANY(ARRAY(SELECT id FROM acked UNION ALL SELECT id FROM cancelled UNION ALL SELECT id FROM failed))
+           AND q.state::text IN ('acked', 'cancelled', 'failed')
         RETURNING q.state)
-SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FILTER (WHERE state = 'failed'),
-       greatest((SELECT count(*) FROM acked), (SELECT count(*) FROM failed))
+SELECT count(*) FILTER (WHERE state <> 'failed'), count(*) FILTER (WHERE state = 'failed'),
+       greatest((SELECT count(*) FROM acked), (SELECT count(*) FROM cancelled), (SELECT count(*) FROM failed))
   FROM gone
 
 -- mgr_slice_reconcile --
