@@ -18,7 +18,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-scheduled bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-scheduled bench-fire bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -80,6 +80,9 @@ bench-e2e: $(STAMP) $(PEERS_STAMP) ## one shard end to end: drain, latency, fire
 
 bench-scheduled: $(STAMP) ## 2M events scheduled over the next hour, fired at 1000/s and 4000/s: lateness, memory, cache reads; ARGS="--events 10000000" (JSON on stdout)
 	$(BIN)/python -m benchmarks.scheduled $(ARGS)
+
+bench-fire: $(STAMP) ## scheduled fires in rounds (300 events 0.5-5 s ahead, a standby, maintenance slices due): lateness p50/p99/max and over 20 ms per round; OTHER=<checkout> alternated (JSON on stdout)
+	$(BIN)/python -m benchmarks.fire_rounds $(if $(OTHER),--other $(OTHER)) $(ARGS)
 
 bench-held-snapshot: $(STAMP) ## dispatch while a long transaction holds back vacuum, 500/s and 2000/s, ~10 min (JSON on stdout)
 	$(BIN)/python -m benchmarks.held_snapshot $(ARGS)

@@ -8,9 +8,11 @@
     await receiver.run()                     # until receiver.stop() (or SIGTERM with handle_signals=True)
 
 One connection per shard (protocol ``qm.v1``, docs/protocol.md). For each shard the receiver
-probes its managers' ``/health/leader`` and connects to the one that answers 200; when that
-connection ends (the manager drains, loses leadership, crashes or the network drops) it probes
-again with a jittered exponential back-off until it finds the new active manager.
+probes its managers' ``/health/leader`` and connects to the one that answers 200. A manager that
+does not lead holds the probe (``?wait=``) until it takes over or for HOLD seconds, so when the
+connection ends (the manager drains, loses leadership, crashes or the network drops) the receiver
+hears of the next leader the moment its session starts. Managers that cannot be reached (a dead
+one refuses at once) are probed again only after a jittered exponential back-off.
 
 Per shard it runs at most ``concurrency`` handlers at once and grants credit so that the manager
 sends an event only when a handler slot is free for it (:mod:`queue_manager.wire.credit`). Handlers may be
@@ -67,6 +69,10 @@ from receivers.backoff import Backoff
 from receivers.errors import ReceiverError
 
 logger = logging.getLogger("receivers")
+
+#: seconds a manager that does not lead holds a ``/health/leader`` probe (it answers 200 the moment
+#: it takes over): the receivers hear of a new leader at once, at one request per manager per HOLD
+HOLD = 5.0
 
 #: a handler: ``async def handler(event) -> None`` or ``def handler(event) -> None``
 Handler = Callable[["Event"], Awaitable[None]] | Callable[["Event"], None]
@@ -162,21 +168,25 @@ def ws_url(base: str) -> str:
     return urlunsplit((scheme, parts.netloc, parts.path or "/", "", ""))
 
 
-async def probe_leader(base: str, timeout: float = 1.0) -> tuple[int, int | None] | None:
-    """GET ``/health/leader`` of one manager: (HTTP status, term), or None when it cannot be reached."""
-    target = urlsplit(http_url(base, "/health/leader"))
+async def probe_leader(base: str, timeout: float = 1.0, hold: float = 0.0) -> tuple[int, int | None] | None:
+    """GET ``/health/leader`` of one manager: (HTTP status, term), or None when it cannot be reached.
+
+    ``hold``: a manager that does not lead answers when it takes over, or after ``hold`` seconds
+    (``?wait=``); ``timeout`` counts on top of it."""
+    target = urlsplit(http_url(base, f"/health/leader?wait={hold:g}" if hold > 0 else "/health/leader"))
     host = target.hostname
     assert host is not None
     tls = target.scheme == "https"
     port = target.port or (443 if tls else 80)
     writer = None
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout + hold):
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=ssl.create_default_context() if tls else None
             )
+            path = f"{target.path}?{target.query}" if target.query else target.path
             writer.write(
-                f"GET /health/leader HTTP/1.1\r\nHost: {target.netloc}\r\nConnection: close\r\n"
+                f"GET {path} HTTP/1.1\r\nHost: {target.netloc}\r\nConnection: close\r\n"
                 "Accept: application/json\r\n\r\n".encode("ascii")
             )
             head = await reader.readuntil(b"\r\n\r\n")
@@ -272,32 +282,63 @@ class _Link:
     async def run(self) -> None:
         try:
             while not self.stopping.is_set():
-                url, self.hint = self.hint or await self._find_leader(), None
+                url, self.hint = self.hint, None
+                held = False
+                if url is None:
+                    url, held = await self._find_leader()
                 if url is not None and not self.stopping.is_set():
                     try:
                         await self._connect(url)
                     finally:
                         self._lost()
+                    held = False
                 if self.stopping.is_set():
                     break
-                await self._pause()
+                # no pause after a round of held probes (it was the wait), nor before the manager a
+                # leader check found leading; after a connection, a short one (the back-off starts
+                # again from its first step at every subscribe)
+                if not held and self.hint is None:
+                    await self._pause()
         finally:
             await self._finish_handlers()
             if self.pool is not None:
                 self.pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _find_leader(self) -> str | None:
-        answers = await asyncio.gather(*(probe_leader(u, self.r.probe_timeout) for u in self.urls))
-        # several may answer 200 for a moment after a takeover: the highest term is the current one
-        leaders = [(a[1] or 0, i) for i, a in enumerate(answers) if a is not None and a[0] == 200]
-        if not leaders:
-            logger.info(
-                "no active manager for shard %s yet",
-                self.shard,
-                extra={"shard": self.shard, "answers": [None if a is None else a[0] for a in answers]},
-            )
-            return None
-        return self.urls[max(leaders)[1]]
+    async def _find_leader(self) -> tuple[str | None, bool]:
+        """Probe every manager at once, each probe held by a manager that does not lead until it
+        takes over (HOLD): the first to answer 200 wins (the highest term of those that answer
+        together). Returns its URL (None: none leads), and whether a manager held a probe: then
+        it is alive and will answer the moment it leads, so the next round needs no back-off."""
+        loop = asyncio.get_running_loop()
+        probes = {
+            asyncio.ensure_future(probe_leader(u, self.r.probe_timeout, HOLD)): (i, loop.time())
+            for i, u in enumerate(self.urls)
+        }
+        answers: list[int | None] = [None] * len(self.urls)
+        held = False
+        pending = set(probes)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                leaders = []
+                for t in done:
+                    i, started = probes[t]
+                    a = t.result()
+                    answers[i] = None if a is None else a[0]
+                    held = held or loop.time() - started >= HOLD / 2
+                    if a is not None and a[0] == 200:
+                        leaders.append((a[1] or 0, i))
+                if leaders:
+                    return self.urls[max(leaders)[1]], True
+        finally:
+            for t in pending:
+                t.cancel()
+        logger.info(
+            "no active manager for shard %s yet",
+            self.shard,
+            extra={"shard": self.shard, "answers": answers},
+        )
+        return None, held
 
     async def _pause(self) -> None:
         delay = self.backoff.next()
@@ -369,33 +410,46 @@ class _Link:
     async def _watch_leader(self, ws: ClientConnection, every: float) -> None:
         """Leave a manager that another one has deposed. A leader frozen with its socket open
         (SIGSTOP, a stalled VM) cannot close its receivers when a standby takes over, and the
-        websocket's pings take tens of seconds to notice; so the other URLs are probed every
-        ``every`` seconds, and one that leads under a higher term than this connection's ends it
-        at once (its events in hand fire again after their ack deadline, as after a crash)."""
-        others = [u for u in self.urls if u != self.url]
-        while True:
-            await asyncio.sleep(every)
-            answers = await asyncio.gather(*(probe_leader(u, self.r.probe_timeout) for u in others))
-            newer = [
-                (a[1] or 0, u)
-                for u, a in zip(others, answers, strict=True)
-                if a is not None and a[0] == 200 and (a[1] or 0) > (self.term or 0)
-            ]
-            if newer:
-                term, url = max(newer)
-                logger.warning(
-                    "manager %s leads shard %s under a newer term %s than this connection's (%s): leaving %s",
-                    url,
-                    self.shard,
-                    term,
-                    self.term,
-                    self.url,
-                    extra={"shard": self.shard, "term": self.term},
-                )
-                # go straight to it: probing every URL again would wait out the frozen one's timeout
-                self.hint = url
-                ws.transport.abort()  # a close handshake would wait for the frozen peer
-                return
+        websocket's pings take tens of seconds to notice; so each of the other URLs is watched by
+        a held probe (a standby answers it the moment it takes over; a new one follows each
+        answer), or probed every ``every`` seconds when it does not hold probes (unreachable), and
+        one that leads under a higher term than this connection's ends it at once (its events in
+        hand fire again after their ack deadline, as after a crash)."""
+        loop = asyncio.get_running_loop()
+
+        async def watch(url: str) -> tuple[int, str]:
+            while True:
+                started = loop.time()
+                a = await probe_leader(url, self.r.probe_timeout, HOLD)
+                if a is not None and a[0] == 200 and (a[1] or 0) > (self.term or 0):
+                    return a[1] or 0, url
+                if loop.time() - started < HOLD / 2:  # not held: look again later
+                    await asyncio.sleep(every)
+
+        watches = [asyncio.ensure_future(watch(u)) for u in self.urls if u != self.url]
+        if not watches:
+            return
+        try:
+            done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in watches:
+                w.cancel()
+        newer = [w.result() for w in done if not w.cancelled() and w.exception() is None]
+        if not newer:
+            return
+        term, url = max(newer)
+        logger.warning(
+            "manager %s leads shard %s under a newer term %s than this connection's (%s): leaving %s",
+            url,
+            self.shard,
+            term,
+            self.term,
+            self.url,
+            extra={"shard": self.shard, "term": self.term},
+        )
+        # go straight to it: probing every URL again would wait out the frozen one's timeout
+        self.hint = url
+        ws.transport.abort()  # a close handshake would wait for the frozen peer
 
     def _apply(self, effects: list[Effect[Event]]) -> None:
         for effect in effects:

@@ -108,6 +108,8 @@ SOURCE: tuple[str, ...] = (
     "counters/reconcile_partition.sql",
     "counters/reconcile_load.sql",
     # the manager: leadership, back-off
+    "leadership/holder_connected.sql",
+    "leadership/take_over_leadership.sql",
     "leadership/acquire_leadership.sql",
     "leadership/renew_leadership.sql",
     "leadership/release_leadership.sql",

@@ -60,9 +60,10 @@ class Dispatcher:
 
     async def reload(self) -> None:
         rt = self.rt
+        # set first: a request that comes while this reload runs asks for one more
+        self.next_reload = rt.clock.monotonic() + rt.config.rescan_interval
         waiters = rt.reload_starts()
-        rows = await store.load_queues(self.conn)
-        tenants = await store.load_tenant_settings(self.conn)
+        rows, tenants = await store.load_settings(self.conn)
         sent = rt.clock.wall()
         clock = await store.db_now(self.conn)
         rt.db_clock.observe(clock, sent, rt.clock.wall())
@@ -80,9 +81,7 @@ class Dispatcher:
                 # the leadership loop wakes us when the lease is trusted again
                 await self._sleep(cfg.rescan_interval)
                 continue
-            if now >= self.next_reload:
-                # set first: a request that comes while this reload runs asks for one more
-                self.next_reload = now + cfg.rescan_interval
+            if now >= self.next_reload:  # the session's opening reload counts: not twice at its start
                 await self.reload()
             queues = active(rt.queues.values())
             watched = [q for q in queues if q.wake_state.reading_due(now)]

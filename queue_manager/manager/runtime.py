@@ -9,6 +9,7 @@ another in a circle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -97,6 +98,10 @@ class Runtime:
         self._changed = asyncio.Event()
         #: resolved by the next settings reload
         self._reload_waiters: list[asyncio.Future[None]] = []
+        #: replaced (after being set) each time this process may have become the leader (a session
+        #: started, or a renewal restored the lease's trust) or stops: /health/leader's held probes
+        #: wait on it
+        self._role = asyncio.Event()
         #: called each time the dispatcher finds nothing to do and the moment is spare (no queue
         #: waits for credit with events due): maintenance slices enlist there; each must return at once
         self.idle_listeners: list[Callable[[], None]] = []
@@ -113,6 +118,18 @@ class Runtime:
             and s.term == self.lease.term
             and self.lease.trusted(self.clock.monotonic())
         )
+
+    def role_changed(self) -> None:
+        """This process may lead from now on, or stops: wake whoever waits in :meth:`role_change`."""
+        self._role.set()
+        self._role = asyncio.Event()
+
+    async def role_change(self, timeout: float) -> None:
+        """Return at the next :meth:`role_changed`, or after ``timeout`` seconds."""
+        event = self._role
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
 
     def went_idle(self, spare: bool) -> None:
         """The dispatcher found nothing to do and is about to sleep; ``spare``: no events wait for

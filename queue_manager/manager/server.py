@@ -59,7 +59,12 @@ class Manager:
         self._server: Server | None = None
         self.leadership = Leadership(self.rt, self._open_session, self._not_leader_anymore)
         self.http = HttpFront(
-            config.tokens, config.allowed_origins, lambda: self.role, self.health, self.metrics.render
+            config.tokens,
+            config.allowed_origins,
+            lambda: self.role,
+            self.health,
+            self.metrics.render,
+            self.rt.role_change,
         )
         self.metrics.bind_gauges(
             queues=lambda: [(q.name, float(q.in_flight), float(len(q.cache))) for q in self.queues.values()],
@@ -184,6 +189,7 @@ class Manager:
         was_leader = role == "leader"
         self._phase = "draining"
         rt.draining = True
+        rt.role_changed()  # held /health/leader probes answer 503 now
         for c in self.connections:
             c.session.draining = True
         rt.wake.set()

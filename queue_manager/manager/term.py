@@ -85,11 +85,21 @@ class TermSession:
     async def _open(self) -> None:
         rt = self.rt
         cfg = rt.config
-        work = await self._connect("work", durable=cfg.durable_fires)
-        write = await self._connect("write", durable=True)
-        listen = await self._connect("listen", durable=True)
-        # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
-        limits = await self._connect("limits", durable=False)
+        # at once, not one after the other: a takeover waits for them (on a loaded machine each
+        # connection took 0.1 s and more). Every attempt ends before this goes on, so that a
+        # failure leaves no connection opened after close() ran
+        opened = await asyncio.gather(
+            self._connect("work", durable=cfg.durable_fires),
+            self._connect("write", durable=True),
+            self._connect("listen", durable=True),
+            # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
+            self._connect("limits", durable=False),
+            return_exceptions=True,
+        )
+        for result in opened:
+            if isinstance(result, BaseException):
+                raise result
+        work, write, listen, limits = (self.conns[r] for r in ("work", "write", "listen", "limits"))
         self._writer = Writer(write, self.term, tracer=rt.tracer)
         self._waiter = waiter = Waiter(cfg.dsn, f"qm-manager-wait {cfg.holder}", self._wake_lock_granted)
         self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter)
@@ -123,6 +133,7 @@ class TermSession:
         self.maintenance.start()
         rt.signals.session_started.emit(self.term)
         rt.wake.set()
+        rt.role_changed()
 
     async def _connect(self, role: str, durable: bool) -> AsyncConn:
         cfg = self.rt.config

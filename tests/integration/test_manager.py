@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import urllib.request
 
 import psycopg
@@ -13,6 +14,7 @@ from websockets.exceptions import InvalidStatus
 
 from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
+from queue_manager.manager.leadership import DEAD_HOLDER_GRACE
 from queue_manager.manager.term import TermSession
 from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
@@ -540,7 +542,8 @@ async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: st
             await recv_type(ws, "subscribed")
             [ident] = await insert(shard.dsn, [(tenants[0], {})])
             await recv_type(ws, "deliver")
-            # another manager takes over behind this one's back (its lease forcibly expired)
+            # another manager takes over behind this one's back (its lease forcibly expired); it stays
+            # connected, as a live holder does (a holder whose backend is gone is taken over)
             async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
                 await conn.execute("UPDATE qm.leader SET expires_at = clock_timestamp()")
                 cur = await conn.execute("SELECT qm.acquire_leadership('intruder', 60)")
@@ -549,15 +552,18 @@ async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: st
                 with pytest.raises(psycopg.DatabaseError) as info:
                     await conn.execute("SELECT qm.fence(%s)", (old_term,))
                 assert info.value.sqlstate == "QMF01"
-            # the deposed manager's ack is refused by the database, and it stops serving
-            await ws.send(json.dumps({"type": "ack", "events": [[ident, 1]]}))
-            result = await recv_type(ws, "ack_result")
-            assert result["acked"] == [] and result["errors"][0]["code"] == "unavailable"
-            await wait_for(lambda: m.role == "standby", timeout=10, what="step down")
-        later = await insert(shard.dsn, [(t, {}) for t in tenants[1:]])
-        for _ in range(2):  # as a standby now, it tries the lease (the intruder holds it) and fires nothing
-            await m.signals.lease_tried.wait_for(lambda term: term is None)
-        assert all(states_ == ("to_be_fired", 0) for i, states_ in (await states(shard.dsn)).items() if i in later)
+                # the deposed manager's ack is refused by the database, and it stops serving
+                await ws.send(json.dumps({"type": "ack", "events": [[ident, 1]]}))
+                result = await recv_type(ws, "ack_result")
+                assert result["acked"] == [] and result["errors"][0]["code"] == "unavailable"
+                await wait_for(lambda: m.role == "standby", timeout=10, what="step down")
+                later = await insert(shard.dsn, [(t, {}) for t in tenants[1:]])
+                # as a standby now, it reads the lease (the intruder holds it) and fires nothing, for
+                # longer than it would wait before taking over from a holder that is gone
+                for _ in range(2 + math.ceil(DEAD_HOLDER_GRACE / m.config.standby_poll)):
+                    await m.signals.lease_tried.wait_for(lambda term: term is None)
+                assert all(s == ("to_be_fired", 0) for i, s in (await states(shard.dsn)).items() if i in later)
+                assert m.role == "standby"
     assert (await states(shard.dsn))[ident] == ("fired", 1)
 
 

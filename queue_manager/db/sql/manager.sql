@@ -28,6 +28,20 @@ SELECT name FROM qm.shard
 -- mgr_acquire --
 SELECT qm.acquire_leadership(%(holder)s, %(ttl)s)
 
+-- mgr_lease --
+-- What a standby looks at on each poll (a plain read, no lock): the lease's term, the backend its
+-- holder renewed it from (NULL: no holder, or a reshard's), the seconds until it expires (negative
+-- once it has), and whether the holder still has a connection (its process is alive and reaches
+-- the database: qm.holder_connected).
+SELECT l.term, l.holder_pid,
+       CASE WHEN isfinite(l.expires_at) THEN extract(epoch FROM l.expires_at - clock_timestamp())::double precision
+            ELSE -1e9 END AS expires_in,
+       l.holder_pid IS NOT NULL AND qm.holder_connected(l.holder, l.holder_pid) AS connected
+  FROM qm.leader l
+
+-- mgr_take_over --
+SELECT qm.take_over_leadership(%(holder)s, %(ttl)s, %(from_term)s, %(from_pid)s)
+
 -- mgr_renew --
 SELECT qm.renew_leadership(%(holder)s, %(term)s, %(ttl)s)
 
