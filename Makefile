@@ -18,7 +18,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-scheduled bench-fire bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-scheduled bench-fire bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark test-spark-cluster bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local schema conformance bench-ts-receiver
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -36,7 +36,16 @@ $(DEMO_STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-compile -e ".[$(DEMO_EXTRAS)]"
 	touch $(DEMO_STAMP)
 
-setup: system $(STAMP) ## install everything: the system packages the tests need when missing, then the virtualenv
+#: the TypeScript receiver: its npm packages (package-lock.json) and its build (tsc)
+TS := clients/typescript
+TS_STAMP := $(TS)/dist/.built
+
+$(TS_STAMP): $(TS)/package.json $(TS)/package-lock.json $(TS)/tsconfig.json $(wildcard $(TS)/src/*.ts $(TS)/test/*.ts)
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(TS) && npm ci --no-audit --no-fund --silent && npm run --silent build && touch dist/.built; \
+	else echo "setup: npm is missing: the TypeScript receiver is not built (its tests are skipped)" >&2; fi
+
+setup: system $(STAMP) $(TS_STAMP) ## install everything: the system packages the tests need when missing, the virtualenv, the TypeScript receiver
 
 system: ## Java 17 and the PostgreSQL JDBC jar when missing (as root; otherwise says what to run)
 	@scripts/system-packages.sh
@@ -44,19 +53,29 @@ system: ## Java 17 and the PostgreSQL JDBC jar when missing (as root; otherwise 
 demo: $(DEMO_STAMP) ## the whole system live on 2 local shards until Ctrl-C (installs the runtime and the dashboard only; ARGS="--duration 60", data in .qm-local)
 	$(BIN)/qm demo --dir .qm-local $(ARGS)
 
-test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark; ends with the 10 slowest tests
+test: setup ## the whole suite: unit, integration (real PostgreSQL), Spark (a local session, and a standalone cluster of three JVMs); ends with the 10 slowest tests
 	$(PYTEST)
 
-test-fast: setup ## the suite without the Spark tests
+test-fast: setup ## the suite without the Spark tests (local and cluster)
 	$(PYTEST) -m "not spark"
+
+test-spark-cluster: setup ## the Spark standalone-cluster tests in rounds: executors and whole workers SIGKILLed mid-stage and mid-publish, loader (plain, --atomic) and archive; ROUNDS=2 (13 tests a round: 27 min at load 13-28 on 2 cores)
+	QM_SPARK_CLUSTER_ROUNDS=$(or $(ROUNDS),2) QM_SPARK_CLUSTER_FULL=1 QM_SPARK_CLUSTER_TARGETS=executor,worker \
+		$(BIN)/python -m pytest -q -n 0 -p no:cacheprovider --timeout 3600 tests/spark_cluster --durations=0
 
 test-reshard-faults: setup ## the reshard process SIGKILLed after each recorded step, then rerun; the targets' server restarted and a manager SIGKILLed mid-copy and mid-switch (in make test too; about 25 s)
 	$(BIN)/python -m pytest -q -n 0 tests/integration/test_reshard_faults.py
 
+schema: $(STAMP) ## regenerate docs/protocol.schema.json from the typed frames (queue_manager/wire/frames.py)
+	$(BIN)/python -m queue_manager.wire.schema
+
 lint: $(STAMP) ## ruff, mypy --strict and the import contracts (pyproject.toml)
-	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks faults
+	$(BIN)/ruff check queue_manager receivers spark_jobs tests benchmarks faults conformance
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+conformance: setup ## the qm.v1 conformance suite against the Python and the TypeScript receivers: a JSON line per (client, case) (docs/conformance.md; in make test too)
+	$(BIN)/python -m conformance $(ARGS)
 
 faults: $(STAMP) ## the fault suite: nemesis rounds on 2 shards x 2 managers, a checker over the history; ARGS="--rounds 10", "--minutes 30", "--scenario NAME" (JSON lines on stdout, docs/faults.md)
 	$(BIN)/python -m faults $(ARGS)
@@ -110,6 +129,9 @@ bench-reshard: $(STAMP) ## 2 shards split to 4 and merged back to 2 under 500 ev
 
 bench-ratelimit: $(STAMP) ## max_qps 200 across two shards: both managers, one killed, restarted, ~2 min (JSON on stdout)
 	$(BIN)/python -m benchmarks.ratelimit $(ARGS)
+
+bench-ts-receiver: setup ## the TypeScript receiver vs the Python library draining 100k events, no-op handlers, alternated (JSON on stdout)
+	$(BIN)/python -m benchmarks.ts_receiver $(ARGS)
 
 bench-web: $(STAMP) ## the web dashboard on 10M events: each page's p50/p99, an open overview's PostgreSQL CPU (JSON on stdout)
 	$(BIN)/python -m benchmarks.web $(ARGS)

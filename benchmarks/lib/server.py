@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import secrets
 import shutil
 import subprocess
@@ -114,3 +115,48 @@ def checkout_database(
         [python, "-c", _CHECKOUT_SETUP, dsn, queue, json.dumps(dict(settings)), *statements], cwd=checkout, check=True
     )
     return dsn
+
+
+def proc_cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """CPU seconds (user + system) of one process, and of its children it has waited for."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The pids of the live children of ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+class ServerCpu:
+    """CPU seconds of a PostgreSQL server: the postmaster, its live processes and the backends it
+    has reaped."""
+
+    def __init__(self, dsn: str) -> None:
+        with psycopg.connect(dsn) as conn:  # a backend's parent is the postmaster
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            assert row is not None
+            with open(f"/proc/{row[0]}/stat") as f:
+                self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def read(self) -> float:
+        pg = proc_cpu_seconds(self.postmaster, reaped_children=True)
+        for child in child_pids(self.postmaster):
+            try:
+                pg += proc_cpu_seconds(child)
+            except OSError:  # gone (and reaped: counted above) between the listing and the read
+                continue
+        return pg

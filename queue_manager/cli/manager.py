@@ -115,6 +115,8 @@ LAST_SECONDS = (
         "",
     ),
     ("--health-interval", "the database health reading's period (for the metrics)", ""),
+    ("--ping-interval", "a websocket ping to each receiver connection this often", ""),
+    ("--ping-timeout", "close a receiver connection (1011) whose pong is this late", ""),
     ("--vacuum-after", "vacuum a queue table autovacuum leaves past its trigger this long", "; 0: never"),
 )
 
@@ -177,6 +179,8 @@ def cmd_manager(args: argparse.Namespace) -> int:
             purge_interval=args.purge_interval,
             reconcile_interval=args.reconcile_interval,
             health_interval=args.health_interval,
+            ping_interval=args.ping_interval,
+            ping_timeout=args.ping_timeout,
             vacuum_after=args.vacuum_after,
             slice_interval=args.slice_interval,
             slice_rows=args.slice_rows,

@@ -218,7 +218,7 @@ class ReceiverConnection:
             await work
         except Exception as exc:  # keep serving; tell the client what happened
             logger.exception("frame handling failed", extra={"action": "frame"})
-            self.send(frames.error_frame(frames.UNAVAILABLE, f"internal error: {type(exc).__name__}"))
+            self.send(frames.Error(frames.UNAVAILABLE, f"internal error: {type(exc).__name__}").to_json())
 
     async def _write(self, op: Write) -> None:
         q = self.queue

@@ -229,7 +229,7 @@ class Runtime:
             if name not in seen:
                 q = self.queues.pop(name)
                 for c in list(q.subscribers):
-                    c.send(frames.error_frame(frames.UNKNOWN_QUEUE, f"queue {name!r} was dropped"))
+                    c.send(frames.Error(frames.UNKNOWN_QUEUE, f"queue {name!r} was dropped").to_json())
                     c.close_soon(CLOSE_QUEUE_DROPPED, f"queue {name} was dropped")
 
     # ------------------------------------------------------------------ writes

@@ -268,23 +268,5 @@ class Manager:
             )
 
     def _welcome(self) -> str:
-        return frames.dumps(
-            {
-                "type": "welcome",
-                "protocol": frames.PROTOCOL,
-                "shard": self.shard_name,
-                "term": self.term,
-                "manager": self.config.holder,
-                "limits": {
-                    "max_frame_bytes": frames.MAX_FRAME_BYTES,
-                    "max_items_per_frame": frames.MAX_ITEMS_PER_FRAME,
-                    "max_credit": frames.MAX_CREDIT,
-                    "max_events_per_deliver": self.config.max_events_per_frame,
-                    "max_tenants_per_subscription": frames.MAX_TENANTS_PER_SUBSCRIPTION,
-                    "max_error_text": frames.MAX_ERROR_TEXT,
-                    "max_ref_length": frames.MAX_REF_LENGTH,
-                    "max_extend_seconds": frames.MAX_EXTEND_SECONDS,
-                    "max_error_messages": frames.MAX_ERROR_MESSAGES,
-                },
-            }
-        )
+        limits = frames.limits(self.config.max_events_per_frame)
+        return frames.Welcome(frames.PROTOCOL, self.shard_name, self.term, self.config.holder, limits).to_json()

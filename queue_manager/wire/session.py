@@ -96,7 +96,7 @@ class Write:
     kind: WriteKind
     items: list[Any]
     ref: Any
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[f.ItemError] = field(default_factory=list)
 
 
 #: an event to put back: (id, attempt, delay in seconds or None for the back-off, error text)
@@ -173,18 +173,18 @@ class ReceiverSession:
             return self._handle(frame, now) + alive
         except f.FrameError as err:
             self._metrics.frame_refused(err.code)
-            return [Send(f.error_frame(err.code, err.message, err.ref)), *alive]
+            return [Send(f.Error(err.code, err.message, err.ref).to_json()), *alive]
 
     def _handle(self, frame: f.Frame, now: float) -> list[Action]:
         if isinstance(frame, f.Ping):
-            return [Send(f.reply_frame("pong", frame.ref, time=self._db_time()))]
+            return [Send(f.Pong(self._db_time(), frame.ref).to_json())]
         if isinstance(frame, f.Subscribe):
             return self._subscribe(frame)
         if isinstance(frame, f.Credit):
             if self.queue is None and not self.subscribing:
                 raise f.FrameError(f.NOT_SUBSCRIBED, "subscribe to a queue before granting credit", frame.ref)
             self.credit = frame.credit
-            return [Send(f.reply_frame("credit_set", frame.ref, credit=self.credit)), WakeUp(Wake.CREDIT)]
+            return [Send(f.CreditSet(self.credit, frame.ref).to_json()), WakeUp(Wake.CREDIT)]
         if self.ledger is None:
             raise f.FrameError(f.NOT_SUBSCRIBED, "subscribe to a queue first", frame.ref)
         self.lapsed = False  # an ack, nack or extend, even a refused one: it works through its events
@@ -223,19 +223,16 @@ class ReceiverSession:
         self.tenants = resolve.tenants
         if resolve.credit is not None:
             self.credit = resolve.credit
-        body = {
-            "queue": resolve.queue,
-            "tenants": None if resolve.tenants is None else sorted(resolve.tenants),
-            "credit": self.credit,
-        }
-        return [Send(f.reply_frame("subscribed", resolve.ref, **body)), WakeUp(Wake.SUBSCRIBED)]
+        tenants = None if resolve.tenants is None else tuple(sorted(resolve.tenants))
+        frame = f.Subscribed(resolve.queue, tenants, self.credit, resolve.ref)
+        return [Send(frame.to_json()), WakeUp(Wake.SUBSCRIBED)]
 
     def subscribe_failed(self, resolve: Resolve, code: str, message: str) -> list[Action]:
         self.subscribing = False
         self._metrics.frame_refused(code)
-        return [Send(f.error_frame(code, message, resolve.ref))]
+        return [Send(f.Error(code, message, resolve.ref).to_json())]
 
-    def _claims(self, ledger: Ledger, items: Iterable[tuple[int, int]], errors: list[dict[str, Any]]) -> list[bool]:
+    def _claims(self, ledger: Ledger, items: Iterable[tuple[int, int]], errors: list[f.ItemError]) -> list[bool]:
         out = []
         for ident, attempt in items:
             found, d = ledger.claim(self.id, ident, attempt)
@@ -259,16 +256,16 @@ class ReceiverSession:
         return out
 
     def _ack(self, ledger: Ledger, frame: f.Ack) -> list[Action]:
-        errors: list[dict[str, Any]] = []
+        errors: list[f.ItemError] = []
         ok = self._claims(ledger, frame.items, errors)
         valid = [it for it, good in zip(frame.items, ok, strict=True) if good]
         if not valid:
-            return [Send(f.result_frame("ack_result", frame.ref, errors, acked=[]))]
+            return [Send(f.AckResult([], errors, frame.ref).to_json())]
         # the claimed events' slots are free again (see free): fill them while the ack commits
         return [Write(WriteKind.ACK, valid, frame.ref, errors), WakeUp(Wake.CREDIT)]
 
     def _nack(self, ledger: Ledger, frame: f.Nack) -> list[Action]:
-        errors: list[dict[str, Any]] = []
+        errors: list[f.ItemError] = []
         ok = self._claims(ledger, ((it.id, it.attempt) for it in frame.items), errors)
         valid = [
             (it.id, it.attempt, it.delay, it.error or "nacked by the receiver")
@@ -276,11 +273,11 @@ class ReceiverSession:
             if good
         ]
         if not valid:
-            return [Send(f.result_frame("nack_result", frame.ref, errors, requeued=[], failed=[]))]
+            return [Send(f.NackResult([], [], errors, frame.ref).to_json())]
         return [Write(WriteKind.RELEASE, valid, frame.ref, errors), WakeUp(Wake.CREDIT)]
 
     def _extend(self, ledger: Ledger, frame: f.Extend) -> list[Action]:
-        errors: list[dict[str, Any]] = []
+        errors: list[f.ItemError] = []
         valid = []
         for it in frame.items:
             found, _ = ledger.lookup(self.id, it.id, it.attempt)
@@ -293,7 +290,7 @@ class ReceiverSession:
                     f.item_error(it.id, it.attempt, f.STALE, f"attempt {it.attempt} is not the current delivery")
                 )
         if not valid:
-            return [Send(f.result_frame("extend_result", frame.ref, errors, extended=[]))]
+            return [Send(f.ExtendResult([], errors, frame.ref).to_json())]
         return [Write(WriteKind.EXTEND, valid, frame.ref, errors)]
 
     # ------------------------------------------------------------------ the database answered
@@ -324,7 +321,7 @@ class ReceiverSession:
                     )
             if acked:
                 self._metrics.acked(self.queue, len(acked), latencies)
-            return [Send(f.result_frame("ack_result", op.ref, errors, acked=acked)), WakeUp(Wake.SETTLED)]
+            return [Send(f.AckResult(acked, errors, op.ref).to_json()), WakeUp(Wake.SETTLED)]
         if op.kind is WriteKind.RELEASE:
             moved, dead, released_at = result
             requeued: list[int] = []
@@ -338,16 +335,16 @@ class ReceiverSession:
                 else:
                     errors.append(f.item_error(ident, attempt, f.STALE, "the event is no longer fired at this attempt"))
             self._metrics.nacked(self.queue, len(requeued), len(failed))
-            frame = f.result_frame("nack_result", op.ref, errors, requeued=requeued, failed=failed)
-            return [Send(frame), WakeUp(Wake.REQUEUED, released_at)]
+            frame = f.NackResult(requeued, failed, errors, op.ref)
+            return [Send(frame.to_json()), WakeUp(Wake.REQUEUED, released_at)]
         deadlines: dict[int, float] = result
-        extended = []
+        extended: list[f.Extended] = []
         for ident, attempt, _ in op.items:
             if ident in deadlines:
                 extended.append({"id": ident, "ack_deadline": deadlines[ident]})
             else:
                 errors.append(f.item_error(ident, attempt, f.STALE, "the event is no longer fired at this attempt"))
-        return [Send(f.result_frame("extend_result", op.ref, errors, extended=extended))]
+        return [Send(f.ExtendResult(extended, errors, op.ref).to_json())]
 
     def write_failed(self, op: Write, reason: str) -> list[Action]:
         """``op`` was not recorded (database unreachable, term lost): the items may be retried."""
@@ -359,10 +356,10 @@ class ReceiverSession:
                 ledger.unclaim(ident)
             errors.append(f.item_error(ident, attempt, f.UNAVAILABLE, f"not recorded, retry: {reason}"))
         if op.kind is WriteKind.ACK:
-            return [Send(f.result_frame("ack_result", op.ref, errors, acked=[]))]
+            return [Send(f.AckResult([], errors, op.ref).to_json())]
         if op.kind is WriteKind.RELEASE:
-            return [Send(f.result_frame("nack_result", op.ref, errors, requeued=[], failed=[]))]
-        return [Send(f.result_frame("extend_result", op.ref, errors, extended=[]))]
+            return [Send(f.NackResult([], [], errors, op.ref).to_json())]
+        return [Send(f.ExtendResult([], errors, op.ref).to_json())]
 
     # ------------------------------------------------------------------ a silent connection
 

@@ -23,6 +23,7 @@ from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.errors import ConfigurationError, TenantMovedError
 from queue_manager.producer import Router, enqueue
 from queue_manager.reshard.workflow import Reshard, load_state
+from queue_manager.wire import frames as f
 from receivers.testing import MinimalClient
 from tests.conftest import DatabaseFactory, tenants_of
 from tests.managerkit import (
@@ -34,6 +35,7 @@ from tests.managerkit import (
     recv_type,
     running_manager,
     states,
+    subscribe,
     url,
     wait_for,
     wait_leader,
@@ -384,8 +386,7 @@ async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires
         # one event held in flight on s0 by a client that never acks it (its deadline: 4 s)
         held_tenant = tenants_of(targets[1], 1, prefix="held")[0]
         holder = await stack.enter_async_context(raw_client(m0))
-        await holder.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1, "tenants": [held_tenant]}))
-        await recv_type(holder, "subscribed")
+        await subscribe(holder, "orders", tenants=(held_tenant,), credit=1)
         [held] = await insert(s0.dsn, [(held_tenant, {"n": "held"})])
         delivered = (await recv_type(holder, "deliver"))["events"][0]
         assert (delivered["id"], delivered["attempt"]) == (held, 1)
@@ -416,7 +417,7 @@ async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires
         # the old attempt's ack, sent to the source's manager, is refused: the deposed manager closed
         # the socket that delivered it (4001), and one opened to it now gets "stale"
         with contextlib.suppress(ConnectionClosed):
-            await holder.send(json.dumps({"type": "ack", "ref": 1, "events": [[held, 1]]}))
+            await holder.send(f.Ack(((held, 1),), ref=1).to_json())
             await recv_type(holder, "ack_result")
         assert holder.close_code == 4001
         with pytest.raises(InvalidStatus, match="503"):  # a standby takes no connection

@@ -29,6 +29,7 @@ SELECT m.max_id, c.n, c.lo, c.hi
 -- settle time is computed here as text, so that no JVM or session time zone can shift it.
 (SELECT q.id, q.tenant, q.partition, q.fire_at, q.state::text AS state, q.attempts, q.payload::text AS payload,
         q.dedup_key, q.created_at, q.fired_at, q.acked_at, q.ack_deadline, q.fired_term, q.last_error,
+        q.traceparent, q.tracestate, q.baggage,
         coalesce(q.acked_at, q.fired_at, q.created_at) AS settled_at,
         to_char(coalesce(q.acked_at, q.fired_at, q.created_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day
    FROM {queue} q
