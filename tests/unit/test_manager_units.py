@@ -166,6 +166,37 @@ def test_valid_json_that_python_cannot_hold_is_a_bad_frame_not_bad_json() -> Non
     assert (huge.code, huge.message) == (proto.BAD_FRAME, "an integer in the frame has too many digits")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"type":"ack","items":[{"id":18446744073709551616,"attempt":1}]}',  # past 64 bits
+        '{"type":"extend","seconds":NaN,"items":[]}',
+        '{"type":"ping","ref":"\\ud800"}',  # a lone surrogate
+        '{"type":"ack","items":[{"id":1,"attempt":1}],"items":[]}',  # a repeated member: the last
+        '{"type":"credit","credit":1e2}',
+        "not json",
+    ],
+)
+def test_the_fast_codec_reads_what_the_standard_library_reads(text: str) -> None:
+    """frames.loads is orjson's, with the standard library's where orjson refuses: whatever the
+    text, the frame decoded (or the error) is the standard library's."""
+    try:
+        expected: object = json.loads(text)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            proto.loads(text)
+    else:
+        got = proto.loads(text)
+        assert got == expected or (got != got and expected != expected)
+        assert proto.loads(text.encode()) == got or got != got
+
+
+def test_the_fast_codec_writes_the_standard_librarys_values() -> None:
+    obj = {"type": "pong", "time": 1764400000.123456, "ref": "é\u2028x", "n": [1, 2.5e-7, -0.0, 2**63], "z": None}
+    assert json.loads(proto.dumps(obj)) == obj
+    assert json.loads(proto.dumps({"big": 2**70, "s": "\ud800"})) == {"big": 2**70, "s": "\ud800"}  # as before
+
+
 @pytest.mark.parametrize("queue", ["*", "Orders", "qm_internal", "x" * 41, "a-b", "select"])
 def test_a_malformed_queue_name_is_a_bad_frame_whatever_the_token(queue: str) -> None:
     err = refused(frame(type="subscribe", queue=queue, ref="s"))
