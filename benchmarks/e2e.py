@@ -41,6 +41,10 @@ Prints one JSON object on stdout (logs go to stderr). One shard (one database), 
   (target <= 1.0) and our fire lateness p99 (target < 5 ms), with its worst receipt over the reps and
   the count of receipts later than 20 ms (a p99 alone hides a rare stall).
 
+Also reported: what a drained event costs (``comparison.cost_per_event``): ours (the best
+configuration) beside each peer configuration of the same run, PostgreSQL CPU microseconds, WAL
+bytes and WAL commit records per event, and the client side's CPU (our manager and receivers, the
+peer's workers), with the targets PostgreSQL CPU at most a third of PgQueuer's and WAL under 600 B.
 Also reported: events lost or stuck (``met.nothing_lost``), the manager's database calls during
 each run (count, ms per call, items per call: ``manager_db_calls``), CPU per process group in % of
 one core including ``rest_of_machine`` (other work on a shared machine; for the peers too),

@@ -10,6 +10,12 @@ Prints one JSON object on stdout (logs go to stderr):
   ``--batch-rows`` events in one transaction next to ``COPY bench_plain (tenant, partition, payload)
   FROM STDIN`` of the same rows, both with psycopg ``copy.write_row``.
 
+During each single-row measurement a thread samples what the benchmark's active backends wait for
+(``pg_stat_activity`` every 10 ms: ``waits_pct``), and the server's and the clients' CPU per
+transaction are counted from ``/proc`` (``server_cpu_us_per_tx``, ``client_cpu_us_per_tx``).
+``--server-set NAME=VALUE`` sets the embedded server (``synchronous_commit=off``: the commits no
+longer wait for the flush), ``--no-batch`` measures the single-row inserts only.
+
 ``bench_plain`` has exactly the queue table's columns and types, a primary key and nothing else
 (no other index, no CHECK constraint, no trigger). Every figure is the median of ``--reps``
 measurements; the order of the two sides alternates from one repetition to the next (ABBA) to
