@@ -18,7 +18,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-fire bench-schedules bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark test-spark-cluster bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local schema conformance bench-ts-receiver
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-scheduled bench-fire bench-schedules bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark test-spark-cluster bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local schema conformance bench-ts-receiver
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -96,6 +96,9 @@ bench-trigger-cost: $(STAMP) ## the enqueue triggers' server time per row vs a p
 
 bench-e2e: $(STAMP) $(PEERS_STAMP) ## one shard end to end: drain, latency, fire accuracy, vs PgQueuer/Procrastinate; ARGS=--tracing adds the drain with OpenTelemetry off and on (JSON on stdout)
 	PEERS_PYTHON=$(PEERS_VENV)/bin/python $(BIN)/python -m benchmarks.e2e $(ARGS)
+
+bench-scheduled: $(STAMP) ## 2M events scheduled over the next hour, fired at 1000/s and 4000/s: lateness, memory, cache reads; ARGS="--events 10000000" (JSON on stdout)
+	$(BIN)/python -m benchmarks.scheduled $(ARGS)
 
 bench-fire: $(STAMP) ## scheduled fires in rounds (300 events 0.5-5 s ahead, a standby, maintenance slices due): lateness p50/p99/max and over 20 ms per round; OTHER=<checkout> alternated (JSON on stdout)
 	$(BIN)/python -m benchmarks.fire_rounds $(if $(OTHER),--other $(OTHER)) $(ARGS)

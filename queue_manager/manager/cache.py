@@ -12,6 +12,7 @@ starve the others.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +22,10 @@ R = TypeVar("R")
 
 #: how far into a partition take() looks for an event a receiver will accept
 LOOKAHEAD = 16
+#: a partition cut short by its quota is rescanned (alone) once its last cached event is due
+#: within this many seconds and half of what its scan found is gone: the refill then comes
+#: before the events beyond the cached ones fall due, not after the partition ran dry
+REFILL_LEAD = 1.0
 
 
 @dataclass(slots=True)
@@ -40,6 +45,12 @@ class WindowCache:
         self._cursor = 0
         #: partitions whose last scan hit its quota: more events may wait beyond the cached ones
         self.truncated: set[int] = set()
+        #: partition -> the fire_at (database clock) up to which its last scan saw every event
+        self._covered: dict[int, float] = {}
+        #: partition -> how many events its last scan installed
+        self._scanned: dict[int, int] = {}
+        #: a scan is on its way (begin_scan): it may miss rows committed after its snapshot
+        self._scanning = False
         self._size = 0
 
     def __len__(self) -> int:
@@ -49,6 +60,7 @@ class WindowCache:
         self, entries: Iterable[Entry], truncated: Iterable[int], partitions: Iterable[int] | None = None
     ) -> None:
         """Install a scan's result. With ``partitions``, only those partitions are replaced."""
+        self._scanning = False
         fresh: dict[int, deque[Entry]] = {}
         for e in entries:
             d = fresh.get(e.partition)
@@ -63,13 +75,49 @@ class WindowCache:
         if partitions is None:
             self._parts = fresh
             self.truncated = set(truncated)
+            self._covered.clear()
+            self._scanned.clear()
         else:
             for p in partitions:
                 self._parts.pop(p, None)
                 self.truncated.discard(p)
+                self._covered.pop(p, None)
+                self._scanned.pop(p, None)
             self._parts.update(fresh)
             self.truncated.update(truncated)
+        for p, d in fresh.items():
+            self._scanned[p] = len(d)
         self._size = sum(len(d) for d in self._parts.values())
+
+    def begin_scan(self) -> None:
+        """A scan was sent: until its result is installed, :meth:`horizon` vouches for nothing (a
+        row committed after the scan's snapshot and announced meanwhile would be in neither)."""
+        self._scanning = True
+
+    def cover(self, partitions: Iterable[int], until: float) -> None:
+        """The scan just installed saw every event of ``partitions`` due up to ``until`` (its
+        database time, taken before it was sent, plus the window)."""
+        for p in partitions:
+            self._covered[p] = until
+
+    def horizon(self, partitions: int) -> float:
+        """The fire_at (database clock) up to which the cache holds every to_be_fired event of the
+        queue's ``partitions``, as of their last scans: the coverage of a scan, or the last cached
+        event of a partition cut short by its quota; -inf when some partition has no scan yet or
+        ran dry. An event committed later and due after this is found in time by the rescans that
+        follow (the periodic slices, a refill), without a rescan for its notice."""
+        if self._scanning:
+            return -math.inf
+        h = math.inf
+        for p in range(partitions):
+            until = self._covered.get(p)
+            if until is None:
+                return -math.inf
+            if p in self.truncated:
+                d = self._parts.get(p)
+                until = d[-1].fire_at if d else -math.inf
+            h = min(h, until)
+        return h
 
     def next_fire_at(self) -> float | None:
         """The earliest fire_at in the cache, or None when it is empty."""
@@ -86,6 +134,18 @@ class WindowCache:
     def needs_refill(self) -> bool:
         """True when a partition cut short by its quota has run dry: rescan to see what follows."""
         return any(not self._parts.get(p) for p in self.truncated)
+
+    def refills(self, now: float) -> tuple[int, ...]:
+        """The partitions cut short by their quota to rescan now: those that ran dry, and those
+        whose last cached event is due within REFILL_LEAD seconds (database clock) with at most
+        half of what their scan installed left (so that a partition fired faster than its quota
+        lasts is not rescanned on every round)."""
+        out = []
+        for p in sorted(self.truncated):
+            d = self._parts.get(p)
+            if not d or (d[-1].fire_at <= now + REFILL_LEAD and 2 * len(d) <= self._scanned.get(p, 0)):
+                out.append(p)
+        return tuple(out)
 
     def take(self, now: float, limit: int, choose: Callable[[Entry], R | None]) -> list[tuple[Entry, R]]:
         """Remove and return up to ``limit`` due events (fire_at <= now), round-robin by partition.
@@ -221,4 +281,7 @@ class WindowCache:
     def clear(self) -> None:
         self._parts.clear()
         self.truncated.clear()
+        self._covered.clear()
+        self._scanned.clear()
+        self._scanning = False
         self._size = 0

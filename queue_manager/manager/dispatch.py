@@ -129,8 +129,9 @@ class Dispatcher:
                 backlog=q.backlog,
                 next_scan=q.next_scan,
                 polling=wake.polling(now),
-                needs_refill=q.cache.needs_refill(),
+                needs_refill=False,  # a dry partition is one of the refills
                 scanned_future_only=q.scanned_future_only,
+                refill=q.cache.refills(self.rt.db_clock.now()),
             ),
             now,
         )
@@ -138,6 +139,12 @@ class Dispatcher:
             await self._scan(q, r.future_only, None)
         elif r.scan is plan.Scan.SLICE:
             await self._scan(q, r.future_only, q.next_slice())
+        elif r.scan is plan.Scan.REFILL:
+            next_slice = q.next_scan  # a refill alone does not put the safety net's next slice off
+            parts = set(r.refill).union(q.next_slice()) if r.periodic else r.refill
+            await self._scan(q, r.future_only, sorted(parts))
+            if not r.periodic:
+                q.next_scan = next_slice
         progressed = False
         if r.fire_direct:
             fired = await self._fire_direct(q)
@@ -240,6 +247,7 @@ class Dispatcher:
         used = None if future_only else q.wake_state.pick_floors()
         pick_time = rt.db_clock.now()
         sent = rt.clock.wall()
+        q.cache.begin_scan()
         rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
         if parts is None:
             q.scanned_future_only = future_only
@@ -253,10 +261,11 @@ class Dispatcher:
                 firsts[part] = fire_at  # rows come in fire_at order per partition
             counts[part] = counts.get(part, 0) + 1
             entries.append(Entry(ident, tenant, part, fire_at))
+        scanned = range(q.settings.partitions_physical) if parts is None else parts
         if not future_only:
-            scanned = range(q.settings.partitions_physical) if parts is None else parts
             q.wake_state.picked(firsts, scanned, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
+        q.cache.cover(scanned, pick_time + q.settings.window_seconds)
         q.next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
         rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))
 

@@ -2,7 +2,9 @@
 
 Every payload starts with a queue's name; five shapes follow, each parsed into a frozen value.
 ``<t>`` is a time in epoch microseconds (database clock): the earliest fire_at of the rows
-announced, or their transaction's start when earlier (no row announced lies below it).
+announced, or their transaction's start when earlier (no row announced lies below it); from the
+verify trigger, when every row of the statement is due later, their earliest fire_at (a manager
+whose window cache reaches past it needs no rescan: ``WindowCache.horizon``).
 
 Seven senders (the SQL is in ``queue_manager/db/sql/``):
 

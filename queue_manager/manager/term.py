@@ -162,6 +162,12 @@ class TermSession:
             q.wake_state.woken(now)
             if since is None:  # a notice without a time (an operator's): look a second back
                 since = rt.db_clock.now() - 1.0
+            elif not due and since > q.cache.horizon(q.settings.partitions_physical):
+                # every event announced is due after what the window cache holds: the rescans that
+                # follow (periodic slices, refills) find them in time; a rescan of the whole
+                # window for each scheduled event would only hold up the cached events' fires
+                q.wake_state.lower_floors(since)
+                return
             rt.nudge(q, Reason.DUE if due else Reason.NOTIFIED, since)
 
     def _wake_lock_granted(self, queue_id: int) -> None:

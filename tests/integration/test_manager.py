@@ -736,6 +736,69 @@ async def test_wake_ups_fire_without_waiting_for_a_rescan(
     assert full_scans - scans_before <= 4, f"{full_scans - scans_before} full rescans for 200 scheduled events"
 
 
+async def test_a_notice_rescans_only_what_the_cache_does_not_hold_and_refills_come_early(
+    shard: Shard, make_queue, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Behind a window larger than the cache (partitions cut short by their quota), the notice of
+    an event scheduled past what the cache holds costs no rescan, an event scheduled within it
+    does, the partitions cut short are refilled alone (not by full rescans), and every event fires
+    on time, never early."""
+    from queue_manager.manager import store
+
+    make_queue("orders", partitions=4, shuffle=1, cache_size=16)  # 4 cached events per partition
+    scans: list[tuple[int, ...] | None] = []
+    real_scan = store.scan
+
+    async def counting_scan(conn, q, future_only=False, parts=None, floors=None):  # type: ignore[no-untyped-def]
+        scans.append(None if parts is None else tuple(parts))
+        return await real_scan(conn, q, future_only, parts, floors)
+
+    monkeypatch.setattr(store, "scan", counting_scan)
+    tenants = tenants_of(shard, 8)
+    async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+        # 80 events over 1.5 s to 5.5 s from now: 20 a partition or so, far more than the cache holds
+        cur = await conn.execute(
+            "INSERT INTO orders (tenant, payload, fire_at) SELECT (%s::text[])[1 + g %% 8], '{}', "
+            "now() + make_interval(secs => 1.5 + g * 0.05) FROM generate_series(0, 79) g RETURNING id",
+            (tenants,),
+        )
+        backlog = [r[0] for r in await cur.fetchall()]
+    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m)) as (receiver, rec):
+            q = m.queues["orders"]
+            await wait_for(lambda: q.wake_state.armed and q.cache.truncated, what="the queue armed, cache cut short")
+            full_before = scans.count(None)
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                for i in range(10):  # one transaction each: ten notices
+                    await conn.execute(
+                        "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, '{}', now() + interval '1 hour')",
+                        (tenants[i % 8],),
+                    )
+                # a notice that names a time within what the cache holds: rescanned at once
+                cur = await conn.execute(
+                    "INSERT INTO orders (tenant, payload, fire_at) "
+                    "VALUES (%s, '{}', now() + interval '0.3 seconds') RETURNING id",
+                    (tenants[0],),
+                )
+                (near,) = await cur.fetchone()  # type: ignore[misc]
+            await wait_for(lambda: near in rec.ids(), timeout=5, what="the event scheduled within the cache")
+            assert scans.count(None) - full_before <= 2, f"{scans.count(None) - full_before} full rescans"
+            await wait_for(lambda: set(backlog) <= set(rec.ids()), timeout=15, what="the events past the cache")
+            await wait_for(lambda: receiver.stats.acked >= len(backlog) + 1, what="acks")
+    # the partitions cut short were refilled alone, before they ran dry
+    assert sum(1 for s in scans if s is not None) >= 4
+    async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE fired_at < fire_at), "
+            "max(extract(epoch FROM fired_at - fire_at)) FROM orders WHERE id = ANY(%s)",
+            (backlog,),
+        )
+        early, latest = await cur.fetchone()  # type: ignore[misc]
+    assert early == 0
+    assert latest < 1.0, f"an event past the cache fired {latest:.3f} s late"
+
+
 async def test_fires_are_durable_unless_configured_otherwise_and_acks_always_are(shard: Shard) -> None:
     """Fires wait for their flush by default (an attempt number then never repeats); with
     durable_fires off only the dispatcher's connection skips the wait. Acks always wait."""
