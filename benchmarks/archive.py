@@ -30,13 +30,12 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
+from benchmarks.lib import server
 from benchmarks.lib.machine import machine_info
-from benchmarks.lib.server import bench_server, server_info
+from benchmarks.lib.server import bench_server, server_info, tenants_for
 from queue_manager import admin
-from queue_manager.db.migrate import set_identity, upgrade
-from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.domain.topology import Topology
 from queue_manager.producer import Event, enqueue_batch
 
 logger = logging.getLogger("bench")
@@ -52,30 +51,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def tenants_for(key_range: KeyRange, count: int) -> list[str]:
-    out: list[str] = []
-    i = 0
-    while len(out) < count:
-        if key_range.contains(f"tenant-{i}"):
-            out.append(f"tenant-{i}")
-        i += 1
-    return out
-
-
 def two_shards(admin_dsn: str, first_dsn: str) -> tuple[Topology, str]:
-    """A two-shard topology: the given database and a second one on the same server (returned to drop)."""
-    second = f"{psycopg.conninfo.conninfo_to_dict(first_dsn)['dbname']}_s1"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(second)))
-    topology = Topology(
-        (
-            Shard("s0", first_dsn, KeyRange.parse("-80")),
-            Shard("s1", make_conninfo(admin_dsn, dbname=second), KeyRange.parse("80-")),
-        )
-    )
-    for shard in topology.shards:
-        upgrade(shard.dsn)
-        set_identity(shard.dsn, shard, topology)
+    """A two-shard topology with the queue: the given database and a second one on the same server
+    (returned to drop)."""
+    topology, second = server.two_shards(admin_dsn, first_dsn)
     admin.create_queue(topology, QUEUE, {"partitions": 16, "shuffle": 4})
     return topology, second
 

@@ -10,6 +10,12 @@ Prints one JSON object on stdout (logs go to stderr):
   ``--batch-rows`` events in one transaction next to ``COPY bench_plain (tenant, partition, payload)
   FROM STDIN`` of the same rows, both with psycopg ``copy.write_row``.
 
+During each single-row measurement a thread samples what the benchmark's active backends wait for
+(``pg_stat_activity`` every 10 ms: ``waits_pct``), and the server's and the clients' CPU per
+transaction are counted from ``/proc`` (``server_cpu_us_per_tx``, ``client_cpu_us_per_tx``).
+``--server-set NAME=VALUE`` sets the embedded server (``synchronous_commit=off``: the commits no
+longer wait for the flush), ``--no-batch`` measures the single-row inserts only.
+
 ``bench_plain`` has exactly the queue table's columns and types, a primary key and nothing else
 (no other index, no CHECK constraint, no trigger). Every figure is the median of ``--reps``
 measurements; the order of the two sides alternates from one repetition to the next (ABBA) to
@@ -36,6 +42,7 @@ import multiprocessing as mp
 import random
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -46,7 +53,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from benchmarks.lib.machine import machine_info
+from benchmarks.lib.machine import count_server, cpu_delta, cpu_snapshot, machine_info
 from benchmarks.lib.server import bench_server, one_shard_queue, server_info
 from queue_manager import producer
 from queue_manager.producer import Event, enqueue_batch
@@ -118,8 +125,46 @@ def _single_row_client(dsn: str, side: str, seed: int, seconds: float, barrier: 
         results.put(("error", f"{type(exc).__name__}: {exc}", 0.0))
 
 
-def run_single_row(dsn: str, side: str, clients: int, seconds: float) -> float:
-    """Transactions/s of `clients` processes, each inserting one row per transaction for `seconds`."""
+class WaitSampler:
+    """What the benchmark's client backends wait for, sampled every ``interval`` seconds from
+    ``pg_stat_activity`` on a connection of its own (in a thread) until :meth:`stop`: per wait event
+    (``Type:Event``, ``CPU`` for an active backend that waits for nothing), the share of samples."""
+
+    def __init__(self, dsn: str, interval: float = 0.01) -> None:
+        self.counts: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._conn = psycopg.connect(dsn, autocommit=True)
+        row = self._conn.execute("SELECT pg_backend_pid()").fetchone()
+        #: its own backend, whose CPU the caller leaves out of the server's
+        self.pid = int(row[0]) if row else 0
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        query = (
+            "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity "
+            "WHERE backend_type = 'client backend' AND datname = current_database() "
+            "AND pid <> pg_backend_pid() AND state = 'active'"
+        )
+        while not self._stop.wait(interval):
+            for (name,) in self._conn.execute(query).fetchall():
+                self.counts[name] = self.counts.get(name, 0) + 1
+            self.samples += 1
+
+    def stop(self, top: int = 8) -> dict[str, float]:
+        """Stop; the ``top`` wait events by their share of the backends' samples (in %)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._conn.close()
+        total = sum(self.counts.values()) or 1
+        ranked = sorted(self.counts.items(), key=lambda kv: -kv[1])[:top]
+        return {k: round(100 * v / total, 1) for k, v in ranked}
+
+
+def run_single_row(dsn: str, side: str, clients: int, seconds: float) -> tuple[float, dict[str, Any]]:
+    """Transactions/s of `clients` processes, each inserting one row per transaction for `seconds`;
+    and what the server did meanwhile: its CPU per transaction (µs) and its backends' waits."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(clients + 1)
     results = ctx.Queue()
@@ -134,15 +179,24 @@ def run_single_row(dsn: str, side: str, clients: int, seconds: float) -> float:
     ]
     for p in procs:
         p.start()
+    sampler: WaitSampler | None = None
     try:
         try:
             barrier.wait(_BARRIER_TIMEOUT)
         except Exception:
             logger.error("a %s client failed before the start", side)
+        snap0 = cpu_snapshot()
+        sampler = WaitSampler(dsn)
+        sampler_pid = sampler.pid
         outcomes: list[tuple[str, Any, float]] = [results.get(timeout=seconds + _BARRIER_TIMEOUT) for _ in procs]
+        waits = sampler.stop()
+        sampler = None
+        snap1 = cpu_snapshot()
         for p in procs:
             p.join(timeout=30)
     finally:
+        if sampler is not None:
+            sampler.stop()
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -151,7 +205,22 @@ def run_single_row(dsn: str, side: str, clients: int, seconds: float) -> float:
     if errors:
         raise RuntimeError(f"{side} single-row client failed: {errors[0]}")
     # every client ran for its own `seconds` (they start together at the barrier): sum of the rates
-    return float(sum(int(count) / elapsed for _, count, elapsed in outcomes))
+    tps = float(sum(int(count) / elapsed for _, count, elapsed in outcomes))
+    pids = [int(p.pid or 0) for p in procs]
+    cpu = cpu_delta(snap0, snap1, {"clients": pids, "sampler": [sampler_pid]})
+    txs = max(1, sum(int(count) for _, count, _ in outcomes))
+    wall = snap1.at - snap0.at
+
+    def us_per_tx(pct: float) -> float:
+        return round(pct / 100 * wall / txs * 1e6, 1)
+
+    return tps, {
+        # the sampler's backend is the server's too: left out
+        "server_cpu_us_per_tx": us_per_tx(cpu.get("postgres", 0.0) - cpu.get("sampler", 0.0)),
+        "client_cpu_us_per_tx": us_per_tx(cpu.get("clients", 0.0)),
+        "waits_pct": waits,
+        "rest_of_machine": cpu.get("rest_of_machine"),
+    }
 
 
 # --------------------------------------------------------------------------- batch
@@ -251,12 +320,23 @@ def bench_single_row(dsn: str, clients_list: Sequence[int], seconds: float, reps
     out = []
     for clients in clients_list:
         samples: dict[str, list[float]] = {side: [] for side in SIDES}
+        server: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
         for rep, order in _orders(reps):
             for side in order:
                 reset(dsn)
-                tps = run_single_row(dsn, side, clients, seconds)
+                tps, seen = run_single_row(dsn, side, clients, seconds)
                 samples[side].append(tps)
-                logger.info("single-row clients=%d rep=%d %-5s %9.1f tx/s", clients, rep + 1, side, tps)
+                server[side].append(seen)
+                logger.info(
+                    "single-row clients=%d rep=%d %-5s %9.1f tx/s, server %s us/tx, clients %s us/tx, waits %s",
+                    clients,
+                    rep + 1,
+                    side,
+                    tps,
+                    seen["server_cpu_us_per_tx"],
+                    seen["client_cpu_us_per_tx"],
+                    seen["waits_pct"],
+                )
         ours = statistics.median(samples["ours"])
         plain = statistics.median(samples["plain"])
         out.append(
@@ -266,6 +346,13 @@ def bench_single_row(dsn: str, clients_list: Sequence[int], seconds: float, reps
                 "plain_tps": round(plain, 1),
                 "ratio": _ratio(ours, plain),
                 "samples": {side: [round(v, 1) for v in samples[side]] for side in SIDES},
+                "server_cpu_us_per_tx": {
+                    side: statistics.median(x["server_cpu_us_per_tx"] for x in server[side]) for side in SIDES
+                },
+                "client_cpu_us_per_tx": {
+                    side: statistics.median(x["client_cpu_us_per_tx"] for x in server[side]) for side in SIDES
+                },
+                "server": server,
             }
         )
     return out
@@ -314,6 +401,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-rows", type=int, default=200_000, help="events per batch")
     parser.add_argument("--dsn", help="administrative database of an existing server (default: an embedded one)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 rep, 3 s, 50000 rows")
+    parser.add_argument("--no-batch", action="store_true", help="the single-row measurements only")
+    parser.add_argument(
+        "--server-set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the embedded server, e.g. synchronous_commit=off (repeatable; not with --dsn)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.reps, args.seconds, args.batch_rows = 1, 3.0, 50_000
@@ -331,16 +426,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
-    with bench_server(args.dsn, "enqueue") as (_, dsn):
+    settings = dict(item.split("=", 1) for item in args.server_set)
+    with bench_server(args.dsn, "enqueue", settings or None) as (_, dsn):
         logger.info("benchmark database: %s", conninfo_to_dict(dsn).get("dbname"))
         one_shard_queue(dsn, QUEUE, QUEUE_SETTINGS)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(PLAIN_DDL)
         info = server_info(dsn)
+        count_server(dsn)
         single = bench_single_row(dsn, args.clients, args.seconds, args.reps)
-        batch = bench_batch(dsn, args.batch_rows, args.reps)
+        batch = None if args.no_batch else bench_batch(dsn, args.batch_rows, args.reps)
     met_single = {str(r["clients"]): r["ratio"] >= SINGLE_ROW_TARGET for r in single}
-    met_batch = batch["ratio"] >= BATCH_TARGET
+    met_batch = batch is None or batch["ratio"] >= BATCH_TARGET
     report = {
         "benchmark": "enqueue",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -359,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"target missed: single-row with {r['clients']} clients at {r['ratio']}x plain (< {SINGLE_ROW_TARGET})",
                 file=sys.stderr,
             )
-    if not met_batch:
+    if batch is not None and not met_batch:
         print(f"target missed: batch at {batch['ratio']}x plain COPY (< {BATCH_TARGET})", file=sys.stderr)
     return 0
 

@@ -30,11 +30,8 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,11 +43,10 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.lib.machine import ROOT, machine_info
+from benchmarks.lib.machine import machine_info
 from benchmarks.lib.server import server_info
 from queue_manager import admin
-from queue_manager.db.migrate import migrate_topology
-from queue_manager.domain.topology import Shard, Topology, even_ranges
+from queue_manager.local import fleet
 from queue_manager.producer import Event, Router
 from receivers.testing import Delivery, MinimalClient
 
@@ -62,55 +58,22 @@ SECRET = "ratelimit-benchmark-secret-01"
 LEASE_TTL = 2.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ManagerProc:
-    """``qm manager`` for one shard, on a fixed port (a restart keeps it: the receiver reconnects)."""
+class ManagerProc(fleet.ManagerProcess):
+    """``qm manager`` for one shard, on a fixed port (a restart keeps it: the receiver reconnects);
+    :meth:`start` starts it."""
 
     def __init__(self, topo: Path, tokens: Path, shard: str, port: int, ttl: float, log: Path) -> None:
-        self.args = [
-            sys.executable,
-            "-m",
-            "queue_manager.cli.main",
-            "manager",
-            "--topology",
-            str(topo),
-            "--shard",
+        super().__init__(
+            topo,
+            tokens,
             shard,
-            "--tokens",
-            str(tokens),
-            "--port",
-            str(port),
-            "--lease-ttl",
-            str(LEASE_TTL),
-            "--rate-lease-ttl",
-            str(ttl),
-            "--drain-timeout",
-            "2",
-        ]
-        self.port = port
-        self.log = log
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        err = self.log.open("a")
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
-        err.close()
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not re.search(rf"ws://127\.0\.0\.1:{self.port}/", line):
-            raise RuntimeError(f"qm manager did not start: {line!r} (log: {self.log})")
-
-    def health(self) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as resp:
-                return dict(json.loads(resp.read()))
-        except OSError:
-            return {}
+            port=port,
+            log=log,
+            start=False,
+            lease_ttl=LEASE_TTL,
+            rate_lease_ttl=ttl,
+            drain_timeout=2,
+        )
 
     def counters(self, *names: str) -> dict[str, float]:
         """Sums of the named counters on ``/metrics`` (over their labels)."""
@@ -127,22 +90,13 @@ class ManagerProc:
         return out
 
     def share(self) -> float:
-        return float(self.health().get("queues", {}).get(QUEUE, {}).get("qps_share", -1.0))
+        return float(self.health()[1].get("queues", {}).get(QUEUE, {}).get("qps_share", -1.0))
 
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(20)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.signal(signal.SIGTERM)
+    def end(self, sig: signal.Signals) -> None:
+        """Send ``sig`` and wait for the process to end (SIGKILL after 20 s)."""
+        self.signal(sig)
+        if not self.wait(20):
+            self.kill()
 
 
 async def wait_until(predicate: Any, timeout: float, what: str) -> float:
@@ -187,22 +141,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from queue_manager.local.embedded import LocalCluster
 
     work = Path(tempfile.mkdtemp(prefix="qm-bench-ratelimit-"))
-    cluster = LocalCluster(work / "cluster", 2)
+    cluster = LocalCluster(work / "cluster", 2)  # started by fleet.start_shards, stopped here
     managers: list[ManagerProc] = []
     receipts: dict[str, list[float]] = {"s0": [], "s1": []}
     receivers: list[MinimalClient] = []
     tasks: list[asyncio.Task[None]] = []
     load: list[tuple[float, float]] = []
     try:
-        dsns = cluster.start()
-        topology = Topology(
-            tuple(Shard(f"s{i}", dsn, kr) for i, (dsn, kr) in enumerate(zip(dsns, even_ranges(2), strict=True)))
-        )
-        migrate_topology(topology)
-        topo = work / "topology.toml"
-        topo.write_text(topology.to_toml())
-        tokens = work / "tokens.toml"
-        tokens.write_text(f'[[token]]\nname = "bench"\nsecret = "{SECRET}"\nqueues = ["{QUEUE}"]\n')
+        topology = fleet.start_shards(cluster.directory, 2)
+        dsns = [s.dsn for s in topology.shards]
+        topo = cluster.directory / fleet.TOPOLOGY_FILE
+        tokens = fleet.write_tokens(work / "tokens.toml", [fleet.Token("bench", SECRET, (QUEUE,))])
         admin.create_queue(
             topology,
             QUEUE,
@@ -219,7 +168,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 c.execute(f"ANALYZE {QUEUE}")
         logger.info("backlog of %d events on each shard", per_shard)
 
-        ports = [free_port(), free_port()]
+        ports = [fleet.free_port(), fleet.free_port()]
         logs = work / "logs"
         logs.mkdir()
         managers = [
@@ -257,13 +206,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(args.phase)
         t2 = time.time()
         # in threads: the receivers run on this loop and must not be held up (a burst of receipts)
-        await asyncio.to_thread(managers[1].signal, signal.SIGKILL if args.stop == "kill" else signal.SIGTERM)
+        await asyncio.to_thread(managers[1].end, signal.SIGKILL if args.stop == "kill" else signal.SIGTERM)
         stopped = time.time()
         took_all = await wait_until(lambda: managers[0].share() == args.qps, 30, "s0 takes the whole limit")
         await asyncio.sleep(max(0.0, t2 + args.phase - time.time()))
         t3 = time.time()
         await asyncio.to_thread(managers[1].start)
-        leads = await wait_until(lambda: managers[1].health().get("role") == "leader", 30, "the restarted manager")
+        leads = await wait_until(lambda: managers[1].role() == "leader", 30, "the restarted manager")
         rejoined = await wait_until(lambda: 0 < managers[1].share() < args.qps, 30, "the restarted one's share")
         await asyncio.sleep(max(0.0, t3 + args.phase - time.time()))
         t4 = time.time()

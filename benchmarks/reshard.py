@@ -9,11 +9,18 @@ Prints one JSON object on stdout (logs go to stderr):
 * per move (``split``, ``merge``): the snapshot copy (events, seconds, events/s), the lag sampled
   while the sources keep serving, the cut-over's duration and the longest time one enqueue of the
   moved range waited (write-blocked), delivery latency p50/p99 of the live stream by phase
-  (before / during / after), and the checks: lost, early, duplicates, after-ack.
+  (before / during / after), and the checks: lost, early, duplicates, after-ack;
+* ``cutover_rounds`` (after the split, before its cleanup; ``--cutover-rounds``): the split range
+  reversed and switched again, round after round, each cut-over after a burst of due events of the
+  moved range (so that the managers fire and ack in full batches while it freezes): per round the
+  write block, the cut-over's steps, and whether it rolled back; the deadlocks PostgreSQL counted
+  on every shard over all rounds;
+* with ``--only-copy``: the snapshot copy alone, without load, in rounds (start, then cancel).
 
 Everything runs on embedded PostgreSQL servers started for the run (two servers; the targets are
-new databases on them, created by ``qm reshard start``), with the managers and receivers in this
-process. A measurement is only as good as the machine is quiet: the JSON carries the load average.
+new databases on them, created by ``qm reshard start``), with the managers, receivers and producers
+in this process and each ``qm reshard`` command in a process of its own, as an operator runs it. A
+measurement is only as good as the machine is quiet: the JSON carries the load average.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from queue_manager import admin
 from queue_manager.db.migrate import migrate_topology
 from queue_manager.domain.stats import percentile
 from queue_manager.domain.topology import KeyRange, Shard, Topology, even_ranges
+from queue_manager.local import fleet
 from queue_manager.manager import Manager, ManagerConfig
 from queue_manager.manager.auth import TokenStore
 from queue_manager.producer import Event, Router
@@ -137,8 +145,9 @@ class Producer:
         self.retries = 0
         self.retry_inserted = 0
         self.errors: list[str] = []
-        #: (start, duration) of every enqueue call
+        #: (start, duration) of every enqueue call, and its tenant
         self.calls: list[tuple[float, float]] = []
+        self.tenants: list[str] = []
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -172,6 +181,7 @@ class Producer:
                 end = time.time()
                 with self.lock:
                     self.calls.append((start, end - start))
+                    self.tenants.append(tenant)
                     if got is not None:
                         self.sent[k] = (tenant, start, end)
             except Exception as exc:
@@ -190,7 +200,7 @@ class Fleet:
     """In-process managers and one receiver per shard, recording every delivery."""
 
     def __init__(self) -> None:
-        self.tokens = TokenStore.from_entries([{"name": "bench", "secret": SECRET, "queues": [QUEUE]}])
+        self.tokens = TokenStore.from_entries([fleet.Token("bench", SECRET, (QUEUE,)).entry()])
         self.managers: dict[str, tuple[Manager, asyncio.Task[None]]] = {}
         self.receivers: dict[str, tuple[MinimalClient, asyncio.Task[None]]] = {}
         #: (seq, attempt, received at, fire_at, shard)
@@ -232,6 +242,128 @@ class Fleet:
 # --------------------------------------------------------------------------- one move
 
 
+def copy_rounds(topo: Path, shards: Topology, dsns: Sequence[str], rounds: int) -> dict[str, Any]:
+    """The snapshot copy alone: s0 split in two by ``start``, then cancelled, ``rounds`` times."""
+    s0 = shards.shards[0]
+    with psycopg.connect(s0.dsn) as c:
+        events = int(c.execute(f"SELECT count(*) FROM {QUEUE}").fetchone()[0])  # type: ignore[index]
+    low, high = KeyRange.parse("-40"), KeyRange.parse("40-80")  # s0 is -80
+    targets = [Shard("c2", with_dbname(dsns[0], "qm_c2"), low), Shard("c3", with_dbname(dsns[1], "qm_c3"), high)]
+    rates = []
+    snapshots = []
+    for _ in range(rounds):
+        said: list[str] = []
+        with Reshard(topo, say=said.append) as r:
+            t0 = time.perf_counter()
+            r.start(targets)
+            seconds = time.perf_counter() - t0
+            r.cancel()
+        rates.append(round(events / seconds))
+        snapshots += [x for x in said if x.startswith("snapshot")]
+        logger.info("copy: %d events in %.1fs", events, seconds)
+    return {
+        "events": events,
+        "rounds": rounds,
+        "events_per_s": rates,
+        "median": percentile(rates, 50),
+        "spread": [min(rates), max(rates)],
+        "snapshot_lines": snapshots,
+        "note": "start (targets migrated, capture on, snapshot copy, apply) timed end to end; cancel between rounds",
+    }
+
+
+def target_args(targets: Sequence[Shard]) -> list[str]:
+    return [a for t in targets for a in ("--target", t.name, str(t.key_range), t.dsn)]
+
+
+async def qm_reshard(topo: Path, *args: str) -> tuple[float, list[str]]:
+    """``qm reshard ARGS`` in a process of its own, as an operator runs it (in this process it
+    would share the interpreter with the managers, receivers and producers of the benchmark):
+    its duration and its output lines; RuntimeError with its stderr when it fails."""
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "queue_manager.cli.main",
+        "reshard",
+        *args,
+        "--topology",
+        str(topo),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"qm reshard {args[0]} exited {proc.returncode}: {err.decode()[-500:]}")
+    return seconds, out.decode().splitlines()
+
+
+def deadlocks(dsns: Sequence[str]) -> int:
+    """Deadlocks PostgreSQL detected in these databases (pg_stat_database), summed."""
+    total = 0
+    for dsn in dsns:
+        with psycopg.connect(dsn) as c:
+            row = c.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()
+            total += int(row[0]) if row else 0
+    return total
+
+
+async def cutover_rounds(
+    topo: Path, sources: list[Shard], targets: list[Shard], fleet: Fleet, producer: Producer, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Reverse and switch the split range ``args.cutover_rounds`` times (it starts switched, to the
+    targets), each after a burst of due events of the moved range; per round the write block."""
+    moved = [t for t in TENANTS if any(s.key_range.contains(t) for s in sources)]
+    dsns = [s.dsn for s in (*sources, *targets)]
+    before = deadlocks(dsns)
+    rounds: list[dict[str, Any]] = []
+    blocked: list[float] = []
+    for i in range(args.cutover_rounds + args.cutover_rounds % 2):  # an even count: it ends switched
+        to_targets = i % 2 == 1
+        with Router.from_file(topo) as burst:
+            await asyncio.to_thread(
+                burst.enqueue_batch, QUEUE, [Event(moved[j % len(moved)], {"burst": j}) for j in range(args.burst)]
+            )
+        start = time.time()
+        error = None
+        try:
+            _, said = await qm_reshard(topo, "switch" if to_targets else "reverse")
+        except RuntimeError as exc:  # a rolled-back round is a result, reported
+            said, error = [], str(exc)[-300:]
+        end = time.time()
+        await fleet.leading([s.name for s in (targets if to_targets else sources)])
+        await asyncio.sleep(args.cutover_pause)
+        with producer.lock:
+            window = [
+                d
+                for (s, d), t in zip(producer.calls, producer.tenants, strict=True)
+                if start - 1 <= s <= end and any(x.key_range.contains(t) for x in sources)
+            ]
+        blocked.append(max(window, default=0.0))
+        rounds.append(
+            {
+                "to": "targets" if to_targets else "sources",
+                "write_blocked_ms": ms(blocked[-1]),
+                "cutover_s": round(end - start, 3),
+                "steps": [line for line in said if " done in " in line or line.startswith("caught up")],
+                "error": error,
+            }
+        )
+    return {
+        "rounds": len(rounds),
+        "burst": args.burst,
+        "write_blocked_ms": {
+            "max": ms(max(blocked, default=0.0)),
+            "median": ms(percentile(blocked, 50)),
+            "over_1s": sum(1 for b in blocked if b > 1.0),
+        },
+        "rolled_back": sum(1 for r in rounds if r["error"]),
+        "deadlocks": deadlocks(dsns) - before,
+        "per_round": rounds,
+    }
+
+
 async def move(topo: Path, targets: list[Shard], fleet: Fleet, producer: Producer, phase: float) -> dict[str, Any]:
     """Run start, sample the lag, switch, and report; the fleet gets the targets' managers."""
     marks: dict[str, float] = {"before": time.time()}
@@ -244,22 +376,18 @@ async def move(topo: Path, targets: list[Shard], fleet: Fleet, producer: Produce
         for s in sources:
             with psycopg.connect(s.dsn) as c:
                 backlog += int(c.execute(f"SELECT count(*) FROM {QUEUE}").fetchone()[0])  # type: ignore[index]
-        t0 = time.perf_counter()
-        await asyncio.to_thread(r.start, targets)
-        copy_seconds = time.perf_counter() - t0
+        copy_seconds, _ = await qm_reshard(topo, "start", *target_args(targets))
         for t in targets:
             await fleet.add(t)
         lags = []
         for _ in range(int(phase / 0.5)):
             await asyncio.sleep(0.5)
-            lags.append(sum(r.lag(sources).values()))
-        sync = await asyncio.to_thread(r.sync)
+            lags.append(sum((await asyncio.to_thread(r.lag, sources)).values()))
+        sync_seconds, sync_lines = await qm_reshard(topo, "sync")
         marks["switch"] = time.time()
-        t0 = time.perf_counter()
-        await asyncio.to_thread(r.switch)
-        switch_seconds = time.perf_counter() - t0
+        switch_seconds, switch_lines = await qm_reshard(topo, "switch")
         marks["switched"] = time.time()
-        history = r.state().history[-5:]
+        history = r.state().history[-4:]
     await fleet.leading([t.name for t in targets])
     marks["serving"] = time.time()
     await asyncio.sleep(phase)
@@ -276,9 +404,10 @@ async def move(topo: Path, targets: list[Shard], fleet: Fleet, producer: Produce
             "events_per_s": round(backlog / copy_seconds) if copy_seconds else None,
         },
         "lag_while_serving": {"samples": lags, "max": max(lags, default=0)},
-        "sync_before_switch": {"changes": sync.rows, "seconds": round(sync.seconds, 3)},
+        "sync_before_switch": {"seconds": round(sync_seconds, 3), "said": sync_lines[-1:]},
         "switch_seconds": round(switch_seconds, 3),
         "steps": history,
+        "switch_said": [line for line in switch_lines if " done in " in line or line.startswith("caught up")],
         "targets_dispatching_after_s": round(marks["serving"] - marks["switched"], 3),
         "write_blocked_max_ms": ms(blocked),
         "marks": marks,
@@ -356,10 +485,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         dsns = cluster.start()
         result: dict[str, Any] = {}
-        _create_db(dsns[0], "capture_cost")
-        result["capture_cost"] = await asyncio.to_thread(
-            capture_cost, with_dbname(dsns[0], "capture_cost"), args.cost_rows, args.cost_rounds
-        )
+        if not args.only_copy:
+            _create_db(dsns[0], "capture_cost")
+            result["capture_cost"] = await asyncio.to_thread(
+                capture_cost, with_dbname(dsns[0], "capture_cost"), args.cost_rows, args.cost_rounds
+            )
         result["loadavg_start"] = os.getloadavg()
         if args.only_cost:
             return result
@@ -383,6 +513,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             with psycopg.connect(s.dsn, autocommit=True) as c:
                 c.execute(f"ANALYZE {QUEUE}")
         logger.info("backlog of %d scheduled events", args.backlog)
+        if args.only_copy:
+            result["copy_only"] = await asyncio.to_thread(copy_rounds, topo, shards, dsns, args.copy_rounds)
+            result["loadavg_end"] = os.getloadavg()
+            return result
         for s in shards.shards:
             await fleet.add(s)
         await fleet.leading([s.name for s in shards.shards])
@@ -397,9 +531,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for i, (n, kr) in enumerate(zip(names, ranges, strict=True))
             ]
 
-        split = await move(topo, split_targets(), fleet, producer, args.phase)
-        with Reshard(topo) as r:
-            await asyncio.to_thread(r.cleanup)
+        targets = split_targets()
+        split = await move(topo, targets, fleet, producer, args.phase)
+        if args.cutover_rounds:
+            result["cutover_rounds"] = await cutover_rounds(topo, list(shards.shards), targets, fleet, producer, args)
+        await qm_reshard(topo, "cleanup")
         merge_targets = [
             Shard("s6", with_dbname(dsns[0], "qm_s6"), KeyRange.parse("-80")),
             Shard("s7", with_dbname(dsns[1], "qm_s7"), KeyRange.parse("80-")),
@@ -453,6 +589,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cost-rows", type=int, default=3000, help="inserts per capture-cost round (default 3000)")
     p.add_argument("--cost-rounds", type=int, default=5, help="capture-cost rounds, off and on (default 5)")
     p.add_argument("--only-cost", action="store_true", help="measure the capture's cost only")
+    p.add_argument(
+        "--cutover-rounds", type=int, default=6, help="cut-overs back and forth after the split (default 6; 0: none)"
+    )
+    p.add_argument("--burst", type=int, default=500, help="due events of the moved range before each round (500)")
+    p.add_argument("--cutover-pause", type=float, default=1.0, help="seconds between rounds (default 1)")
+    p.add_argument("--only-copy", action="store_true", help="measure the snapshot copy alone, without load")
+    p.add_argument("--copy-rounds", type=int, default=3, help="copies with --only-copy (default 3)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     logger.setLevel(logging.INFO)

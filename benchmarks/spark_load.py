@@ -16,7 +16,13 @@ alternating, ``--reps`` times each:
 * ``tuned_jdbc``: the same, with the job's own JDBC batching (``reWriteBatchedInserts``, the same
   batch size and tasks per shard): what Spark's JDBC path alone costs at its best;
 * ``copy``: the same number of rows streamed from Python with psycopg ``COPY`` into the plain
-  tables (one connection per shard, one after the other).
+  tables (one connection per shard, one after the other);
+* ``queue_jdbc`` (and ``queue_jdbc_tuned``, the job's batching): Spark's JDBC writer straight into
+  the queue table, the partition picked by its routing trigger (:func:`run_queue_jdbc`): what a
+  data team writes without the job. Target: the job at least 1.5x it (``job_vs_queue_jdbc``);
+* ``queue_copy``: psycopg ``COPY`` into the queue table, partitions computed beforehand
+  (:func:`run_queue_copy`): the limit for a table with the queue's indexes and checks. Target: the
+  job at least 0.6x it (``job_vs_queue_copy``).
 
 A manager runs for each shard during the job (``qm manager``): its CPU seconds during the runs
 are reported (it should hear one wake-up per shard and publish, and scan only its window). Every
@@ -31,11 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,10 +52,11 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from pyspark.sql import functions as F
 
-from benchmarks.lib.server import bench_server, server_info
+from benchmarks.lib.server import ServerCpu, bench_server, proc_cpu_seconds, server_info
 from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.local import fleet
 from spark_jobs import enqueue as ej
 from spark_jobs import routing as sr
 from spark_jobs.jdbc import shard_jdbc_target
@@ -62,29 +67,6 @@ QUEUE = "bulk"
 PLAIN = "plain_events"
 
 
-def _proc_cpu(pid: int, *, reaped_children: bool = False) -> float:
-    """CPU seconds (user + system) of one process, and of its children it has waited for."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])
-    if reaped_children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, ValueError):
-                continue
-    return out
-
-
 class CpuMeter:
     """CPU seconds used by the load's three parts: Spark (its JVM: the driver and, in local mode, the
     executors), this Python process, and the PostgreSQL server (the postmaster, its live processes
@@ -93,60 +75,33 @@ class CpuMeter:
 
     def __init__(self, spark: Any, dsn: str) -> None:
         self.jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-        with psycopg.connect(dsn) as conn:  # a backend's parent is the postmaster
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
-            assert row is not None
-            with open(f"/proc/{row[0]}/stat") as f:
-                self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+        self.pg = ServerCpu(dsn)
 
     def read(self) -> dict[str, float]:
-        pg = _proc_cpu(self.postmaster, reaped_children=True)
-        for child in _children(self.postmaster):
-            try:
-                pg += _proc_cpu(child)
-            except OSError:  # gone (and reaped: counted above) between the listing and the read
-                continue
-        return {"spark": _proc_cpu(self.jvm_pid), "python": time.process_time(), "postgres": pg}
+        return {"spark": proc_cpu_seconds(self.jvm_pid), "python": time.process_time(), "postgres": self.pg.read()}
 
 
 @contextmanager
-def managers(topology: Topology, topo_file: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    tokens = topo_file.with_name("tokens.toml")
-    tokens.write_text('[[token]]\nname = "bench"\nsecret = "bench-secret-0123456789abcdef"\nqueues = ["*"]\n')
-    procs = [
-        subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "qm"),
-                "manager",
-                "--topology",
-                str(topo_file),
-                "--shard",
-                s.name,
-                "--port",
-                "0",
-                "--tokens",
-                str(tokens),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(topo_file.with_name(f"manager-{s.name}.log"), "wb"),  # noqa: SIM115
-        )
-        for s in topology.shards
-    ]
+def managers(topology: Topology, topo_file: Path) -> Iterator[list[fleet.ManagerProcess]]:
+    tokens = fleet.write_tokens(
+        topo_file.with_name("tokens.toml"), [fleet.Token("bench", "bench-secret-0123456789abcdef")]
+    )
+    procs: list[fleet.ManagerProcess] = []
     try:
+        for s in topology.shards:
+            procs.append(
+                fleet.ManagerProcess(topo_file, tokens, s.name, log=topo_file.with_name(f"manager-{s.name}.log"))
+            )
         time.sleep(3.0)  # elected and idle
-        for p, s in zip(procs, topology.shards, strict=True):
-            if p.poll() is not None:
-                log = topo_file.with_name(f"manager-{s.name}.log").read_text()[-2000:]
-                raise RuntimeError(f"the manager of {s.name} exited ({p.returncode}): {log}")
+        for p in procs:
+            if not p.alive():
+                raise RuntimeError(f"the manager of {p.shard} exited: {p.log.read_text()[-2000:] if p.log else ''}")
         yield procs
     finally:
         for p in procs:
-            p.send_signal(signal.SIGTERM)
+            p.signal(signal.SIGTERM)
         for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            p.stop(30)
 
 
 def setup(admin_dsn: str, base_dsn: str) -> Topology:
@@ -223,11 +178,27 @@ def run_job(
     return elapsed
 
 
-def run_plain_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batch: int | None) -> float:
-    """``batch`` None: the writer's defaults (1 000-row batches, no rewritten inserts)."""
+def _jdbc_write(
+    spark: Any, source: str, topology: Topology, tasks: int, batch: int | None, table: str, plain: bool
+) -> float:
+    """Spark's JDBC writer into ``table`` on each shard, each shard's rows filtered by its key range:
+    with ``plain``, the routing columns computed (a partition of the tenant's set); without, the
+    tenant and the payload only. ``batch`` None: the writer's defaults (1 000-row batches, no
+    rewritten inserts)."""
     df = spark.read.parquet(source)
     t = time.perf_counter()
     tenant = F.col("tenant")
+    columns = (
+        [
+            tenant,
+            F.element_at(sr.shuffle_set(tenant, 16, 4), 1).cast("short").alias("partition"),
+            F.to_json("payload").alias("payload"),
+            F.lit(None).cast("string").alias("fire_at"),
+            F.lit(None).cast("string").alias("dedup_key"),
+        ]
+        if plain
+        else [tenant, F.to_json("payload").alias("payload")]
+    )
     for s in topology.shards:
         target = shard_jdbc_target(s.dsn)
         props = {**target.properties, "stringtype": "unspecified"}
@@ -235,16 +206,47 @@ def run_plain_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batc
             props.update({"batchsize": str(batch), "reWriteBatchedInserts": "true"})
         (
             df.filter(sr.in_key_range(tenant, s.key_range.start, s.key_range.end))
-            .select(
-                tenant,
-                F.element_at(sr.shuffle_set(tenant, 16, 4), 1).cast("short").alias("partition"),
-                F.to_json("payload").alias("payload"),
-                F.lit(None).cast("string").alias("fire_at"),
-                F.lit(None).cast("string").alias("dedup_key"),
-            )
+            .select(*columns)
             .repartition(tasks)
-            .write.jdbc(target.url, PLAIN, mode="append", properties=props)
+            .write.jdbc(target.url, table, mode="append", properties=props)
         )
+    return time.perf_counter() - t
+
+
+def run_plain_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batch: int | None) -> float:
+    """Into a plain table (no index, no trigger): what Spark's JDBC path alone costs."""
+    return _jdbc_write(spark, source, topology, tasks, batch, PLAIN, plain=True)
+
+
+def run_queue_jdbc(spark: Any, source: str, topology: Topology, tasks: int, batch: int | None) -> float:
+    """Spark's JDBC writer straight into the queue table, without a partition: the queue's routing
+    trigger picks one per row (the least loaded of the tenant's set) and its verify trigger checks
+    each statement's rows. What a data team writes without the job: not idempotent (a retried task
+    inserts its rows again), a failed job leaves the tasks that committed."""
+    return _jdbc_write(spark, source, topology, tasks, batch, QUEUE, plain=False)
+
+
+def run_queue_copy(topology: Topology, rows: int) -> float:
+    """psycopg ``COPY`` of the same rows into the queue table, with each row's shard and partition
+    computed in Python beforehand (outside the clock, as the job's routing is part of its Spark
+    pass): the queue table's own cost (its indexes, the verify trigger, the jsonb parse) at the
+    speed of COPY, one connection per shard, one after the other. The limit for a table with the
+    queue's indexes and checks."""
+    from queue_manager.domain.routing import shuffle_set
+
+    sets = {f"tenant-{i}": shuffle_set(f"tenant-{i}", 16, 4) for i in range(5000)}
+    per_shard: dict[str, list[tuple[str, int, str]]] = {s.name: [] for s in topology.shards}
+    for i in range(rows):
+        tenant = f"tenant-{i % 5000}"
+        shard = topology.shard_for(tenant).name
+        per_shard[shard].append((tenant, sets[tenant][i % 4], f'{{"n": {i}, "kind": "bulk"}}'))
+    t = time.perf_counter()
+    for s in topology.shards:
+        with psycopg.connect(s.dsn) as conn, conn.cursor() as cur:
+            with cur.copy(f"COPY {QUEUE} (tenant, partition, payload) FROM STDIN") as copy:
+                for row in per_shard[s.name]:
+                    copy.write_row(row)
+            conn.commit()
     return time.perf_counter() - t
 
 
@@ -294,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
                 F.concat(F.lit("tenant-"), (F.col("id") % 5000).cast("string")).alias("tenant"),
                 F.struct(F.col("id").alias("n"), F.lit("bulk").alias("kind")).alias("payload"),
             ).write.parquet(source)
-            samples: dict[str, list[float]] = {"job": [], "plain_jdbc": [], "tuned_jdbc": [], "copy": []}
+            samples: dict[str, list[float]] = {
+                kind: []
+                for kind in ("job", "queue_jdbc", "queue_jdbc_tuned", "queue_copy", "plain_jdbc", "tuned_jdbc", "copy")
+            }
             cpu: dict[str, list[dict[str, float]]] = {kind: [] for kind in samples}
             meter = CpuMeter(spark, topology.shards[0].dsn)
             manager_cpu: list[float] = []
@@ -310,10 +315,18 @@ def main(argv: list[str] | None = None) -> int:
                             samples[kind].append(run_job(spark, source, topology, work, rep, args, steps, meter))
                         else:
                             with managers(topology, topo_file) as procs:
-                                managers_before = sum(_proc_cpu(p.pid) for p in procs)
+                                managers_before = sum(proc_cpu_seconds(p.pid) for p in procs)
                                 samples[kind].append(run_job(spark, source, topology, work, rep, args, steps, meter))
-                                manager_cpu.append(sum(_proc_cpu(p.pid) for p in procs) - managers_before)
+                                manager_cpu.append(sum(proc_cpu_seconds(p.pid) for p in procs) - managers_before)
                         shutil.rmtree(work, ignore_errors=True)
+                    elif kind == "queue_jdbc":
+                        samples[kind].append(run_queue_jdbc(spark, source, topology, args.tasks_per_shard, None))
+                    elif kind == "queue_jdbc_tuned":
+                        samples[kind].append(
+                            run_queue_jdbc(spark, source, topology, args.tasks_per_shard, args.batch_size)
+                        )
+                    elif kind == "queue_copy":
+                        samples[kind].append(run_queue_copy(topology, args.rows))
                     elif kind == "plain_jdbc":
                         samples[kind].append(run_plain_jdbc(spark, source, topology, args.tasks_per_shard, None))
                     elif kind == "tuned_jdbc":
@@ -334,6 +347,23 @@ def main(argv: list[str] | None = None) -> int:
                 "stage_with": args.stage_with,
                 "server": server_info(topology.shards[0].dsn),
                 **{k: {**summary(v, args.rows), "cpu_seconds": cpu[k]} for k, v in samples.items()},
+                # the targets (docs/spark.md): at least 1.5x the JDBC writer into the queue table, at
+                # least 0.6x COPY into it; a ratio per alternated rep too (the machine's noise moves both)
+                "job_vs_queue_jdbc": round(
+                    statistics.median(samples["queue_jdbc"]) / statistics.median(samples["job"]), 2
+                ),
+                "job_vs_queue_jdbc_tuned": round(
+                    statistics.median(samples["queue_jdbc_tuned"]) / statistics.median(samples["job"]), 2
+                ),
+                "job_vs_queue_copy": round(
+                    statistics.median(samples["queue_copy"]) / statistics.median(samples["job"]), 2
+                ),
+                "job_vs_queue_jdbc_per_rep": [
+                    round(b / j, 2) for b, j in zip(samples["queue_jdbc"], samples["job"], strict=True)
+                ],
+                "job_vs_queue_copy_per_rep": [
+                    round(b / j, 2) for b, j in zip(samples["queue_copy"], samples["job"], strict=True)
+                ],
                 "job_vs_plain_jdbc": round(
                     statistics.median(samples["plain_jdbc"]) / statistics.median(samples["job"]), 2
                 ),

@@ -11,7 +11,7 @@ durability (or ``--dsn``):
   ``qm web`` configures it, through Starlette's test client: server time, no network): p50, p99
   and max milliseconds. Target (issue 25): every page under 300 ms p99. The overview and the
   queue page serve the monitor's live reading (monitor.py), so **overview_reading** is timed too:
-  one such reading of the shard (``data.live``: load counters and bounded index reads), with the
+  one such reading of the shard (``reads.live``: load counters and bounded index reads), with the
   server CPU it costs; and **exact_counts**, the queue page's on-demand ``count(*)`` by state;
 * **overview CPU**: the overview's live part read once a second (what one open, visible tab
   costs) for ``--overview-seconds`` while a ``NOTIFY qm_wake`` is sent every second (the worst
@@ -146,21 +146,22 @@ def main() -> None:
             "event": f"/queues/{QUEUE}/events/s0/{middle}",
             "database": "/database",
         }
-        from queue_manager.web import data
+        from queue_manager.web import reads
+        from queue_manager.web import shards as web_shards
 
-        shards = data.Shards(data.guarded(topology, config.limits), config.limits)
+        shards = web_shards.Shards(web_shards.guarded(topology, config.limits), config.limits)
         readings = []
-        data.live(shards, config.limits)  # the pool's first connection
+        reads.live(shards, config.limits)  # the pool's first connection
         reading_cpu_before = _server_cpu(dsn)
         for _ in range(args.requests):
             t0 = time.perf_counter()
-            data.live(shards, config.limits)
+            reads.live(shards, config.limits)
             readings.append(time.perf_counter() - t0)
         reading_cpu_after = _server_cpu(dsn)
         exact = []
         for _ in range(3):
             t0 = time.perf_counter()
-            found = data.exact_counts(shards, QUEUE)
+            found = reads.exact_counts(shards, QUEUE)
             exact.append(time.perf_counter() - t0)
             if not isinstance(found["s0"], dict):
                 raise SystemExit(f"exact counts failed: {found['s0']}")

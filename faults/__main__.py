@@ -30,6 +30,7 @@ from pathlib import Path
 import psycopg
 
 from faults import checker, history
+from faults import schedules as sched
 from faults.cluster import NAMES, QUEUE, RANGES, Deployment, Failover, Servers, plain_tenants, vip_tenants
 from faults.scenarios import SCENARIOS, Ctx, Scenario
 from faults.workload import producers
@@ -132,7 +133,7 @@ async def key_states(dep: Deployment) -> None:
 async def final_states(dep: Deployment) -> None:
     for shard in dep.topology.shards:
         async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
-            cur = await conn.execute(f"SELECT payload->>'k', state::text FROM {QUEUE}")
+            cur = await conn.execute(f"SELECT {sched.final_key_sql()}, state::text FROM {QUEUE}")
             t = history.now()
             for k, state in await cur.fetchall():
                 dep.history.write("final", t=t, k=k, shard=shard.name, state=state)
@@ -191,6 +192,8 @@ async def run_scenario(
             vip = bool(opts.pop("vip", False))
             dep.add_receiver(name, kind, tenants=vip_tenants() if vip else plain, vip=vip, **opts)
         await receivers_up(dep)
+        if scenario.schedules:
+            await sched.add(dep, scenario.schedules)
         dsns = {s.name: s.dsn for s in topology.shards}
         by_name = {s.name: s for s in topology.shards}
 
@@ -206,10 +209,14 @@ async def run_scenario(
             await asyncio.sleep(SETTLE)
         stop_produce.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if scenario.schedules:
+            await sched.remove(dep)
         await drain(dep, DRAIN_TIMEOUT)
         await final_states(dep)
         if scenario.keys is not None:
             await key_states(dep)
+        if scenario.schedules:
+            await sched.record_slots(dep)
     finally:
         stop_produce.set()
         stop_watch.set()
@@ -219,7 +226,7 @@ async def run_scenario(
         await asyncio.to_thread(servers.drop, db)
         if failover is not None:
             await failover.close()
-    records = history.read(history.files_in(work))
+    records = sched.relabel(history.read(history.files_in(work)))
     report = check(records, scenario)
     (work / "report.json").write_text(
         json.dumps(
@@ -318,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario = next((s for s in SCENARIOS if s.name == name), None)
         if scenario is None or not run.is_dir():
             parser.error(f"{run} is not the run directory of a scenario (runs/NN-<scenario>)")
-        report = check(history.read(history.files_in(run)), scenario)
+        report = check(sched.relabel(history.read(history.files_in(run))), scenario)
         print(json.dumps(report.line()))
         return 0 if report.passed else 1
     if args.list:

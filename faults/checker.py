@@ -42,12 +42,20 @@ Pure: records in, a :class:`Report` out; no clock, no I/O. The definitions (docs
 * **key_over_rate** (with ``key_max_qps``): the 1 s windows in which a rate key was fired more than
   its rate plus one (the burst of one token), less RATE_JITTER of slack for the moment a fire's
   statement records it after the manager admitted it; counted once per fire that ends such a window.
+* **slots**, **slots_missing**, **slots_twice** (periodic schedules, ``schedule`` records): the
+  slot events enqueued (``enqueued`` records whose key is a slot's dedup key,
+  ``qm:schedule:<id>:<microseconds>``), the slots of each schedule's interval grid between its first
+  and its last enqueued slot that were not enqueued (none may be: the schedules of the suite skip
+  missed slots, and a leader's gap never outlasts the lookahead), and the slots enqueued as more
+  than one row. A slot event is an event like the others for every check above (lost, early,
+  duplicates, the stall bound).
 
 ``pass`` is true when every safety count is 0 and ``max_stall_s`` is within the scenario's bound.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -72,6 +80,9 @@ FIELDS = (
     "duplicates",
     "max_stall_s",
     "recovery_s_p99",
+    "slots",
+    "slots_missing",
+    "slots_twice",
     "pass",
 )
 #: the counts that must be 0
@@ -82,9 +93,13 @@ SAFETY = (
     "after_ack",
     "cross_tenant",
     "deposed_deliveries",
+    "slots_missing",
+    "slots_twice",
     "key_over_limit",
     "key_over_rate",
 )
+#: the dedup key of a schedule's slot event (queue_manager/domain/schedules.py)
+SLOT_PREFIX = "qm:schedule:"
 #: two readings of one clock, each rounded to a microsecond, may disagree by this much
 EARLY_TOLERANCE = 0.002
 #: violations kept per kind in Report.examples
@@ -108,6 +123,9 @@ class Report:
     max_stall_s: float
     recovery_s_p99: float | None
     stall_bound_s: float
+    slots: int = 0
+    slots_missing: int = 0
+    slots_twice: int = 0
     #: the worst stall of each round (round 0: before the first fault)
     stall_by_round: dict[int, float] = field(default_factory=dict)
     #: a few offending records per violated check
@@ -232,10 +250,16 @@ def check(
     exempt: list[tuple[float, float]] = []
     due_again: list[tuple[str, float, int]] = []  # (k, due again at, attempt rolled back)
     states: list[Record] = []
+    intervals: dict[str, float] = {}  # schedule id -> its interval (seconds)
+    slot_rows: dict[str, int] = defaultdict(int)  # slot key -> enqueued records
 
     for r in recs:
         kind, t = r["kind"], float(r["t"])
-        if kind == "enqueued":
+        if kind == "schedule":
+            intervals[str(r["schedule_id"])] = float(r["interval_s"])
+        elif kind == "enqueued":
+            if str(r["k"]).startswith(SLOT_PREFIX):
+                slot_rows[r["k"]] += 1
             outcome = r["outcome"]
             if outcome == "commit":
                 committed[r["k"]] = r
@@ -278,7 +302,7 @@ def check(
     # ---- safety
     lost = 0
     for k, rec in committed.items():
-        if k not in acked_at and final.get(k) not in ("acked", "failed"):
+        if k not in acked_at and final.get(k) not in ("acked", "cancelled", "failed"):
             lost += 1
             flag("lost", rec, final_state=final.get(k), deliveries=len(deliveries.get(k, ())))
     unexpected = early = after_ack = cross = deposed = duplicates = 0
@@ -389,6 +413,8 @@ def check(
 
     over_limit, over_rate, most, fastest, at_limit, key_examples = key_limits(states, key_max_in_flight, key_max_qps)
     examples.update(key_examples)
+    slots_missing, slots_twice = _slots(slot_rows, intervals, flag)
+
     return Report(
         scenario=scenario,
         rounds=len({number for number, _, _ in rounds}),
@@ -403,6 +429,9 @@ def check(
         max_stall_s=max_stall,
         recovery_s_p99=p99(recoveries),
         stall_bound_s=stall_bound_s,
+        slots=len(slot_rows),
+        slots_missing=slots_missing,
+        slots_twice=slots_twice,
         stall_by_round=stall_by_round,
         examples=dict(examples),
         key_over_limit=over_limit,
@@ -411,3 +440,28 @@ def check(
         key_most_per_second=fastest,
         key_fires_at_limit=at_limit,
     )
+
+
+def _slots(rows: Mapping[str, int], intervals: Mapping[str, float], flag: Any) -> tuple[int, int]:
+    """Slots missing from each schedule's grid (first to last enqueued slot), and slots enqueued
+    as more than one row."""
+    by_schedule: dict[str, list[int]] = defaultdict(list)
+    twice = 0
+    for k, n in rows.items():
+        sid, _, micros = k[len(SLOT_PREFIX) :].partition(":")
+        by_schedule[sid].append(int(micros))
+        if n > 1:
+            twice += n - 1
+            flag("slots_twice", {"k": k, "rows": n})
+    missing = 0
+    for sid, slots in by_schedule.items():
+        step = round(intervals.get(sid, 0.0) * 1_000_000)
+        if step <= 0:
+            continue
+        slots.sort()
+        for a, b in itertools.pairwise(slots):
+            gap = round((b - a) / step) - 1
+            if gap > 0:
+                missing += gap
+                flag("slots_missing", {"schedule": sid, "after_us": a, "missing": gap})
+    return missing, twice

@@ -11,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 import zlib
@@ -30,8 +27,8 @@ from faults.proxy import TcpProxy
 from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
+from queue_manager.local import fleet
 from queue_manager.local.embedded import LocalServer
-from tests.processkit import ManagerProcess
 
 QUEUE = "faults"
 SECRET_ALL = "faults-suite-all-queues-0001"
@@ -56,12 +53,6 @@ QUEUE_SETTINGS = {
 SERVER_SETTINGS = {"max_connections": "300", "max_prepared_transactions": "20"}
 NAMES = ("s0", "s1")
 RANGES = ("-80", "80-")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tenants_for(key_range: KeyRange, prefix: str, count: int) -> list[str]:
@@ -210,7 +201,7 @@ class ManagerSlot:
     db_proxy: TcpProxy
     front: TcpProxy
     topology_file: Path
-    proc: ManagerProcess | None = None
+    proc: fleet.ManagerProcess | None = None
 
     @property
     def url(self) -> str:
@@ -218,14 +209,14 @@ class ManagerSlot:
 
     @property
     def pid(self) -> int | None:
-        return None if self.proc is None or self.proc.proc.poll() is not None else self.proc.pid
+        return self.proc.pid if self.proc is not None and self.proc.alive() else None
 
 
 @dataclass
 class ReceiverSlot:
     name: str
     config: dict[str, Any]
-    proc: subprocess.Popen[bytes] | None = None
+    proc: fleet.Child | None = None
 
 
 @dataclass
@@ -250,17 +241,16 @@ class Deployment:
     # ------------------------------------------------------------------ managers
 
     async def start_managers(self) -> None:
-        self.tokens_file.write_text(
-            f'[[token]]\nname = "all"\nsecret = "{SECRET_ALL}"\nqueues = ["*"]\n\n'
-            f'[[token]]\nname = "vip"\nsecret = "{SECRET_VIP}"\nqueues = ["{QUEUE}"]\n'
-            f"tenants = {json.dumps(vip_tenants())}\n"
+        fleet.write_tokens(
+            self.tokens_file,
+            [fleet.Token("all", SECRET_ALL), fleet.Token("vip", SECRET_VIP, (QUEUE,), tuple(vip_tenants()))],
         )
         for shard in self.topology.shards:
             slots = []
             for i in range(2):
                 db_proxy = TcpProxy.for_dsn(shard.dsn)
                 await db_proxy.start()
-                port = free_port()
+                port = fleet.free_port()
                 front = TcpProxy("127.0.0.1", port)
                 await front.start()
                 topo = Topology(
@@ -276,15 +266,15 @@ class Deployment:
         await asyncio.gather(*(self.start_manager(slot) for slots in self.managers.values() for slot in slots))
 
     async def start_manager(self, slot: ManagerSlot) -> None:
-        def start() -> ManagerProcess:
-            return ManagerProcess(
+        def start() -> fleet.ManagerProcess:
+            return fleet.ManagerProcess(
                 slot.topology_file,
                 self.tokens_file,
                 slot.shard,
-                LEASE_TTL,
-                "--port",
-                str(slot.port),
+                port=slot.port,
                 log=self.dir / f"manager-{slot.shard}-{slot.index}.log",
+                lease_ttl=LEASE_TTL,
+                drain_timeout=2,
             )
 
         slot.proc = await asyncio.to_thread(start)
@@ -325,13 +315,12 @@ class Deployment:
     # ------------------------------------------------------------------ receivers
 
     def start_receiver(self, slot: ReceiverSlot) -> None:
-        slot.proc = subprocess.Popen(
-            [sys.executable, "-m", "faults.receiver_proc", json.dumps(slot.config)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=(self.dir / f"{slot.name}.log").open("ab"),
-            cwd=Path(__file__).resolve().parents[1],
-        )
+        """Start the receiver's process, or start it again after it ended."""
+        if slot.proc is None:
+            argv = [sys.executable, "-m", "faults.receiver_proc", json.dumps(slot.config)]
+            slot.proc = fleet.Child(argv, log=self.dir / f"{slot.name}.log")
+        else:
+            slot.proc.start()
 
     def add_receiver(self, name: str, kind: str, *, tenants: list[str], vip: bool = False, **options: Any) -> None:
         config = {
@@ -353,23 +342,18 @@ class Deployment:
 
     def signal_receiver(self, name: str, sig: signal.Signals) -> None:
         proc = self.receivers[name].proc
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, sig)
+        if proc is not None:
+            proc.signal(sig)
 
     # ------------------------------------------------------------------ teardown
 
     async def stop(self) -> None:
-        for slot in self.receivers.values():
-            if slot.proc is not None and slot.proc.poll() is None:
-                slot.proc.send_signal(signal.SIGCONT)
-                slot.proc.send_signal(signal.SIGTERM)
-        for slot in self.receivers.values():
-            if slot.proc is not None:
-                try:
-                    await asyncio.to_thread(slot.proc.wait, 10)
-                except subprocess.TimeoutExpired:
-                    slot.proc.kill()
-                    await asyncio.to_thread(slot.proc.wait)
+        receivers = [slot.proc for slot in self.receivers.values() if slot.proc is not None]
+        for proc in receivers:  # all at once: they drain side by side
+            proc.signal(signal.SIGCONT)
+            proc.signal(signal.SIGTERM)
+        for proc in receivers:
+            await asyncio.to_thread(proc.stop, 10)
         for slots in self.managers.values():
             for m in slots:
                 m.db_proxy.restore()

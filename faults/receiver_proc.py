@@ -30,6 +30,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from faults.history import HistoryWriter, now
+from queue_manager.wire import frames as f
 from queue_manager.wire.client import ClientSession
 from queue_manager.wire.frames import PROTOCOL
 from receivers import Receiver, Retry
@@ -75,11 +76,11 @@ class Lib:
         original = ClientSession._ack_result
         me = self
 
-        def ack_result(session: ClientSession[Any], frame: dict[str, Any]) -> None:
-            ref = frame.get("ref")
+        def ack_result(session: ClientSession[Any], frame: f.AckResult) -> None:
+            ref = frame.ref
             entry = session.outstanding.get(ref) if isinstance(ref, int) else None
-            sent: dict[int, int] = dict(entry[1]) if entry is not None and entry[0] == "ack" else {}
-            for ident in frame.get("acked", []):
+            sent: dict[int, int] = dict(entry.items) if isinstance(entry, f.Ack) else {}
+            for ident in frame.acked:
                 attempt = sent.get(ident, session.book.in_hand.get(ident, 0))
                 me.h.write(
                     "ack",
@@ -187,28 +188,23 @@ class Raw:
                     subprotocols=[PROTOCOL],  # type: ignore[list-item]
                     open_timeout=3,
                 ) as ws:
-                    welcome = json.loads(await asyncio.wait_for(ws.recv(), 3))
-                    term = welcome.get("term")
-                    sub = {
-                        "type": "subscribe",
-                        "queue": self.cfg["queue"],
-                        "credit": 50,
-                        "tenants": self.cfg.get("tenants"),
-                    }
-                    await ws.send(json.dumps({k: v for k, v in sub.items() if v is not None}))
+                    welcome = f.parse_server(await asyncio.wait_for(ws.recv(), 3))
+                    term = welcome.term if isinstance(welcome, f.Welcome) else None
+                    tenants = self.cfg.get("tenants")
+                    sub = f.Subscribe(self.cfg["queue"], None if tenants is None else tuple(tenants), 50)
+                    await ws.send(sub.to_json())
                     self.subscribed.add(shard)
                     if self.subscribed >= set(self.cfg["urls"]):
                         self.on_subscribed.set()
-                    sent: dict[Any, tuple[str, list[Any]]] = {}
+                    sent: dict[Any, f.Ack | f.Nack | f.Extend] = {}
                     keys: dict[tuple[int, int], str | None] = {}
                     async for message in ws:
-                        frame = json.loads(message)
-                        kind = frame.get("type")
-                        if kind == "deliver":
-                            acks: list[Any] = []
-                            nacks: list[Any] = []
-                            extends: list[Any] = []
-                            for e in frame["events"]:
+                        frame = f.parse_server(message)
+                        if isinstance(frame, f.Deliver):
+                            acks: list[tuple[int, int]] = []
+                            nacks: list[f.NackItem] = []
+                            extends: list[f.ExtendItem] = []
+                            for e in frame.events:
                                 k = e["payload"].get("k") if isinstance(e["payload"], dict) else None
                                 keys[(e["id"], e["attempt"])] = k
                                 self.h.write(
@@ -224,20 +220,25 @@ class Raw:
                                 )
                                 action = self.rng.choices(self.actions, self.weights)[0]
                                 if action == "nack":
-                                    nacks.append({"id": e["id"], "attempt": e["attempt"], "delay": 0})
+                                    nacks.append(f.NackItem(e["id"], e["attempt"], delay=0))
                                 else:
                                     if action == "extend":
-                                        extends.append({"id": e["id"], "attempt": e["attempt"], "seconds": 10})
-                                    acks.append([e["id"], e["attempt"]])
-                            for kind_out, items in (("extend", extends), ("nack", nacks), ("ack", acks)):
-                                if items:
-                                    ref = next(refs)
-                                    sent[ref] = (kind_out, items)
-                                    await ws.send(json.dumps({"type": kind_out, "ref": ref, "events": items}))
-                        elif kind == "ack_result":
-                            _, items = sent.pop(frame.get("ref"), ("ack", []))
-                            attempts = {int(i[0]): int(i[1]) for i in items}
-                            for ident in frame.get("acked", []):
+                                        extends.append(f.ExtendItem(e["id"], e["attempt"], 10))
+                                    acks.append((e["id"], e["attempt"]))
+                            out: list[f.Ack | f.Nack | f.Extend] = []
+                            if extends:
+                                out.append(f.Extend(tuple(extends), next(refs)))
+                            if nacks:
+                                out.append(f.Nack(tuple(nacks), next(refs)))
+                            if acks:
+                                out.append(f.Ack(tuple(acks), next(refs)))
+                            for frame_out in out:
+                                sent[frame_out.ref] = frame_out
+                                await ws.send(frame_out.to_json())
+                        elif isinstance(frame, f.AckResult):
+                            answered = sent.pop(frame.ref, None)
+                            attempts = dict(answered.items) if isinstance(answered, f.Ack) else {}
+                            for ident in frame.acked:
                                 a = attempts.get(ident, 0)
                                 self.h.write(
                                     "ack",
@@ -249,8 +250,8 @@ class Raw:
                                     via="socket",
                                     outcome="ok",
                                 )
-                        elif kind in ("nack_result", "extend_result"):
-                            sent.pop(frame.get("ref"), None)
+                        elif isinstance(frame, f.NackResult | f.ExtendResult):
+                            sent.pop(frame.ref, None)
             except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, InvalidStatus):
                 pass
             await asyncio.sleep(0.1)

@@ -16,7 +16,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from faults.cluster import (
     Servers,
 )
 from faults.history import now
+from queue_manager.local import fleet
 
 Inject = Callable[["Ctx"], Awaitable[None]]
 
@@ -79,6 +79,8 @@ class Scenario:
     #: the producers' events name a concurrency key or a rate key (faults.workload); the queue's
     #: state changes are recorded for the checker's key limits
     keys: str | None = None
+    #: periodic schedules of 1 s on the shards during the rounds (faults/schedules.py)
+    schedules: int = 0
 
 
 MANAGER_BOUND = LEASE_TTL + 1.0
@@ -109,7 +111,7 @@ async def _wait_new_term(ctx: Ctx, shard: str, term: int, timeout: float = 15.0)
 async def _restart(ctx: Ctx, slots: list[ManagerSlot]) -> None:
     for slot in slots:
         if slot.proc is not None:
-            await asyncio.to_thread(slot.proc.proc.wait)
+            await asyncio.to_thread(slot.proc.wait)
             slot.proc.stop()  # already gone: closes its pipe and log
     await asyncio.gather(*(ctx.dep.start_manager(s) for s in slots))
 
@@ -326,10 +328,7 @@ def _spark_run(ctx: Ctx, path: Path, run_id: str, log: str) -> subprocess.Popen[
     from faults.cluster import QUEUE
 
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "queue_manager.cli.main",
+        fleet.qm(
             "spark",
             "enqueue",
             "--topology",
@@ -346,7 +345,7 @@ def _spark_run(ctx: Ctx, path: Path, run_id: str, log: str) -> subprocess.Popen[
             run_id,
             "--work-dir",
             str(ctx.dep.dir / f"spark-work-{run_id}"),
-        ],
+        ),
         stdin=subprocess.DEVNULL,
         stdout=(ctx.dep.dir / f"{log}.log").open("ab"),
         stderr=subprocess.STDOUT,
@@ -415,11 +414,11 @@ def quiet() -> Inject:
     return inject
 
 
-def alternate(a: Inject, b: Inject) -> Inject:
-    """``a`` in odd rounds, ``b`` in even ones."""
+def rotate(*injects: Inject) -> Inject:
+    """Round n injects the nth of ``injects``, in turn."""
 
     async def inject(ctx: Ctx) -> None:
-        await (a if ctx.round % 2 else b)(ctx)
+        await injects[(ctx.round - 1) % len(injects)](ctx)
 
     return inject
 
@@ -531,6 +530,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         opt_in=True,
     ),
     Scenario(
+        "schedules",
+        rotate(manager_kill("active"), manager_pause("active"), pg_restart()),
+        1.0 + 3.0 + MANAGER_BOUND,
+        "its worst fault, a PostgreSQL restart: 1 s down + 3 s recovery + lease TTL + 1 s",
+        schedules=10,
+    ),
+    Scenario(
         "kill-active-and-receiver-link-partition",
         both(manager_kill("active"), link("front", "stall")),
         2 * LEASE_TTL + LINK_BOUND,
@@ -544,7 +550,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "key-concurrency-kill-and-pause",
-        alternate(manager_kill("active"), manager_pause("active")),
+        rotate(manager_kill("active"), manager_pause("active")),
         KEY_BOUND,
         "lease TTL + 1 s + the receivers' leader check (1 s) + ack timeout + back-off max: a killed or paused "
         "leader's events in hand hold their keys' slots until the collector takes them back",
@@ -553,7 +559,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "key-rate-kill-and-pause",
-        alternate(manager_kill("active"), manager_pause("active")),
+        rotate(manager_kill("active"), manager_pause("active")),
         KEY_RATE_BOUND,
         "lease TTL + 1 s + the receivers' leader check + 5 s: what a key gathers during the fault, served at its rate",
         queue_settings={"key_max_qps": KEY_MAX_QPS},

@@ -44,7 +44,14 @@ from psycopg import sql
 from queue_manager.clock import Clock, SystemClock
 from queue_manager.db.errors import translate
 from queue_manager.db.sqlfiles import query
-from queue_manager.domain.adopt import AdoptMapping, ColumnPlan, LegacyColumn, check_slice_rows, plan_columns
+from queue_manager.domain.adopt import (
+    DEFAULT_OUTBOX,
+    AdoptMapping,
+    ColumnPlan,
+    LegacyColumn,
+    check_slice_rows,
+    plan_columns,
+)
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import AdoptError, ConfigurationError, EnqueueError, QueueManagerError, UnknownQueueError
@@ -55,8 +62,6 @@ _SQL = "adopt.sql"
 #: how long a run retries an adoption lock it finds held, before it refuses (the holder may be a run
 #: whose session is ending)
 LOCK_GRACE_SECONDS = 2.0
-#: the outbox's default name, in the legacy table's schema
-DEFAULT_OUTBOX = "qm_adopt_outbox"
 #: a test may pass a hook called with these names at the points between commits
 Phase = Literal["moved", "published", "forgotten"]
 

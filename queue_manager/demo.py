@@ -30,14 +30,13 @@ import random
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -52,6 +51,7 @@ from queue_manager import admin
 from queue_manager.domain.stats import percentile
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import QueueManagerError
+from queue_manager.local import fleet
 from queue_manager.producer import Router, enqueue
 
 QUEUE = "demo_events"
@@ -69,12 +69,6 @@ HANDLER = "queue_manager.demo_handlers:handle"
 LEASE_TTL = 2.0
 _ROOT = Path(queue_manager.__file__).resolve().parents[1]
 _PORT_LINE = re.compile(r"ws://127\.0\.0\.1:(\d+)/")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- child processes
@@ -108,9 +102,14 @@ class _Child:
 
     def start(self) -> None:
         self.close_log()
-        self._log = self.log_path.open("wb")
+        # a restart appends to the killed process's log (its last lines tell why it was replaced)
+        restart = self.proc is not None
+        self._log = self.log_path.open("ab" if restart else "wb")
+        if restart:
+            self._log.write(f"==== restarted by the demo at {datetime.now().astimezone():%H:%M:%S}\n".encode())
+            self._log.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "queue_manager.cli.main", *self.argv],
+            fleet.qm(*self.argv),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -163,25 +162,11 @@ class _Child:
 class _Manager(_Child):
     def __init__(self, shard: str, letter: str, topo: Path, tokens: Path, log_dir: Path, env: dict[str, str]) -> None:
         self.shard = shard
-        self.port = _free_port()
+        self.port = fleet.free_port()
         self.url = f"ws://127.0.0.1:{self.port}/"
-        argv = [
-            "manager",
-            "--topology",
-            str(topo),
-            "--shard",
-            shard,
-            "--tokens",
-            str(tokens),
-            "--port",
-            str(self.port),
-            "--lease-ttl",
-            str(LEASE_TTL),
-            "--drain-timeout",
-            "2",
-            "--sweep-interval",
-            "0.5",
-        ]
+        argv = fleet.manager_argv(
+            topo, shard, tokens, port=self.port, lease_ttl=LEASE_TTL, drain_timeout=2, sweep_interval=0.5
+        )
         super().__init__(f"manager-{shard}-{letter}", argv, log_dir, env)
 
     def health(self) -> tuple[str, int | None]:
@@ -225,6 +210,9 @@ class _Producer(threading.Thread):
         self.rate = rate
         self.run_id = run_id
         self.out = _Produced()
+        #: when it started and stopped committing (monotonic): the summary's rate
+        self.started_at: float | None = None
+        self.stopped_at: float | None = None
         self._stop_event = threading.Event()
         self._rng = random.Random()
         self._seq = 0
@@ -269,6 +257,13 @@ class _Producer(threading.Thread):
                 self.out.scheduled += scheduled
 
     def run(self) -> None:
+        self.started_at = time.monotonic()
+        try:
+            self._run()
+        finally:
+            self.stopped_at = time.monotonic()
+
+    def _run(self) -> None:
         with Router(self.topology, max_size=2) as router:
             next_tick = time.monotonic()
             while not self._stop_event.is_set():
@@ -368,6 +363,19 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f} ms"
 
 
+#: the producer is "behind" when its rate over the last RATE_WINDOW seconds is below this share of its target
+BEHIND = 0.9
+RATE_WINDOW = 5.0
+
+
+def producer_behind(rate: float | None, target: float) -> str | None:
+    """``producer behind: 60 of 150/s`` when the producer commits clearly less than asked (the machine
+    cannot keep up); None while it keeps up, or before there is a rate to judge."""
+    if rate is None or rate >= BEHIND * target:
+        return None
+    return f"producer behind: {rate:.0f} of {target:.0f}/s"
+
+
 # --------------------------------------------------------------------------- the view
 
 
@@ -382,6 +390,13 @@ class _Snapshot:
     p99: float | None
     tenants: list[tuple[str, int, int, int]]
     leaders: dict[str, list[tuple[str, str, int | None]]]
+    #: the producer's target rate (--rate), and its rate over the last RATE_WINDOW seconds
+    target_rate: float = 0.0
+    producer_rate: float | None = None
+
+    @property
+    def behind(self) -> str | None:
+        return producer_behind(self.producer_rate, self.target_rate)
 
     def leader_text(self, shard: str) -> str:
         parts = []
@@ -395,10 +410,13 @@ class _Snapshot:
         for c in self.counts.values():
             total = total.add(c)
         leaders = "  ".join(f"{s}[{self.leader_text(s)}]" for s in self.counts)
+        behind = f"  !! {self.behind}" if self.behind else ""
         return (
-            f"t={self.elapsed:5.1f}s  enqueued {self.enqueued} ({self.enqueued_rate:.0f}/s)  "
+            f"t={self.elapsed:5.1f}s  enqueued {self.enqueued} ({self.enqueued_rate:.0f}/s of "
+            f"{self.target_rate:.0f}/s)  "
             f"acked {total.acked} ({self.acked_rate:.0f}/s)  due {total.due}  scheduled {total.scheduled}  "
             f"fired {total.fired}  dead {total.failed}  pickup p50 {_ms(self.p50)} p99 {_ms(self.p99)}  {leaders}"
+            f"{behind}"
         )
 
     def renderable(self) -> Any:
@@ -414,13 +432,20 @@ class _Snapshot:
             states.add_row(shard, *(str(v) for v in c.as_tuple()[:5]), str(c.deliveries), self.leader_text(shard))
         states.add_row("all", *(str(v) for v in total.as_tuple()), "", style="bold")
 
-        rates = Table(
-            title="flow", caption="pickup: commit (or fire_at) to fire, events fired in the last 5 s", expand=False
-        )
-        for col in ("enqueued", "enqueued/s", "acked/s", "pickup p50", "pickup p99"):
+        caption = "pickup: commit (or fire_at) to fire, events fired in the last 5 s"
+        if self.behind:
+            caption = f"[bold red]{self.behind} (this machine cannot keep up)[/]\n{caption}"
+        rates = Table(title="flow", caption=caption, expand=False)
+        for col in ("enqueued", "enqueued/s", "target/s", "acked/s", "pickup p50", "pickup p99"):
             rates.add_column(col, justify="right")
         rates.add_row(
-            str(self.enqueued), f"{self.enqueued_rate:.0f}", f"{self.acked_rate:.0f}", _ms(self.p50), _ms(self.p99)
+            str(self.enqueued),
+            f"{self.enqueued_rate:.0f}",
+            f"{self.target_rate:.0f}",
+            f"{self.acked_rate:.0f}",
+            _ms(self.p50),
+            _ms(self.p99),
+            style="red" if self.behind else None,
         )
 
         tenants = Table(title="top tenants", expand=False)
@@ -486,7 +511,7 @@ def _interruptible() -> Iterator[None]:
 
 
 def _start_shards(directory: Path, shards: int, say: Callable[[str], None]) -> Topology:
-    from queue_manager.local.shards import start_shards
+    from queue_manager.local.fleet import start_shards
 
     say(f"== starting {shards} embedded PostgreSQL shard(s) in {directory}")
     topology = start_shards(directory, shards)
@@ -560,13 +585,12 @@ def run_demo(
             db = _Database(topology)
 
             secret = secrets.token_urlsafe(24)
-            tokens = directory / "demo-tokens.toml"
             web_secret = secrets.token_urlsafe(24)
-            tokens.write_text(
-                f'[[token]]\nname = "demo"\nsecret = "{secret}"\nqueues = ["{QUEUE}"]\n\n'
-                f'[[web_token]]\nname = "demo-admin"\nsecret = "{web_secret}"\nscope = "admin"\n'
+            tokens = fleet.write_tokens(
+                directory / "demo-tokens.toml",
+                [fleet.Token("demo", secret, (QUEUE,))],
+                [fleet.WebToken("demo-admin", web_secret)],
             )
-            tokens.chmod(0o600)
             topo = directory / "topology.toml"
             log_dir = directory / "demo-logs"
             log_dir.mkdir(exist_ok=True)
@@ -587,29 +611,23 @@ def run_demo(
                 )
 
             say(f"== {receivers} receiver process(es): qm receive ... {HANDLER}")
-            urls = [arg for s, pair in managers.items() for m in pair for arg in ("--manager", f"{s}={m.url}")]
+            urls = {s: [m.url for m in pair] for s, pair in managers.items()}
             for i in range(receivers):
-                argv = [
-                    "receive",
-                    "--queue",
+                argv = fleet.receiver_argv(
                     QUEUE,
-                    "--topology",
-                    str(topo),
-                    *urls,
-                    "--concurrency",
-                    "8",
-                    "--handler-timeout",
-                    "3",
-                    "--drain-timeout",
-                    "3",
-                    "--log-level",
-                    "WARNING",
                     HANDLER,
-                ]
+                    topology=topo,
+                    managers=urls,
+                    concurrency=8,
+                    handler_timeout=3,
+                    drain_timeout=3,
+                    log_level="INFO",
+                )
                 children.append(_Child(f"receiver-{i + 1}", argv, log_dir, env))
 
-            web_port = _free_port()
-            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port), *urls]
+            web_port = fleet.free_port()
+            web_argv = ["web", "--topology", str(topo), "--tokens", str(tokens), "--port", str(web_port)]
+            web_argv += fleet.manager_flags(urls)
             children.append(_Child("web", web_argv, log_dir, env))
             if _answers(f"http://127.0.0.1:{web_port}/health", 20):
                 say(f"== dashboard: http://127.0.0.1:{web_port}/  (qm web; log in with the token {web_secret})")
@@ -690,6 +708,8 @@ def _watch(
     restarted = False
     last_sample = 0.0
     prev_enq, prev_acked, prev_t = 0, 0, start
+    #: (time, enqueued) of the samples of the last RATE_WINDOW seconds: the producer's recent rate
+    recent: deque[tuple[float, int]] = deque()
 
     def note(msg: str) -> None:
         out.say(msg)
@@ -732,6 +752,10 @@ def _watch(
             enq = producer.out.total()
             acked = sum(c.acked for c in counts.values())
             dt = max(now - prev_t, 1e-6)
+            recent.append((now, enq))
+            while now - recent[0][0] > RATE_WINDOW:
+                recent.popleft()
+            span = now - recent[0][0]
             snap = _Snapshot(
                 elapsed=elapsed,
                 counts=counts,
@@ -742,6 +766,9 @@ def _watch(
                 p99=percentile(delays, 99),
                 tenants=db.tenants(),
                 leaders=leaders,
+                target_rate=producer.rate,
+                # judged once the window is mostly full (the first seconds include the start-up)
+                producer_rate=(enq - recent[0][1]) / span if span >= RATE_WINDOW * 0.6 else None,
             )
             prev_enq, prev_acked, prev_t = enq, acked, now
             out.show(snap)
@@ -790,6 +817,14 @@ def _summary(db: _Database, producer: _Producer) -> tuple[int, list[str]]:
         f"   acked {total.acked}, dead-lettered {total.failed}, still pending {total.pending}",
         f"   lost = {lost}" + ("  (every enqueued event is acked, dead-lettered or still live)" if lost == 0 else ""),
     ]
+    if producer.started_at is not None and producer.stopped_at is not None:
+        seconds = max(producer.stopped_at - producer.started_at, 1e-6)
+        rate = sum(enqueued.values()) / seconds
+        behind = producer_behind(rate, producer.rate)
+        lines.append(
+            f"   producer: {rate:.0f} events/s over {seconds:.0f} s, of the {producer.rate:.0f}/s asked"
+            + (f" ({behind}: this machine could not keep up)" if behind else "")
+        )
     if errors:
         lines.append(f"   producer transactions that failed (rolled back, not counted): {errors}; last: {last_error}")
     return lost, lines

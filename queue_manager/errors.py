@@ -6,7 +6,8 @@ what was expected, what to do).
 
     QueueManagerError
     ├── ConfigurationError        bad settings, topology files, CLI arguments
-    │   └── TopologyError         keyspace ranges that do not cover the keyspace exactly
+    │   ├── TopologyError         keyspace ranges that do not cover the keyspace exactly
+    │   └── InvalidInputError     a value of an operator's command, form or filter PostgreSQL cannot hold
     ├── InvalidNameError          a queue or shard name outside the allow-list
     ├── EnqueueError              the database refused an event
     │   ├── MisroutedTenantError  the tenant belongs to another shard
@@ -36,6 +37,10 @@ class ConfigurationError(QueueManagerError):
 
 class TopologyError(ConfigurationError):
     """The topology is invalid."""
+
+
+class InvalidInputError(ConfigurationError):
+    """A value given to a command, a form or a filter is malformed or out of range."""
 
 
 class InvalidNameError(QueueManagerError):

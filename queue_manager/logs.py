@@ -15,6 +15,9 @@ from typing import Any
 #: attributes every LogRecord has: anything else came from ``extra``
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+#: libraries that log a line per request or per connection at INFO (websockets: every HTTP probe
+#: of /health/leader, every handshake): at INFO they are kept to their warnings, at DEBUG they speak
+CHATTY = ("websockets", "uvicorn.access", "httpx")
 
 
 def _value(v: Any) -> str:
@@ -39,9 +42,12 @@ class ExtraFormatter(logging.Formatter):
 
 
 def configure(level: int) -> None:
-    """Log to stderr at ``level`` with :class:`ExtraFormatter` (the ``qm`` command's set-up)."""
+    """Log to stderr at ``level`` with :class:`ExtraFormatter` (the ``qm`` command's set-up); the
+    :data:`CHATTY` libraries at WARNING unless ``level`` is DEBUG."""
     handler = logging.StreamHandler()
     handler.setFormatter(ExtraFormatter(FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else max(level, logging.WARNING))

@@ -1,7 +1,7 @@
 """Jittered exponential back-off for reconnecting: a small pure class, no clock and no sleep.
 
-backoff = Backoff(initial=0.1, maximum=10.0)
-delay = backoff.next()      # 0.1 s +- jitter, then 0.2, 0.4, ... up to 10 s
+backoff = Backoff(initial=0.1, maximum=2.0)
+delay = backoff.next()      # 0.1 s +- jitter, then 0.2, 0.4, ... up to 2 s
 backoff.reset()             # after a connection that worked
 """
 
@@ -22,7 +22,11 @@ class Backoff:
     """
 
     initial: float = 0.1
-    maximum: float = 10.0
+    #: a receiver waits at most about this long (and half again, the jitter) between rounds of probes
+    #: while no manager of its shard can be reached at all (receivers.md, "Failover"): a probe that
+    #: is refused at once costs the dead manager nothing, and a manager that comes back is found
+    #: within seconds, not after 10 s and more (the cap until 2026-11-29)
+    maximum: float = 2.0
     factor: float = 2.0
     jitter: float = 0.5
     rng: random.Random = field(default_factory=random.Random, repr=False)

@@ -8,9 +8,11 @@
     await receiver.run()                     # until receiver.stop() (or SIGTERM with handle_signals=True)
 
 One connection per shard (protocol ``qm.v1``, docs/protocol.md). For each shard the receiver
-probes its managers' ``/health/leader`` and connects to the one that answers 200; when that
-connection ends (the manager drains, loses leadership, crashes or the network drops) it probes
-again with a jittered exponential back-off until it finds the new active manager.
+probes its managers' ``/health/leader`` and connects to the one that answers 200. A manager that
+does not lead holds the probe (``?wait=``) until it takes over or for HOLD seconds, so when the
+connection ends (the manager drains, loses leadership, crashes or the network drops) the receiver
+hears of the next leader the moment its session starts. Managers that cannot be reached (a dead
+one refuses at once) are probed again only after a jittered exponential back-off.
 
 Per shard it runs at most ``concurrency`` handlers at once and grants credit so that the manager
 sends an event only when a handler slot is free for it (:mod:`queue_manager.wire.credit`). Handlers may be
@@ -18,6 +20,12 @@ coroutine functions or plain functions (run in a thread pool). A handler that ru
 ``extend_after`` seconds gets its ack deadline extended (``extend`` frames, every ``extend_by / 2``
 seconds); one that runs longer than ``handler_timeout`` is nacked. :meth:`Receiver.stop` drains: credit 0, the
 handlers in hand finish and are acked, then the connections close.
+
+An operator may cancel an event while its handler runs (``qm events cancel``): the manager sends a
+``cancel`` frame (this library asks for the feature in its subscribe), and the handler is stopped:
+a coroutine handler's task is cancelled (``asyncio.CancelledError`` inside it), a plain function's
+``event.cancelled`` turns true (poll it, or wait on ``event.cancel_requested``). Nothing is sent for
+a cancelled event: it is ``cancelled`` in the database, and never fired again.
 
 Delivery is at least once: an event in hand when its connection drops is fired again, to this
 receiver or another, and its old handler's ack is dropped. Handlers must be idempotent, or settle
@@ -34,6 +42,7 @@ import json
 import logging
 import signal
 import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -52,6 +61,7 @@ from queue_manager.tracing import ReceiverTracer, TraceMode, check_mode, in_use
 from queue_manager.wire.client import (
     ACK,
     SETTLED,
+    Cancelled,
     ClientSession,
     Effect,
     Outcome,
@@ -67,6 +77,10 @@ from receivers.backoff import Backoff
 from receivers.errors import ReceiverError
 
 logger = logging.getLogger("receivers")
+
+#: seconds a manager that does not lead holds a ``/health/leader`` probe (it answers 200 the moment
+#: it takes over): the receivers hear of a new leader at once, at one request per manager per HOLD
+HOLD = 5.0
 
 #: a handler: ``async def handler(event) -> None`` or ``def handler(event) -> None``
 Handler = Callable[["Event"], Awaitable[None]] | Callable[["Event"], None]
@@ -108,6 +122,14 @@ class Event:
     #: when it arrived, by this process's monotonic clock
     received_at: float = field(default_factory=time.monotonic, repr=False)
     _settled_by_sql: bool = field(default=False, repr=False)
+    #: set when an operator cancels this delivery (a thread may wait on it: :attr:`cancel_requested`)
+    cancel_requested: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once an operator cancelled this delivery: a plain function handler polls it and
+        returns (whatever it returns, nothing is sent: the event is cancelled in the database)."""
+        return self.cancel_requested.is_set()
 
     @property
     def settled_by_sql(self) -> bool:
@@ -134,6 +156,8 @@ class ReceiverStats:
     settled_by_sql: int = 0
     #: handlers stopped by ``handler_timeout``
     timeouts: int = 0
+    #: deliveries an operator cancelled while this receiver held them (their handlers told to stop)
+    cancelled: int = 0
     #: lease extensions the manager confirmed
     extended: int = 0
     #: results dropped because the event was no longer this connection's (stale, unknown_id, reconnect)
@@ -164,21 +188,25 @@ def ws_url(base: str) -> str:
     return urlunsplit((scheme, parts.netloc, parts.path or "/", "", ""))
 
 
-async def probe_leader(base: str, timeout: float = 1.0) -> tuple[int, int | None] | None:
-    """GET ``/health/leader`` of one manager: (HTTP status, term), or None when it cannot be reached."""
-    target = urlsplit(http_url(base, "/health/leader"))
+async def probe_leader(base: str, timeout: float = 1.0, hold: float = 0.0) -> tuple[int, int | None] | None:
+    """GET ``/health/leader`` of one manager: (HTTP status, term), or None when it cannot be reached.
+
+    ``hold``: a manager that does not lead answers when it takes over, or after ``hold`` seconds
+    (``?wait=``); ``timeout`` counts on top of it."""
+    target = urlsplit(http_url(base, f"/health/leader?wait={hold:g}" if hold > 0 else "/health/leader"))
     host = target.hostname
     assert host is not None
     tls = target.scheme == "https"
     port = target.port or (443 if tls else 80)
     writer = None
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout + hold):
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=ssl.create_default_context() if tls else None
             )
+            path = f"{target.path}?{target.query}" if target.query else target.path
             writer.write(
-                f"GET /health/leader HTTP/1.1\r\nHost: {target.netloc}\r\nConnection: close\r\n"
+                f"GET {path} HTTP/1.1\r\nHost: {target.netloc}\r\nConnection: close\r\n"
                 "Accept: application/json\r\n\r\n".encode("ascii")
             )
             head = await reader.readuntil(b"\r\n\r\n")
@@ -236,6 +264,7 @@ class _Link:
             make_event=self._event,
             stats=receiver.stats,
             tenants=receiver.tenants,
+            cancellable=True,
         )
         self.backoff = receiver.backoff_factory()
         #: set when the receiver stops or the shard leaves the topology file: drain, then close
@@ -252,6 +281,8 @@ class _Link:
         self.url: str | None = None
         #: the manager to try first on the next connection (the one a leader check found leading)
         self.hint: str | None = None
+        #: probe rounds in a row that found no leader (the first is logged at INFO, the rest at DEBUG)
+        self._leaderless_rounds = 0
         self.term: int | None = None
         self.subscribed = asyncio.Event()
         self.running: dict[asyncio.Future[Any], _Running] = {}
@@ -275,32 +306,67 @@ class _Link:
     async def run(self) -> None:
         try:
             while not self.stopping.is_set():
-                url, self.hint = self.hint or await self._find_leader(), None
+                url, self.hint = self.hint, None
+                held = False
+                if url is None:
+                    url, held = await self._find_leader()
                 if url is not None and not self.stopping.is_set():
                     try:
                         await self._connect(url)
                     finally:
                         self._lost()
+                    held = False
                 if self.stopping.is_set():
                     break
-                await self._pause()
+                # no pause after a round of held probes (it was the wait), nor before the manager a
+                # leader check found leading; after a connection, a short one (the back-off starts
+                # again from its first step at every subscribe)
+                if not held and self.hint is None:
+                    await self._pause()
         finally:
             await self._finish_handlers()
             if self.pool is not None:
                 self.pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _find_leader(self) -> str | None:
-        answers = await asyncio.gather(*(probe_leader(u, self.r.probe_timeout) for u in self.urls))
-        # several may answer 200 for a moment after a takeover: the highest term is the current one
-        leaders = [(a[1] or 0, i) for i, a in enumerate(answers) if a is not None and a[0] == 200]
-        if not leaders:
-            logger.info(
-                "no active manager for shard %s yet",
-                self.shard,
-                extra={"shard": self.shard, "answers": [None if a is None else a[0] for a in answers]},
-            )
-            return None
-        return self.urls[max(leaders)[1]]
+    async def _find_leader(self) -> tuple[str | None, bool]:
+        """Probe every manager at once, each probe held by a manager that does not lead until it
+        takes over (HOLD): the first to answer 200 wins (the highest term of those that answer
+        together). Returns its URL (None: none leads), and whether a manager held a probe: then
+        it is alive and will answer the moment it leads, so the next round needs no back-off."""
+        loop = asyncio.get_running_loop()
+        probes = {
+            asyncio.ensure_future(probe_leader(u, self.r.probe_timeout, HOLD)): (i, loop.time())
+            for i, u in enumerate(self.urls)
+        }
+        answers: list[int | None] = [None] * len(self.urls)
+        held = False
+        pending = set(probes)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                leaders = []
+                for t in done:
+                    i, started = probes[t]
+                    a = t.result()
+                    answers[i] = None if a is None else a[0]
+                    held = held or loop.time() - started >= HOLD / 2
+                    if a is not None and a[0] == 200:
+                        leaders.append((a[1] or 0, i))
+                if leaders:
+                    self._leaderless_rounds = 0
+                    return self.urls[max(leaders)[1]], True
+        finally:
+            for t in pending:
+                t.cancel()
+        # told once at INFO per gap (managers starting, a failover); every later round at DEBUG
+        self._leaderless_rounds += 1
+        logger.log(
+            logging.INFO if self._leaderless_rounds == 1 else logging.DEBUG,
+            "no active manager for shard %s yet",
+            self.shard,
+            extra={"shard": self.shard, "answers": answers},
+        )
+        return None, held
 
     async def _pause(self) -> None:
         delay = self.backoff.next()
@@ -372,38 +438,53 @@ class _Link:
     async def _watch_leader(self, ws: ClientConnection, every: float) -> None:
         """Leave a manager that another one has deposed. A leader frozen with its socket open
         (SIGSTOP, a stalled VM) cannot close its receivers when a standby takes over, and the
-        websocket's pings take tens of seconds to notice; so the other URLs are probed every
-        ``every`` seconds, and one that leads under a higher term than this connection's ends it
-        at once (its events in hand fire again after their ack deadline, as after a crash)."""
-        others = [u for u in self.urls if u != self.url]
-        while True:
-            await asyncio.sleep(every)
-            answers = await asyncio.gather(*(probe_leader(u, self.r.probe_timeout) for u in others))
-            newer = [
-                (a[1] or 0, u)
-                for u, a in zip(others, answers, strict=True)
-                if a is not None and a[0] == 200 and (a[1] or 0) > (self.term or 0)
-            ]
-            if newer:
-                term, url = max(newer)
-                logger.warning(
-                    "manager %s leads shard %s under a newer term %s than this connection's (%s): leaving %s",
-                    url,
-                    self.shard,
-                    term,
-                    self.term,
-                    self.url,
-                    extra={"shard": self.shard, "term": self.term},
-                )
-                # go straight to it: probing every URL again would wait out the frozen one's timeout
-                self.hint = url
-                ws.transport.abort()  # a close handshake would wait for the frozen peer
-                return
+        websocket's pings take tens of seconds to notice; so each of the other URLs is watched by
+        a held probe (a standby answers it the moment it takes over; a new one follows each
+        answer), or probed every ``every`` seconds when it does not hold probes (unreachable), and
+        one that leads under a higher term than this connection's ends it at once (its events in
+        hand fire again after their ack deadline, as after a crash)."""
+        loop = asyncio.get_running_loop()
+
+        async def watch(url: str) -> tuple[int, str]:
+            while True:
+                started = loop.time()
+                a = await probe_leader(url, self.r.probe_timeout, HOLD)
+                if a is not None and a[0] == 200 and (a[1] or 0) > (self.term or 0):
+                    return a[1] or 0, url
+                if loop.time() - started < HOLD / 2:  # not held: look again later
+                    await asyncio.sleep(every)
+
+        watches = [asyncio.ensure_future(watch(u)) for u in self.urls if u != self.url]
+        if not watches:
+            return
+        try:
+            done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in watches:
+                w.cancel()
+        newer = [w.result() for w in done if not w.cancelled() and w.exception() is None]
+        if not newer:
+            return
+        term, url = max(newer)
+        logger.warning(
+            "manager %s leads shard %s under a newer term %s than this connection's (%s): leaving %s",
+            url,
+            self.shard,
+            term,
+            self.term,
+            self.url,
+            extra={"shard": self.shard, "term": self.term},
+        )
+        # go straight to it: probing every URL again would wait out the frozen one's timeout
+        self.hint = url
+        ws.transport.abort()  # a close handshake would wait for the frozen peer
 
     def _apply(self, effects: list[Effect[Event]]) -> None:
         for effect in effects:
             if isinstance(effect, Start):
                 self._start(effect)
+            elif isinstance(effect, Cancelled):
+                self._cancel(effect)
             elif isinstance(effect, RetryLater):
                 asyncio.get_running_loop().call_later(effect.seconds, self.wake.set)
             elif isinstance(effect, Subscribed):
@@ -453,6 +534,22 @@ class _Link:
     def _start(self, start: Start[Event]) -> None:
         task = asyncio.ensure_future(self._handle(start.event, start.gen))
         self.running[task] = _Running(start.event, start.gen)
+
+    def _cancel(self, c: Cancelled) -> None:
+        """An operator cancelled a delivery in hand: stop its handler (a task is cancelled, a thread
+        sees the event's flag); its slot frees when the handler ends, and nothing is sent for it."""
+        self.r.stats.cancelled += 1
+        for task, run in list(self.running.items()):
+            if run.gen == c.gen and run.event.id == c.id and run.event.attempt == c.attempt:
+                run.event.cancel_requested.set()
+                if self.r.handler_is_async:
+                    task.cancel()
+        logger.info(
+            "event %s (attempt %s) cancelled by an operator: its handler is stopped",
+            c.id,
+            c.attempt,
+            extra={"shard": self.shard},
+        )
 
     def _slot_freed(self, event: Event) -> None:
         for start in self.session.slot_freed(event):
@@ -515,7 +612,14 @@ class _Link:
             if self.r.tracer is not None:
                 self.r.tracer.failed(exc)
             text = f"{type(exc).__name__}: {exc}"
-            logger.info("handler failed on event %s (attempt %s): %s", event.id, event.attempt, text)
+            logger.warning(
+                "handler failed on event %s (attempt %s): %s",
+                event.id,
+                event.attempt,
+                text,
+                extra={"shard": self.shard, "tenant": event.tenant},
+                exc_info=True,
+            )
             return Outcome("nack", None, text[:MAX_ERROR_TEXT]), False
         if event.settled_by_sql:
             return SETTLED, False
@@ -595,6 +699,8 @@ class _Link:
                 self.session.in_hand,
                 extra={"shard": self.shard},
             )
+        else:
+            logger.info("drained shard %s: every event in hand settled", self.shard, extra={"shard": self.shard})
         await ws.close()
 
 

@@ -91,6 +91,8 @@ def _not_fired(queue: str, event: Event, row: Any) -> EventNotFiredError:
         why = f"it was fired again meanwhile (now attempt {attempts}, after a missed ack deadline?)"
     elif state == "acked":
         why = f"it is acked already (attempt {attempts})"
+    elif state == "cancelled":
+        why = "an operator cancelled it (qm events cancel)"
     else:
         why = f"it is {state} at attempt {attempts} (taken back after a missed ack deadline or a disconnect?)"
     return EventNotFiredError(

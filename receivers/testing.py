@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
+from queue_manager.wire import frames as f
 from queue_manager.wire.frames import PROTOCOL
 
 logger = logging.getLogger("receivers")
@@ -87,7 +87,7 @@ class MinimalClient:
         self.max_size = max_size
         self.stats = MinimalStats()
         self.connected = asyncio.Event()
-        self.welcome: dict[str, Any] | None = None
+        self.welcome: f.Welcome | None = None
         self._stop = asyncio.Event()
         self._refs = itertools.count(1)
 
@@ -126,8 +126,8 @@ class MinimalClient:
 
     async def _session(self, ws: ClientConnection) -> None:
         work: asyncio.Queue[Delivery] = asyncio.Queue()
-        acks: list[list[int]] = []
-        nacks: list[dict[str, Any]] = []
+        acks: list[tuple[int, int]] = []
+        nacks: list[f.NackItem] = []
         flush = asyncio.Event()
 
         async def worker() -> None:
@@ -136,11 +136,9 @@ class MinimalClient:
                 try:
                     await self.handler(event)
                 except Exception as exc:
-                    nacks.append(
-                        {"id": event.id, "attempt": event.attempt, "error": f"{type(exc).__name__}: {exc}"[:4000]}
-                    )
+                    nacks.append(f.NackItem(event.id, event.attempt, error=f"{type(exc).__name__}: {exc}"[:4000]))
                 else:
-                    acks.append([event.id, event.attempt])
+                    acks.append((event.id, event.attempt))
                 flush.set()
 
         async def flusher() -> None:
@@ -151,11 +149,11 @@ class MinimalClient:
                 if acks:
                     batch = acks[:10_000]
                     del acks[: len(batch)]
-                    await ws.send(json.dumps({"type": "ack", "ref": next(self._refs), "events": batch}))
+                    await ws.send(f.Ack(tuple(batch), next(self._refs)).to_json())
                 if nacks:
                     batch_n = nacks[:10_000]
                     del nacks[: len(batch_n)]
-                    await ws.send(json.dumps({"type": "nack", "ref": next(self._refs), "events": batch_n}))
+                    await ws.send(f.Nack(tuple(batch_n), next(self._refs)).to_json())
                 if acks or nacks:
                     flush.set()
 
@@ -163,19 +161,17 @@ class MinimalClient:
             await self._stop.wait()
             await ws.close()
 
-        sub = {"type": "subscribe", "queue": self.queue, "credit": self.credit, "ref": "subscribe"}
-        if self.tenants is not None:
-            sub["tenants"] = self.tenants
+        tenants = tuple(self.tenants) if self.tenants is not None else None
+        sub = f.Subscribe(self.queue, tenants, self.credit, "subscribe")
         tasks = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
         tasks += [asyncio.create_task(flusher()), asyncio.create_task(watch_stop())]
         try:
-            await ws.send(json.dumps(sub))
+            await ws.send(sub.to_json())
             async for message in ws:
-                frame = json.loads(message)
-                kind = frame.get("type")
-                if kind == "deliver":
-                    queue = frame["queue"]
-                    for e in frame["events"]:
+                frame = f.parse_server(message)
+                if isinstance(frame, f.Deliver):
+                    queue = frame.queue
+                    for e in frame.events:
                         self.stats.delivered += 1
                         work.put_nowait(
                             Delivery(
@@ -189,20 +185,20 @@ class MinimalClient:
                                 e.get("priority", 3),
                             )
                         )
-                elif kind == "ack_result":
-                    self.stats.acked += len(frame["acked"])
-                    self._record_errors(frame, acks)
-                elif kind == "nack_result":
-                    self.stats.nacked += len(frame["requeued"]) + len(frame["failed"])
-                    self._record_errors(frame, None)
-                elif kind == "welcome":
+                elif isinstance(frame, f.AckResult):
+                    self.stats.acked += len(frame.acked)
+                    self._record_errors(frame.errors, acks)
+                elif isinstance(frame, f.NackResult):
+                    self.stats.nacked += len(frame.requeued) + len(frame.failed)
+                    self._record_errors(frame.errors, None)
+                elif isinstance(frame, f.Welcome):
                     self.welcome = frame
-                elif kind == "subscribed":
+                elif isinstance(frame, f.Subscribed):
                     self.connected.set()
-                elif kind == "error":
-                    self.stats.errors.append(frame)
-                    if frame.get("ref") == "subscribe":
-                        raise PermissionError(f"subscribe refused: {frame.get('code')}: {frame.get('message')}")
+                elif isinstance(frame, f.Error):
+                    self.stats.errors.append({"type": "error", "code": frame.code, "message": frame.message})
+                    if frame.ref == "subscribe":
+                        raise PermissionError(f"subscribe refused: {frame.code}: {frame.message}")
         finally:
             for t in tasks:
                 t.cancel()
@@ -210,9 +206,9 @@ class MinimalClient:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
 
-    def _record_errors(self, frame: dict[str, Any], retry_into: list[list[int]] | None) -> None:
-        for err in frame.get("errors", []):
-            self.stats.errors.append(err)
+    def _record_errors(self, errors: list[f.ItemError], retry_into: list[tuple[int, int]] | None) -> None:
+        for err in errors:
+            self.stats.errors.append(dict(err))
             # an ack the manager could not record (database briefly unreachable) is worth a retry
-            if retry_into is not None and err.get("code") == "unavailable":
-                retry_into.append([err["id"], err["attempt"]])
+            if retry_into is not None and err.get("code") == f.UNAVAILABLE:
+                retry_into.append((err["id"], err["attempt"]))

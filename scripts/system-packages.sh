@@ -6,6 +6,8 @@
 #   the PostgreSQL JDBC driver jar (/usr/share/java/postgresql.jar, or $QM_JDBC_JAR)
 #   ps         Spark's launch scripts call it
 #   chromium   the dashboard's browser tests (tests/web/test_browser.py), headless
+#   nodejs, npm  the TypeScript receiver (clients/typescript), built by make setup and run by the
+#              conformance suite (make conformance, in make test)
 #
 # As root, with apt-get: installs what is missing (Debian's packages). As another user: prints one
 # line naming what is missing and the command that installs it, and succeeds; the Spark tests are
@@ -32,12 +34,14 @@ else
 fi
 command -v ps >/dev/null 2>&1 || need+=(procps)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 
 [ ${#need[@]} -eq 0 ] && exit 0
 
 install="apt-get install -y ${need[*]}"
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "setup: missing ${need[*]} (the Spark or browser tests will be skipped): as root, run: $install" >&2
+  echo "setup: missing ${need[*]} (the Spark, browser or TypeScript tests will be skipped): as root, run: $install" >&2
   exit 0
 fi
 echo "setup: installing ${need[*]} (Debian packages)" >&2

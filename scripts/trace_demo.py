@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from queue_manager import admin
 from queue_manager.domain.topology import Topology
 from queue_manager.local.embedded import LocalCluster
-from queue_manager.local.shards import start_shards
+from queue_manager.local.fleet import start_shards
 from queue_manager.manager import Manager, ManagerConfig
 from queue_manager.manager.auth import TokenStore
 from queue_manager.producer import Router

@@ -113,6 +113,11 @@ DATA_SCHEMA = StructType(
         StructField("ack_deadline", TimestampType(), True),
         StructField("fired_term", LongType(), True),
         StructField("last_error", StringType(), True),
+        # the W3C trace context the producer stored (NULL: none; NULL too in files archived before
+        # these columns were)
+        StructField("traceparent", StringType(), True),
+        StructField("tracestate", StringType(), True),
+        StructField("baggage", StringType(), True),
         StructField("settled_at", TimestampType(), True),
     ]
 )
@@ -454,9 +459,17 @@ def _write_verify_commit(
         report("written", shard.name, sum(w.rows for w in stats.values()))
         problems += verify_shard(shard.name, plan.shards[shard.name], by_queue, stats)
     if problems:
+        unseen = sum(w.rows for w in written.values()) < sum(read.values())
         raise ArchiveError(
             "the written archive does not match what was read, so nothing was committed or deleted; "
-            f"re-run with run id {layout.run_id!r} to write it again: " + "; ".join(problems)
+            f"re-run with run id {layout.run_id!r} to write it again: "
+            + "; ".join(problems)
+            + (
+                " (rows the executors wrote are missing where the driver reads them back: on a cluster the "
+                "output must be a directory that the driver and every executor share)"
+                if unseen
+                else ""
+            )
         )
     for shard in pending:
         stats = {q: w for (s, q), w in written.items() if s == shard.name}
@@ -797,4 +810,4 @@ def run_archive(
 if __name__ == "__main__":  # pragma: no cover
     from spark_jobs.commands import script_main
 
-    sys.exit(script_main("archive"))
+    sys.exit(script_main("archive", run_archive))

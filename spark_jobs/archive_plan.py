@@ -29,8 +29,8 @@ from typing import Any
 from queue_manager.domain.names import check_queue_name
 from queue_manager.errors import ArchiveError, ConfigurationError
 
-#: the states an archive run takes (settled events: acked, and failed = dead-lettered)
-ARCHIVE_STATES = ("acked", "failed")
+#: the states an archive run takes (settled events: acked, cancelled, and failed = dead-lettered)
+ARCHIVE_STATES = ("acked", "cancelled", "failed")
 #: ids deleted per transaction
 DEFAULT_DELETE_SLICE = 10_000
 #: candidate rows per JDBC read partition

@@ -1,8 +1,10 @@
 """The Spark jobs' command lines: ``qm spark enqueue|recover|cleanup|archive`` and the scripts
 ``python -m spark_jobs.enqueue ARGS`` / ``python -m spark_jobs.archive ARGS`` (also through spark-submit).
 
-No pyspark here: ``qm`` builds these parsers without it, and a job's module (which needs pyspark) is
-imported only when its command runs.
+No pyspark here, and no job: ``qm`` builds these parsers without them. Each command's function is
+given the job's function by its caller: ``qm``'s spark group (:mod:`queue_manager.cli.spark`)
+imports the job's module when the command runs, and a script passes its own (the module run as
+``__main__``, which would otherwise be imported a second time).
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from queue_manager import logs
-from queue_manager.cli.common import run, topology, with_topology
-from queue_manager.errors import ConfigurationError
+from queue_manager.cli.common import duration, examples, run, topology, with_topology
+from queue_manager.domain.durations import format_duration
+from queue_manager.domain.topology import Topology
 
 
 def register(spark: Any) -> None:
@@ -28,11 +31,17 @@ def register(spark: Any) -> None:
             description="Route and check every row in Spark, stage each shard's rows through JDBC, then publish "
             "them in one transaction per shard (--atomic: across all shards). Safe to re-run with the same "
             "--run-id. See docs/spark.md.",
+            epilog=examples("qm spark enqueue --queue orders --input s3a://bucket/orders/ --run-id orders-2026-01-01"),
         )
     )
     p.add_argument("--queue", required=True, help="target queue (must exist on every shard)")
     p.add_argument("--input", required=True, help="source path (or table name with --format table)")
-    p.add_argument("--format", default="parquet", choices=["parquet", "csv", "json", "orc", "table"])
+    p.add_argument(
+        "--format",
+        default="parquet",
+        choices=["parquet", "csv", "json", "orc", "table"],
+        help="the source's format (default parquet; table: --input names a table of the Spark catalog)",
+    )
     p.add_argument("--run-id", required=True, help="names the run: a re-run with the same id adds nothing twice")
     p.add_argument("--tenant-col", default="tenant", help="tenant column (default tenant)")
     p.add_argument("--payload-col", default="payload", help="payload column: JSON text or a struct (default payload)")
@@ -58,9 +67,10 @@ def register(spark: Any) -> None:
     p.add_argument("--atomic", action="store_true", help="visible on every shard or none (needs prepared transactions)")
     p.add_argument(
         "--staging-ttl",
-        type=float,
+        type=duration,
         default=86_400.0,
-        help="drop staging of runs unfinished this long, s (default 1 day)",
+        metavar="DURATION",
+        help="drop staging of runs unfinished this long (default 1 day)",
     )
     p.add_argument(
         "--stage-with",
@@ -73,23 +83,48 @@ def register(spark: Any) -> None:
     p.add_argument("--stop-after", choices=["validated", "staged"], help="stop early (a dry run: validated)")
     p.add_argument(
         "--wait-for-other-run",
-        type=float,
+        type=duration,
         default=3600.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="wait this long for another live run of the same --run-id to end, then refuse; 0: refuse at once "
-        "(default 3600)",
+        "(default 1 h)",
     )
     p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's, else Maven)")
-    p.set_defaults(func=cmd_spark_enqueue)
 
-    p = with_topology(spark.add_parser("recover", help="finish or roll back two-phase enqueue runs left prepared"))
+    p = with_topology(
+        spark.add_parser(
+            "recover",
+            help="finish or roll back two-phase enqueue runs left prepared",
+            description="Finish (or roll back) the prepared transactions that --atomic enqueue runs left on the "
+            "shards when they stopped between their prepare and their commit.",
+            epilog=examples("qm spark recover", "qm spark recover --run-id orders-2026-01-01"),
+        )
+    )
     p.add_argument("--run-id", help="only this run (default: every run left prepared --min-age ago)")
-    p.add_argument("--min-age", type=float, default=60.0, help="leave younger prepared parts alone, s (default 60)")
-    p.set_defaults(func=cmd_spark_recover)
+    p.add_argument(
+        "--min-age",
+        type=duration,
+        default=60.0,
+        metavar="DURATION",
+        help="leave younger prepared parts alone (default 1 min)",
+    )
 
-    p = with_topology(spark.add_parser("cleanup", help="drop the staging of enqueue runs left unfinished"))
-    p.add_argument("--older-than", type=float, default=86_400.0, help="unfinished for this long, s (default 1 day)")
-    p.set_defaults(func=cmd_spark_cleanup)
+    p = with_topology(
+        spark.add_parser(
+            "cleanup",
+            help="drop the staging of enqueue runs left unfinished",
+            description="Drop the staging tables of enqueue runs left unfinished for longer than --older-than (a "
+            "run that completes drops its own).",
+            epilog=examples("qm spark cleanup --older-than 2d"),
+        )
+    )
+    p.add_argument(
+        "--older-than",
+        type=duration,
+        default=86_400.0,
+        metavar="DURATION",
+        help="unfinished for this long (default 1 day)",
+    )
 
     p = with_topology(
         spark.add_parser(
@@ -98,6 +133,7 @@ def register(spark: Any) -> None:
             description="Archive acked and failed events settled before a cut-off to Parquet under OUTPUT "
             "(partitioned by run, shard, queue and day), verify the files, then delete exactly those rows. "
             "Safe to interrupt: re-run with the same --run-id to finish. See docs/spark-archive.md.",
+            epilog=examples("qm spark archive --output /data/qm-archive --older-than 30d"),
         )
     )
     p.add_argument("--output", required=True, help="archive root directory (a local path)")
@@ -112,22 +148,16 @@ def register(spark: Any) -> None:
     )
     p.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar (default: $QM_JDBC_JAR, else Debian's)")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    p.set_defaults(func=cmd_spark_archive)
 
 
-def cmd_spark_enqueue(args: argparse.Namespace) -> int:
-    # imported here only: `qm` must start without pyspark
-    try:
-        from spark_jobs.enqueue import run_cli
-    except ImportError as exc:
-        raise ConfigurationError(f"qm spark enqueue needs pyspark ({exc}): pip install -e '.[spark]'") from None
-    return run_cli(args, topology(args), lambda line: print(line, flush=True))
+def enqueue(args: argparse.Namespace, topology: Topology, run_cli: Callable[..., int]) -> int:
+    """``qm spark enqueue``: ``run_cli`` is :func:`spark_jobs.enqueue.run_cli`."""
+    return run_cli(args, topology, lambda line: print(line, flush=True))
 
 
-def cmd_spark_recover(args: argparse.Namespace) -> int:
-    from spark_jobs.enqueue import recover
-
-    outcome = recover(topology(args), run_id=args.run_id, min_age=args.min_age)
+def recover(args: argparse.Namespace, topology: Topology, recover_runs: Callable[..., dict[str, str]]) -> int:
+    """``qm spark recover``: ``recover_runs`` is :func:`spark_jobs.enqueue.recover`."""
+    outcome = recover_runs(topology, run_id=args.run_id, min_age=args.min_age)
     for gid, what in sorted(outcome.items()):
         print(f"{gid}: {what}")
     if not outcome:
@@ -135,20 +165,16 @@ def cmd_spark_recover(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_spark_cleanup(args: argparse.Namespace) -> int:
-    from spark_jobs.enqueue import cleanup
-
-    for shard, n in cleanup(topology(args), older_than=args.older_than).items():
-        print(f"{shard}: {n} run(s) unfinished for more than {args.older_than:g} s abandoned (staging dropped)")
+def cleanup(args: argparse.Namespace, topology: Topology, cleanup_runs: Callable[..., dict[str, int]]) -> int:
+    """``qm spark cleanup``: ``cleanup_runs`` is :func:`spark_jobs.enqueue.cleanup`."""
+    for shard, n in cleanup_runs(topology, older_than=args.older_than).items():
+        age = format_duration(args.older_than)
+        print(f"{shard}: {n} run(s) unfinished for more than {age} abandoned (staging dropped)")
     return 0
 
 
-def cmd_spark_archive(args: argparse.Namespace) -> int:
-    # imported here only: `qm` must start without pyspark
-    try:
-        from spark_jobs.archive import run_archive
-    except ImportError as exc:
-        raise ConfigurationError(f"qm spark archive needs pyspark ({exc}): pip install -e '.[spark]'") from None
+def archive(args: argparse.Namespace, topology: Topology, run_archive: Callable[..., Any]) -> int:
+    """``qm spark archive``: ``run_archive`` is :func:`spark_jobs.archive.run_archive`."""
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout carries the JSON only
 
     def starting(run_id: str) -> None:
@@ -156,7 +182,7 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
         out.flush()
 
     result = run_archive(
-        topology(args),
+        topology,
         older_than=args.older_than,
         before=args.before,
         output=args.output,
@@ -175,10 +201,21 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
     return 0
 
 
-def script_main(command: str, argv: Sequence[str] | None = None) -> int:
-    """``python -m spark_jobs.<command> ARGS``: the same as ``qm spark <command> ARGS``."""
+#: each command's function, called with the parsed options, the topology and the job's function
+COMMANDS: dict[str, Callable[[argparse.Namespace, Topology, Callable[..., Any]], int]] = {
+    "enqueue": enqueue,
+    "recover": recover,
+    "cleanup": cleanup,
+    "archive": archive,
+}
+
+
+def script_main(command: str, job: Callable[..., Any], argv: Sequence[str] | None = None) -> int:
+    """``python -m spark_jobs.<command> ARGS``: the same as ``qm spark <command> ARGS``, with ``job``
+    the script's own function (see :data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(prog="qm spark")
     register(parser.add_subparsers(dest="spark_command", required=True))
     args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    args.func = lambda a: COMMANDS[command](a, topology(a), job)
     logs.configure(logging.WARNING)
     return run(args)

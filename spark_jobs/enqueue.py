@@ -65,7 +65,7 @@ if __package__ in (None, ""):  # run as a file (spark-submit spark_jobs/enqueue.
 import psycopg
 from psycopg import sql
 from py4j.protocol import Py4JJavaError
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from queue_manager.db.errors import translate
@@ -85,7 +85,9 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 GID_PREFIX = "qm-run:"
 #: the earliest fire_at any queue accepts (the database's rule)
 EARLIEST_FIRE_AT = "2000-01-01 00:00:00+00"
-#: the columns of a stage table, in the order Spark writes them
+#: the queue columns a row carries as they are, text, NULL when the source has none (Columns.carried)
+CARRIED = ("dedup_key", "traceparent", "tracestate", "baggage", "concurrency_key", "rate_key")
+#: the columns of a stage table, in the order Spark writes them (the order of copy_stage in spark.sql)
 STAGE_COLUMNS = (
     "row_key",
     "tenant",
@@ -196,6 +198,16 @@ class Columns:
     concurrency_key: str | None = None
     rate_key: str | None = None
 
+    def carried(self) -> tuple[tuple[str, str | None], ...]:
+        """The columns carried to the queue table as they are (as text, NULL when not given): each
+        queue column of :data:`CARRIED` with the source column that holds it, or None.
+
+        The one place the job's Spark side lists them: a new one (a key column of the queue) is a
+        field here and a name in :data:`CARRIED`; the database side is the stage table's column
+        (``qm.stage_run``, ``copy_stage`` in spark.sql) and the publish's INSERT (``qm.publish_run``).
+        """
+        return tuple((name, getattr(self, name)) for name in CARRIED)
+
 
 @dataclass(frozen=True)
 class QueueShape:
@@ -254,6 +266,21 @@ def check_run_id(run_id: str) -> str:
             "starting with a letter or digit"
         )
     return run_id
+
+
+def work_base(master: str, work_dir: str | None) -> str:
+    """The runs' base directory: ``work_dir``, else (with a local master only) the driver's temporary
+    directory. On a cluster the executors write the run's files there and the driver reads them, so
+    a directory of the driver's own will not do: ConfigurationError when ``work_dir`` is missing."""
+    if work_dir:
+        return work_dir.rstrip("/") or "/"
+    if master.startswith("local"):
+        return str(Path(tempfile.gettempdir()) / "qm-spark-enqueue")
+    raise ConfigurationError(
+        f"on a cluster (master {master!r}) the job needs --work-dir (work_dir): a directory that the driver and "
+        "every executor read and write (an HDFS or S3 path, or a mount shared by every machine); the default, "
+        "the driver's temporary directory, is not seen by the executors. Nothing was changed"
+    )
 
 
 def read_source(spark: SparkSession, source: str, fmt: str, options: Mapping[str, str] | None = None) -> DataFrame:
@@ -376,10 +403,9 @@ def _fire_at(df: DataFrame, name: str) -> Column:
 
 
 def _check_columns(df: DataFrame, columns: Columns) -> None:
-    named = [("tenant", columns.tenant), ("fire_at", columns.fire_at), ("dedup key", columns.dedup_key)]
-    named += [("traceparent", columns.traceparent), ("tracestate", columns.tracestate), ("baggage", columns.baggage)]
-    named += [("priority", columns.priority), ("concurrency key", columns.concurrency_key)]
-    named += [("rate key", columns.rate_key)]
+    named = [("tenant", columns.tenant), ("fire_at", columns.fire_at)]
+    named += [(key.replace("_", " "), name) for key, name in columns.carried()]
+    named += [("priority", columns.priority)]
     named += [("payload", c) for c in columns.payload_cols] if columns.payload_cols else [("payload", columns.payload)]
     for what, name in named:
         if name is not None and name not in df.columns:
@@ -396,9 +422,11 @@ def route_and_check(
 ) -> DataFrame:
     """The source rows with their row key, shard and partition, and a ``reason`` (NULL: good).
 
-    Columns: row_key, tenant, payload (JSON text), fire_at (timestamp or NULL), dedup_key, shard,
-    partition, reason. A row with no shard (no tenant) is given the topology's first shard, where it
-    is staged as a reject. The row key is ``monotonically_increasing_id()`` over ``df`` (or ``df``'s
+    Columns: row_key, tenant, payload (JSON text), fire_at (timestamp or NULL), shard, partition,
+    reason, then the carried columns (:data:`CARRIED`: dedup_key, the trace context and the keys)
+    and the priority. A row with
+    no shard (no tenant) is given the topology's first shard, where it is staged as a reject. The
+    row key is ``monotonically_increasing_id()`` over ``df`` (or ``df``'s
     own ``row_key`` column when it has one). ``only_shards``: keep those shards' rows only, before
     the checks and the shuffle set are computed (Spark cannot move a filter below the row key's
     non-deterministic projection by itself). Raises ConfigurationError for a column the source does
@@ -413,18 +441,9 @@ def route_and_check(
         _payload_json(df, columns).alias("payload"),
         fire_at.alias("fire_at"),
         (F.col(columns.fire_at).isNotNull() if columns.fire_at else F.lit(False)).alias("_fire_given"),
-        (F.col(columns.dedup_key).cast("string") if columns.dedup_key else F.lit(None).cast("string")).alias(
-            "dedup_key"
-        ),
         *(
             (F.col(name).cast("string") if name else F.lit(None).cast("string")).alias(key)
-            for key, name in (
-                ("traceparent", columns.traceparent),
-                ("tracestate", columns.tracestate),
-                ("baggage", columns.baggage),
-                ("concurrency_key", columns.concurrency_key),
-                ("rate_key", columns.rate_key),
-            )
+            for key, name in columns.carried()
         ),
         (F.col(columns.priority).cast("int") if columns.priority else F.lit(None).cast("int")).alias("priority"),
     )
@@ -475,16 +494,11 @@ def route_and_check(
         "tenant",
         "payload",
         "fire_at",
-        "dedup_key",
         "shard",
         partition.cast("short").alias("partition"),
         reason.alias("reason"),
-        "traceparent",
-        "tracestate",
-        "baggage",
+        *CARRIED,
         F.col("priority").cast("short").alias("priority"),
-        "concurrency_key",
-        "rate_key",
     )
 
 
@@ -551,6 +565,8 @@ class _Plan:
     #: the run's stage table on each shard not yet published, as qm.stage_run gave it: the only one
     #: this run counts and publishes there
     tables: dict[str, str] = field(default_factory=dict)
+    #: rows of each shard that this call's Spark pass wrote to stage files (COPY staging)
+    written: dict[str, int] = field(default_factory=dict)
 
     @property
     def rows_path(self) -> str:
@@ -621,6 +637,7 @@ def load_events(
     if not (math.isfinite(wait_for_other_run) and wait_for_other_run >= 0):
         raise ConfigurationError(f"wait_for_other_run must be 0 or more seconds, got {wait_for_other_run!r}")
     _check_columns(df, columns)
+    base = work_base(df.sparkSession.sparkContext.master or "", work_dir)
     shapes = {s.name: queue_shape(s, queue) for s in topology.shards}
     if atomic:
         _require_two_phase(topology.shards)
@@ -636,7 +653,6 @@ def load_events(
         with _connect(topology.shards[0]) as conn:
             conn.execute(query("forget_decision", _SQL), {"run": run_id, "queue": queue})
         cleanup(topology, older_than=staging_ttl)
-        base = (work_dir or str(Path(tempfile.gettempdir()) / "qm-spark-enqueue")).rstrip("/")
         run_dir = f"{base}/{queue}/{run_id}"
         plan = _Plan(
             df.sparkSession,
@@ -659,7 +675,7 @@ def load_events(
             routed, result.materialized = _routed(plan, df, shapes, columns, materialize)
             if stage_with == "copy":
                 _write_stage_files(plan, routed(to_stage))
-                plan.say("written", "*", 0)
+                plan.say("written", "*", sum(plan.written.values()))
         for shard, part in zip(topology.shards, result.shards, strict=True):
             if shard.name in to_stage:
                 if stage_with == "copy":
@@ -759,10 +775,18 @@ def _routed(
         return (lambda names: route_and_check(df, plan.topology, shapes, columns, only_shards=names)), False
     # an earlier attempt of this run may have materialised its rows already: they are the run's rows
     if not _exists(plan.spark, f"{plan.rows_path}/_SUCCESS"):
-        route_and_check(df, plan.topology, shapes, columns).write.mode("overwrite").partitionBy("shard").parquet(
-            plan.rows_path
-        )
-        plan.say("materialized", "*", 0)
+        written = Observation("qm_materialized")
+        keyed = route_and_check(df, plan.topology, shapes, columns).observe(written, F.count(F.lit(1)).alias("rows"))
+        keyed.write.mode("overwrite").partitionBy("shard").parquet(plan.rows_path)
+        expected, found = int(written.get["rows"]), plan.spark.read.parquet(plan.rows_path).count()
+        if found != expected:
+            _delete(plan.spark, plan.rows_path)
+            raise ConfigurationError(
+                f"the executors wrote {expected} keyed rows under {plan.rows_path}, but the driver reads {found} "
+                "there: the work directory must be one that the driver and every executor share (an HDFS or S3 "
+                "path, or a mount shared by every machine; --work-dir). Nothing was published"
+            )
+        plan.say("materialized", "*", expected)
     rows = plan.spark.read.parquet(plan.rows_path)
     return (lambda names: rows.filter(F.col("shard").isin(sorted(names)))), True
 
@@ -797,9 +821,17 @@ def _write_stage_files(plan: _Plan, rows: DataFrame) -> None:
     for i, s in enumerate(plan.topology.shards):
         place = F.when(F.col("shard") == s.name, F.lit(i)).otherwise(place)
     out = rows.select(*_stage_columns(rows), place.alias("shard"))
+    # what the tasks wrote, per shard, counted as the rows stream into the writer (an observation
+    # counts a task's rows once, when it succeeds): the driver checks its COPY against it
+    written = Observation("qm_stage_files")
+    counts = [F.count_if(F.col("shard") == i).alias(str(i)) for i in range(len(plan.topology.shards))]
+    out = out.observe(written, *counts)
     if _exists(plan.spark, plan.stage_path):  # an earlier attempt's, whatever partitionOverwriteMode says
         _delete(plan.spark, plan.stage_path)
     out.write.mode("overwrite").partitionBy("shard").options(**_STAGE_CSV).csv(plan.stage_path)
+    # only after a successful write: Observation.get waits for metrics a failed job never sends
+    got = written.get
+    plan.written = {s.name: int(got[str(i)]) for i, s in enumerate(plan.topology.shards)}
 
 
 def _copy_stage(plan: _Plan, shard: Shard, table: str) -> None:
@@ -815,14 +847,24 @@ def _copy_stage(plan: _Plan, shard: Shard, table: str) -> None:
         try:
             conn.setAutoCommit(False)
             api = conn.getCopyAPI()
+            copied = 0
             for file in sorted(files, key=lambda f: str(f.getName())):
                 if not str(file.getName()).startswith("part-"):
                     continue
                 stream = fs.open(file)
                 try:
-                    api.copyIn(copy, stream)
+                    copied += int(api.copyIn(copy, stream))
                 finally:
                     stream.close()
+            expected = plan.written.get(shard.name)
+            if expected is not None and copied != expected:
+                conn.rollback()
+                raise ConfigurationError(
+                    f"shard {shard.name}: the executors wrote {expected} rows to stage under {plan.stage_path}, but "
+                    f"the driver found {copied} there: the work directory must be one that the driver and every "
+                    "executor share (an HDFS or S3 path, or a mount shared by every machine; --work-dir). Nothing "
+                    "was published; run again with a shared work directory"
+                )
             conn.commit()
         finally:
             conn.close()
@@ -985,6 +1027,11 @@ def _publish_atomic(plan: _Plan, result: LoadResult) -> None:
     commit every part."""
     by_name = {s.name: s for s in plan.topology.shards}
     todo = [p for p in result.shards if p.state != "already published"]
+    for part in result.shards:
+        if part.state == "already published":
+            plan.say("already published", part.shard, part.rows)
+    if not todo:
+        return  # every shard has the run: nothing to prepare or decide
     prepared: list[str] = []
 
     def prepare(part: ShardResult) -> None:
@@ -1096,17 +1143,17 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
     for shard in topology.shards:  # a clear error before Spark starts
         queue_shape(shard, check_queue_name(args.queue))
     columns = Columns(
-        args.tenant_col,
-        args.payload_col,
-        args.fire_at_col,
-        args.dedup_col,
-        tuple(c.strip() for c in (args.payload_cols or "").split(",") if c.strip()),
-        args.traceparent_col,
-        args.tracestate_col,
-        args.baggage_col,
-        args.priority_col,
-        args.concurrency_key_col,
-        args.rate_key_col,
+        tenant=args.tenant_col,
+        payload=args.payload_col,
+        fire_at=args.fire_at_col,
+        payload_cols=tuple(c.strip() for c in (args.payload_cols or "").split(",") if c.strip()),
+        dedup_key=args.dedup_col,
+        traceparent=args.traceparent_col,
+        tracestate=args.tracestate_col,
+        baggage=args.baggage_col,
+        priority=args.priority_col,
+        concurrency_key=args.concurrency_key_col,
+        rate_key=args.rate_key_col,
     )
     with job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
         require_jdbc_driver(spark)
@@ -1150,4 +1197,4 @@ def _progress_line(run_id: str, stage: str, shard: str, n: int) -> str:
 if __name__ == "__main__":  # pragma: no cover
     from spark_jobs.commands import script_main
 
-    sys.exit(script_main("enqueue"))
+    sys.exit(script_main("enqueue", run_cli))

@@ -24,6 +24,7 @@ from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
+from tests.framecheck import FrameCheck
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -51,7 +52,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``pytest -n N --dist loadscope`` (``make test``): every Spark test goes to one worker, where
-    they share its one Spark session (a JVM start costs seconds of CPU); the dashboard's browser
+    they share its one Spark session (a JVM start costs seconds of CPU), and every Spark cluster
+    test to another, where they share one standalone cluster; the dashboard's browser
     tests likewise go to one worker (one browser, server and manager for them all); every other
     test is a unit of its own, given to whichever worker is free."""
     if config.getvalue("dist") != "loadscope":
@@ -62,9 +64,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith("tests/spark/"):
                 return "spark"
+            if nodeid.startswith("tests/spark_cluster/"):
+                return "spark-cluster"  # one standalone cluster for them all, beside the local session's worker
             return "browser" if nodeid.startswith("tests/web/test_browser.py") else nodeid
 
     return SparkTogether(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _frames_match_the_schema() -> Iterator[FrameCheck]:
+    """Every frame a manager or a receiver of the test sends is checked against
+    docs/protocol.schema.json (tests/framecheck.py): one that does not match fails the test."""
+    check = FrameCheck()
+    with check.installed():
+        yield check
+    bad = check.verify()
+    assert not bad, f"{len(bad)} frame(s) do not match docs/protocol.schema.json:\n" + "\n".join(bad[:10])
 
 
 @pytest.fixture

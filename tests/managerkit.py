@@ -16,6 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from queue_manager.clock import Clock
 from queue_manager.manager import Manager, ManagerConfig
 from queue_manager.manager.auth import TokenStore
+from queue_manager.wire import frames as f
 from receivers.testing import Delivery as Event
 from receivers.testing import MinimalClient
 
@@ -138,11 +139,25 @@ async def running_receiver(
 
 @contextlib.asynccontextmanager
 async def raw_client(manager: Manager, secret: str | None = SECRET_ALL) -> AsyncIterator[ClientConnection]:
+    """A websocket to the manager whose welcome was read: the test speaks the protocol itself."""
     headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    async with connect(url(manager), additional_headers=headers, subprotocols=["qm.v1"], open_timeout=5) as ws:  # type: ignore[list-item]
-        welcome = json.loads(await asyncio.wait_for(ws.recv(), 5))
-        assert welcome["type"] == "welcome", welcome
+    async with connect(url(manager), additional_headers=headers, subprotocols=[f.PROTOCOL], open_timeout=5) as ws:  # type: ignore[list-item]
+        welcome = f.parse_server(await asyncio.wait_for(ws.recv(), 5))
+        assert isinstance(welcome, f.Welcome), welcome
         yield ws
+
+
+async def subscribe(
+    ws: ClientConnection,
+    queue: str = "orders",
+    tenants: tuple[str, ...] | None = None,
+    credit: int | None = None,
+    ref: str | int | None = None,
+    timeout: float = 5.0,
+) -> dict[str, Any]:
+    """Subscribe ``ws`` (a :func:`raw_client`) and wait for its ``subscribed``, which is returned."""
+    await ws.send(f.Subscribe(queue, tenants, credit, ref).to_json())
+    return await recv_type(ws, "subscribed", timeout)
 
 
 async def recv_type(ws: ClientConnection, kind: str, timeout: float = 5.0) -> dict[str, Any]:

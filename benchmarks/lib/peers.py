@@ -66,9 +66,17 @@ def run_peer(py: Path, admin_dsn: str, module: str, args: list[str], timeout: fl
 def drain_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [s for s in samples if "error" not in s]
     rates = [s["jobs_per_s"] for s in ok if not s.get("timed_out") and s.get("handled") == s.get("jobs")]
+    costs = [s["per_event"] for s in ok if s.get("per_event")]
+    per_event = {
+        k: round(statistics.median(c[k] for c in costs if c.get(k) is not None), 3)
+        for k in (costs[0] if costs else {})
+        if any(c.get(k) is not None for c in costs)
+    }
     return {
         "jobs_per_s": round(statistics.median(rates), 1) if rates else None,
         "samples": [s.get("jobs_per_s") for s in ok],
+        "per_event_median": per_event,
+        "per_event_samples": costs,
         "errors": [s for s in samples if "error" in s],
         "cpu": ok[len(ok) // 2].get("cpu") if ok else None,
         "rest_of_machine_pct": [s.get("cpu_whole_run_pct_of_one_core", {}).get("rest_of_machine") for s in ok],

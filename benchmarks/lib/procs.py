@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from benchmarks.lib.server import QUEUE
+from queue_manager.local import fleet
 
 SECRET = "e2e-benchmark-secret-0001"
 TENANTS = tuple(f"tenant-{i:04d}" for i in range(1000))
@@ -41,7 +42,7 @@ STOP_TIMEOUT = 5.0
 
 
 def token_entries() -> list[dict[str, Any]]:
-    return [{"name": "bench", "secret": SECRET, "queues": [QUEUE]}]
+    return [fleet.Token("bench", SECRET, (QUEUE,)).entry()]
 
 
 def _logging() -> None:
@@ -79,20 +80,21 @@ def _instrument_store(counters: dict[str, list[float]], slow: list[tuple[str, fl
     Every coroutine function of ``queue_manager.manager.store`` except the ``connect*`` ones and
     ``wait_wake_lock`` (which waits as long as a producer keeps its transaction open) is wrapped. The
     manager calls them through the module, so replacing the module's attributes in this process is
-    enough. Items: the length of a list 4th argument (the ids of fire, ack, release, extend), else of
-    a list result (rows), else of a scan's rows. The seconds are wall time from the call to its
+    enough. Items: the rows of a result that is a tuple of rows and more (a scan, fire_due), else
+    the length of a list 4th argument (the ids of fire, ack, release, extend), else of a list
+    result (rows). The seconds are wall time from the call to its
     result, which includes the time other tasks of the loop ran before this one resumed. Calls
     longer than SLOW_CALL go to ``slow`` as (name, wall-clock start, seconds).
     """
     from queue_manager.manager import store
 
     def items_of(args: tuple[Any, ...], result: Any) -> int:
+        if isinstance(result, tuple) and result and isinstance(result[0], list):
+            return len(result[0])  # rows (and more): a scan, a fire_due
         if len(args) > 3 and isinstance(args[3], list | tuple):
             return len(args[3])
         if isinstance(result, list):
             return len(result)
-        if isinstance(result, tuple) and result and isinstance(result[0], list):
-            return len(result[0])
         return 0
 
     def make(name: str, original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

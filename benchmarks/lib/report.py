@@ -38,12 +38,13 @@ def pct_ms(values_s: Sequence[float], p: float, digits: int = 3) -> float | None
 
 
 def summary_ms(values_s: Sequence[float]) -> dict[str, Any]:
-    """min/p50/p95/p99/max/mean in ms, and how many values exceed 100 ms and 1 s."""
+    """min/p50/p95/p99/max/mean in ms, and how many values exceed 20 ms, 100 ms and 1 s."""
     v = sorted(x * 1000.0 for x in values_s)
     if not v:
         return {"n": 0}
     return {
         "n": len(v),
+        "over_20ms": sum(1 for x in v if x > 20.0),
         "over_100ms": sum(1 for x in v if x > 100.0),
         "over_1s": sum(1 for x in v if x > 1000.0),
         "min_ms": round(v[0], 3),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import secrets
 import shutil
 import subprocess
@@ -114,3 +115,77 @@ def checkout_database(
         [python, "-c", _CHECKOUT_SETUP, dsn, queue, json.dumps(dict(settings)), *statements], cwd=checkout, check=True
     )
     return dsn
+
+
+def proc_cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """CPU seconds (user + system) of one process, and of its children it has waited for."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The pids of the live children of ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+class ServerCpu:
+    """CPU seconds of a PostgreSQL server: the postmaster, its live processes and the backends it
+    has reaped."""
+
+    def __init__(self, dsn: str) -> None:
+        with psycopg.connect(dsn) as conn:  # a backend's parent is the postmaster
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            assert row is not None
+            with open(f"/proc/{row[0]}/stat") as f:
+                self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def read(self) -> float:
+        pg = proc_cpu_seconds(self.postmaster, reaped_children=True)
+        for child in child_pids(self.postmaster):
+            try:
+                pg += proc_cpu_seconds(child)
+            except OSError:  # gone (and reaped: counted above) between the listing and the read
+                continue
+        return pg
+
+
+def two_shards(admin_dsn: str, first_dsn: str) -> tuple[Topology, str]:
+    """A two-shard topology (``s0``: ``-80``, ``s1``: ``80-``): the given database and a second one
+    on the same server, both migrated with their identities; the second's name is returned (to drop)."""
+    second = f"{psycopg.conninfo.conninfo_to_dict(first_dsn)['dbname']}_s1"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(second)))
+    topology = Topology(
+        (
+            Shard("s0", first_dsn, KeyRange.parse("-80")),
+            Shard("s1", make_conninfo(admin_dsn, dbname=second), KeyRange.parse("80-")),
+        )
+    )
+    for shard in topology.shards:
+        upgrade(shard.dsn)
+        set_identity(shard.dsn, shard, topology)
+    return topology, second
+
+
+def tenants_for(key_range: KeyRange, count: int) -> list[str]:
+    """The first ``count`` tenants ``tenant-<i>`` in ``key_range``."""
+    out: list[str] = []
+    i = 0
+    while len(out) < count:
+        if key_range.contains(f"tenant-{i}"):
+            out.append(f"tenant-{i}")
+        i += 1
+    return out

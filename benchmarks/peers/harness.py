@@ -24,6 +24,7 @@ import psycopg
 from psycopg import sql
 
 from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_snapshot, machine_info
+from benchmarks.lib.wal import insert_lsn, wal_cost
 
 CTX = mp.get_context("spawn")
 #: warm-up events before the latency measurement (per 200 events/s, as the e2e benchmark)
@@ -129,14 +130,15 @@ def single_worker() -> Worker:
 
 def run_workers(
     target: Callable[..., None], count: int, args: tuple[Any, ...], budget: float, dsn: str
-) -> tuple[float, list[dict[str, Any]], dict[str, float]]:
+) -> tuple[float, list[dict[str, Any]], dict[str, float], dict[str, Any]]:
     """``count`` spawn processes running ``target(worker, *args)``, started together.
 
     A worker sets up (connects, registers its handler), calls ``worker.wait_go()``, works, puts
     one dict on ``worker.out_q`` (with ``t_end``, time.time()), then waits for ``worker.stop``
     before it closes its connections. The parent sets ``stop`` once it has every report, or when
     ``budget`` seconds have passed (each report then says ``stopped_by_parent``). Returns the go
-    time, the reports and the CPU use from go to the last report (% of one core).
+    time, the reports, the CPU use from go to the last report (% of one core) and what that
+    interval cost: its seconds, WAL bytes and commit records (``wall_s``, ``wal``).
     """
     go, stop, out_q = CTX.Event(), CTX.Event(), CTX.Queue()
     workers = [Worker(i, CTX.Event(), go, stop, CTX.Value("q", 0, lock=False), out_q) for i in range(count)]
@@ -151,6 +153,8 @@ def run_workers(
             raise RuntimeError("a worker process did not become ready within 60 s")
     time.sleep(0.3)  # every worker is waiting for go
     count_server(dsn)
+    lsn_conn = psycopg.connect(dsn, autocommit=True)
+    lsn0 = insert_lsn(lsn_conn)
     snap = cpu_snapshot()
     t0 = time.time()
     go.set()
@@ -166,7 +170,11 @@ def run_workers(
             break
         with contextlib.suppress(Exception):  # queue.Empty
             results.append(out_q.get(timeout=0.05))
-    cpu = cpu_delta(snap, cpu_snapshot(), {"workers": [int(p.pid or 0) for p in procs]})
+    snap1 = cpu_snapshot()
+    lsn1 = insert_lsn(lsn_conn)
+    lsn_conn.close()
+    cpu = cpu_delta(snap, snap1, {"workers": [int(p.pid or 0) for p in procs]})
+    cost = {"wall_s": snap1.at - snap.at, "wal": wal_cost(dsn, lsn0, lsn1)}
     stop.set()
     for p in procs:
         p.join(timeout=10)
@@ -174,14 +182,15 @@ def run_workers(
             p.kill()
     for r in results:
         r["stopped_by_parent"] = stopped
-    return t0, results, cpu
+    return t0, results, cpu, cost
 
 
 def drain_report(
-    t0: float, results: list[dict[str, Any]], procs: int, events: int, cpu: dict[str, float]
+    t0: float, results: list[dict[str, Any]], procs: int, events: int, cpu: dict[str, float], cost: dict[str, Any]
 ) -> dict[str, Any]:
     """The drain's figures, named as the e2e benchmark's: every event handled once, events/s to the
-    last worker's return (its acks committed)."""
+    last worker's return (its acks committed), and per job handled the CPU microseconds of
+    PostgreSQL and of the workers, the WAL bytes and the commit records (``per_event``)."""
     handled = sum(r["handled"] for r in results)
     ids = [i for r in results for i in r["ids"]]
     t_end = max((r["t_end"] for r in results), default=float("nan"))
@@ -195,7 +204,22 @@ def drain_report(
         "timed_out": len(results) < procs or any(r["stopped_by_parent"] for r in results),
         "errors": [r["error"] for r in results if r.get("error")],
         "cpu": cpu,
+        "per_event": per_job(cpu, cost, handled),
     }
+
+
+def per_job(cpu: dict[str, float], cost: dict[str, Any], n: int) -> dict[str, float | None]:
+    """Per job handled: the CPU microseconds of PostgreSQL and of the workers (from % of one core
+    over the interval), the WAL bytes and the commit records; the e2e benchmark's names."""
+    if n <= 0:
+        return {}
+    wall, wal = cost["wall_s"], cost["wal"]
+    out: dict[str, float | None] = {
+        f"{k}_cpu_us": round(cpu[k] / 100 * wall / n * 1e6, 2) for k in ("postgres", "workers") if k in cpu
+    }
+    out["wal_bytes"] = round(wal["bytes"] / n, 1)
+    out["commits"] = None if wal["commits"] is None else round(wal["commits"] / n, 3)
+    return out
 
 
 # --------------------------------------------------------------------------- latency

@@ -101,8 +101,10 @@ def worker(w: Worker, dsn: str, batch_size: int, mode: str, record: bool) -> Non
 def drain(dsn: str, tables: list[str], args: Any) -> dict[str, Any]:
     uvloop.run(enqueue_many(dsn, args.events))
     harness.settle(dsn, tables)
-    t0, results, cpu = harness.run_workers(worker, args.procs, (dsn, args.batch_size, "drain", False), args.budget, dsn)
-    out = harness.drain_report(t0, results, args.procs, args.events, cpu)
+    t0, results, cpu, cost = harness.run_workers(
+        worker, args.procs, (dsn, args.batch_size, "drain", False), args.budget, dsn
+    )
+    out = harness.drain_report(t0, results, args.procs, args.events, cpu, cost)
     out["left_in_queue_table"] = harness.scalar(dsn, f"SELECT count(*) FROM {tables[0]}")
     return out
 

@@ -111,10 +111,10 @@ def worker(w: Worker, dsn: str, concurrency: int, wait: bool, record: bool, dele
 def drain(dsn: str, args: Any) -> dict[str, Any]:
     asyncio.run(defer_many(dsn, args.events))
     harness.settle(dsn, ["procrastinate_jobs"])
-    t0, results, cpu = harness.run_workers(
+    t0, results, cpu, cost = harness.run_workers(
         worker, args.procs, (dsn, args.concurrency, False, False, args.delete_jobs), args.budget, dsn
     )
-    out = harness.drain_report(t0, results, args.procs, args.events, cpu)
+    out = harness.drain_report(t0, results, args.procs, args.events, cpu, cost)
     out["left_in_jobs_table"] = harness.scalar(dsn, "SELECT count(*) FROM procrastinate_jobs")
     return out
 

@@ -8,10 +8,13 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from queue_manager import adopt
-from queue_manager.cli.common import Subparsers, print_json, topology
-from queue_manager.domain.adopt import AdoptMapping, parse_assignments
+from queue_manager.cli.common import HelpFormatter, Subparsers, duration, examples, print_json, topology
+from queue_manager.domain.adopt import DEFAULT_OUTBOX, AdoptMapping, parse_assignments
+
+if TYPE_CHECKING:
+    from queue_manager import adopt
 
 
 def register(queue: Subparsers) -> None:
@@ -24,8 +27,13 @@ def register(queue: Subparsers) -> None:
         "may be stopped or killed at any time and re-run: nothing is lost or enqueued twice. Checks the mapping and "
         "the rows first, before anything moves. Exit status: 0 done, 1 some rows rejected (left in the legacy table "
         "or the outbox), 2 error (nothing lost). See docs/operations.md, 'Adopting a legacy queue table'.",
+        epilog=examples(
+            "qm queue adopt orders --from postgresql://legacy/app --table jobs --tenant-col account --check",
+            "qm queue adopt orders --from postgresql://legacy/app --table jobs --tenant-col account --follow",
+        ),
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("--topology", help="topology TOML file (default: $QM_TOPOLOGY)")
+    p.add_argument("--topology", metavar="FILE", help="the topology file, TOML (default: $QM_TOPOLOGY)")
     p.add_argument("queue", help="the target queue (must exist on every shard)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--from", dest="source_dsn", metavar="DSN", help="the legacy database (libpq DSN or URL)")
@@ -56,8 +64,19 @@ def register(queue: Subparsers) -> None:
     )
     p.add_argument("--slice", type=int, default=500, help="rows per slice, 1-10000 (default 500)")
     p.add_argument("--follow", action="store_true", help="keep adopting new rows until SIGINT/SIGTERM or --until-idle")
-    p.add_argument("--poll", type=float, default=1.0, help="with --follow, look again after this long, s (default 1)")
-    p.add_argument("--until-idle", type=float, help="with --follow, stop once nothing was pending for this long, s")
+    p.add_argument(
+        "--poll",
+        type=duration,
+        default=1.0,
+        metavar="DURATION",
+        help="with --follow, look again after this long (default 1 s)",
+    )
+    p.add_argument(
+        "--until-idle",
+        type=duration,
+        metavar="DURATION",
+        help="with --follow, stop once nothing was pending for this long",
+    )
     p.add_argument(
         "--bad-rows",
         choices=["fail", "leave"],
@@ -69,11 +88,13 @@ def register(queue: Subparsers) -> None:
     p.add_argument("--name", help="the adoption's name (default DATABASE.SCHEMA.TABLE:QUEUE)")
     p.add_argument(
         "--outbox",
-        default=adopt.DEFAULT_OUTBOX,
-        help=f"outbox table beside the legacy table (default {adopt.DEFAULT_OUTBOX})",
+        default=DEFAULT_OUTBOX,
+        help=f"outbox table beside the legacy table (default {DEFAULT_OUTBOX})",
     )
     p.add_argument("--check", action="store_true", help="check the mapping and the rows only; move nothing")
-    p.add_argument("--progress", type=float, default=10.0, help="print progress every this many seconds (default 10)")
+    p.add_argument(
+        "--progress", type=duration, default=10.0, metavar="DURATION", help="print progress this often (default 10 s)"
+    )
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=cmd_queue_adopt)
 
@@ -105,6 +126,8 @@ def _print_preflight(table: str, pre: adopt.Preflight) -> None:
 
 
 def cmd_queue_adopt(args: argparse.Namespace) -> int:
+    from queue_manager import adopt
+
     topo = topology(args)
     source = topo.by_name(args.from_shard).dsn if args.from_shard else args.source_dsn
     mapping = _mapping(args)

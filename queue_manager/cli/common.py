@@ -1,5 +1,10 @@
-"""What every command group of the ``qm`` command line shares: the ``--topology`` option, JSON output,
-and running a command with its exit status (also for ``python -m spark_jobs.<command>``)."""
+"""What every command group of the ``qm`` command line shares: the ``--topology`` option, the help's
+shape (a description and an example per command), durations, JSON output, and running a command with
+its exit status (also for ``python -m spark_jobs.<command>``).
+
+Nothing heavy is imported here: ``qm --help`` builds every group's parser, and each command imports
+the library it needs (psycopg, the manager, alembic) when it runs.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,10 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from typing import Any
 
-import psycopg
-
+from queue_manager.domain.durations import parse_duration
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import QueueManagerError
 
@@ -18,9 +23,58 @@ from queue_manager.errors import QueueManagerError
 Subparsers = Any
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Descriptions wrapped to the terminal paragraph by paragraph; indented lines (the examples)
+    kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in text.strip("\n").split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith(" ") for line in lines[1:]) or para.startswith(" "):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(
+                    textwrap.fill(" ".join(para.split()), width, initial_indent=indent, subsequent_indent=indent)
+                )
+        return "\n\n".join(out)
+
+
+def examples(*lines: str) -> str:
+    """The ``epilog`` of a command: its examples, one command line each."""
+    return "example:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def command(sub: Subparsers, name: str, help: str, example: str | tuple[str, ...], description: str = "") -> Any:
+    """Add a command: ``help`` is its line in the group's list, ``description`` (default: ``help``)
+    opens its ``--help``, ``example`` closes it."""
+    lines = (example,) if isinstance(example, str) else example
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description or help[0].upper() + help[1:] + ".",
+        epilog=examples(*lines),
+        formatter_class=HelpFormatter,
+    )
+
+
+def group(sub: Subparsers, name: str, help: str, example: str | tuple[str, ...], description: str = "") -> Subparsers:
+    """Add a command group (``qm queue``, ``qm local``, ...); returns its subparsers."""
+    p = command(sub, name, help, example, description)
+    return p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND", title="commands")
+
+
+def duration(text: str) -> float:
+    """An argparse type: seconds from ``30``, ``250ms``, ``5min``, ``12h``, ``7d`` (:func:`parse_duration`)."""
+    try:
+        return parse_duration(text)
+    except QueueManagerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def with_topology(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``--topology`` to a command (the topology file; default ``$QM_TOPOLOGY``)."""
-    p.add_argument("--topology", help="topology TOML file (default: $QM_TOPOLOGY)")
+    p.add_argument("--topology", metavar="FILE", help="the topology file, TOML (default: $QM_TOPOLOGY)")
     return p
 
 
@@ -42,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
     except QueueManagerError as exc:
         print(f"qm: error: {exc}", file=sys.stderr)
         return 2
-    except psycopg.OperationalError as exc:
-        print(f"qm: database unreachable: {exc}".rstrip(), file=sys.stderr)
-        return 3
+    except Exception as exc:
+        # psycopg is the command's to import (``qm --help`` does without it)
+        psycopg = sys.modules.get("psycopg")
+        if psycopg is not None and isinstance(exc, psycopg.OperationalError):
+            print(f"qm: database unreachable: {exc}".rstrip(), file=sys.stderr)
+            return 3
+        raise

@@ -4,44 +4,110 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
-from queue_manager import admin
 from queue_manager.cli import adopt
-from queue_manager.cli.common import Subparsers, print_json, topology, with_topology
-from queue_manager.domain.settings import KEY_SETTINGS, SETTINGS, TENANT_SETTINGS
+from queue_manager.cli.common import Subparsers, command, duration, group, print_json, topology, with_topology
+from queue_manager.domain.durations import format_duration
+from queue_manager.domain.settings import KEY_SETTINGS, SETTINGS, TENANT_SETTINGS, Setting
 
 
 def register(sub: Subparsers) -> None:
-    queue = sub.add_parser("queue", help="create, alter, list, pause and resume queues").add_subparsers(
-        dest="queue_command", required=True
+    queue = group(
+        sub,
+        "queue",
+        help="create, alter, list, pause and resume queues",
+        description="Manage queues. A queue exists on every shard, with the same settings on each; its events live "
+        "in a table of its name, which applications INSERT into (docs/sql.md).",
+        example=("qm queue create orders --partitions 16 --shuffle 4", "qm queue list"),
     )
-    for verb, func in (("create", cmd_queue_create), ("alter", cmd_queue_alter)):
-        p = with_topology(queue.add_parser(verb, help=f"{verb} a queue on every shard"))
-        p.add_argument("name")
-        for flag, key, typ, help_ in _queue_options():
-            p.add_argument(flag, dest=key, type=typ, help=help_)
-        p.add_argument("--paused", dest="paused", action="store_const", const=True, help="refuse to dispatch")
-        p.add_argument(
-            "--no-priority-aging", action="store_true", help="no aging: a priority level never counts higher"
+    p = with_topology(
+        command(
+            queue,
+            "create",
+            help="create a queue on every shard",
+            description="Create a queue on every shard: its table, indexes and triggers, with the settings given "
+            "(each setting's default otherwise). Durations take units: 30s, 5min, 12h, 7d. A queue that exists "
+            "already is an error naming its shard, unless --if-not-exists (then it is left unchanged: "
+            "qm queue alter changes settings).",
+            example=(
+                "qm queue create orders",
+                "qm queue create orders --partitions 32 --ack-timeout 2min --retention 3d",
+            ),
         )
-        if verb == "create":
-            p.add_argument("--if-not-exists", action="store_true", help="succeed if the queue exists")
-        p.set_defaults(func=func)
-    p = with_topology(queue.add_parser("list", help="list queues and their settings"))
-    p.add_argument("--json", action="store_true")
+    )
+    p.add_argument("name", help="the queue's name: lowercase letters, digits and _, starting with a letter")
+    _setting_options(p, alter=False)
+    p.add_argument("--paused", dest="paused", action="store_const", const=True, help="create it paused: no dispatch")
+    p.add_argument(
+        "--if-not-exists", action="store_true", help="a queue that exists is left unchanged, and that is no error"
+    )
+    p.set_defaults(func=cmd_queue_create)
+
+    p = with_topology(
+        command(
+            queue,
+            "alter",
+            help="change a queue's settings on every shard",
+            description="Change the settings given, on every shard; the others stay as they are. Managers apply "
+            "the change at once. Fewer partitions: the dropped ones drain first (qm status shows them).",
+            example=("qm queue alter orders --max-attempts 5", "qm queue alter orders --retention 14d --max-qps 200"),
+        )
+    )
+    p.add_argument("name", help="the queue")
+    _setting_options(p, alter=True)
+    p.add_argument("--paused", dest="paused", action="store_const", const=True, help="pause it (as qm queue pause)")
+    p.set_defaults(func=cmd_queue_alter)
+
+    p = with_topology(
+        command(
+            queue,
+            "list",
+            help="list the queues of every shard and their settings",
+            example=("qm queue list", "qm queue list --json"),
+        )
+    )
+    p.add_argument("--json", action="store_true", help="every setting of every queue, as JSON")
     p.set_defaults(func=cmd_queue_list)
-    for verb, paused in (("pause", True), ("resume", False)):
-        p = with_topology(queue.add_parser(verb, help=f"{verb} dispatching of a queue"))
-        p.add_argument("name")
+    for verb, paused, text in (
+        ("pause", True, "stop dispatching a queue's events (enqueue goes on)"),
+        ("resume", False, "dispatch a paused queue's events again"),
+    ):
+        p = with_topology(
+            command(
+                queue,
+                verb,
+                help=text,
+                description=text[0].upper() + text[1:] + ", on every shard. The managers hear of it at once.",
+                example=f"qm queue {verb} orders",
+            )
+        )
+        p.add_argument("name", help="the queue")
         p.set_defaults(func=lambda a, paused=paused: cmd_queue_pause(a, paused))
 
-    tenant = queue.add_parser(
-        "tenant", help="per-tenant weight and in-flight cap of a queue (on the tenant's shard)"
-    ).add_subparsers(dest="tenant_command", required=True)
-    p = with_topology(tenant.add_parser("set", help="set a tenant's weight and/or in-flight cap"))
-    p.add_argument("name", help="queue")
-    p.add_argument("tenant")
+    tenant = group(
+        queue,
+        "tenant",
+        help="a tenant's weight and in-flight cap in a queue (on the tenant's shard)",
+        description="Per-tenant dispatch settings of a queue: a weight (a backlogged tenant's share of the fires "
+        "against the others') and a cap on its events in flight. Stored on the tenant's shard, which alone "
+        "dispatches its events.",
+        example=("qm queue tenant set orders acme --weight 3", "qm queue tenant list orders"),
+    )
+    p = with_topology(
+        command(
+            tenant,
+            "set",
+            help="set a tenant's weight and/or in-flight cap",
+            example=(
+                "qm queue tenant set orders acme --weight 3",
+                "qm queue tenant set orders acme --max-in-flight 10",
+            ),
+        )
+    )
+    p.add_argument("name", help="the queue")
+    p.add_argument("tenant", help="the tenant")
     for key, spec in TENANT_SETTINGS.items():
         default = "the queue's tenant_max_in_flight" if spec.default is None else f"{spec.default:g}"
         assert spec.flag is not None
@@ -50,58 +116,125 @@ def register(sub: Subparsers) -> None:
         "--default-max-in-flight", action="store_true", help="drop the tenant's own cap (the queue's default applies)"
     )
     p.set_defaults(func=cmd_queue_tenant_set)
-    p = with_topology(tenant.add_parser("unset", help="drop a tenant's overrides"))
-    p.add_argument("name", help="queue")
-    p.add_argument("tenant")
+    p = with_topology(
+        command(
+            tenant,
+            "unset",
+            help="drop a tenant's overrides (back to weight 1 and the queue's cap)",
+            example="qm queue tenant unset orders acme",
+        )
+    )
+    p.add_argument("name", help="the queue")
+    p.add_argument("tenant", help="the tenant")
     p.set_defaults(func=cmd_queue_tenant_unset)
-    p = with_topology(tenant.add_parser("list", help="list tenant overrides"))
-    p.add_argument("name", nargs="?", help="queue (default: every queue)")
-    p.add_argument("--json", action="store_true")
+    p = with_topology(
+        command(
+            tenant,
+            "list",
+            help="list the tenant overrides",
+            example=("qm queue tenant list", "qm queue tenant list orders"),
+        )
+    )
+    p.add_argument("name", nargs="?", help="the queue (default: every queue)")
+    p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_queue_tenant_list)
 
-    key = queue.add_parser(
+    key = group(
+        queue,
         "key",
-        help="limits of one key of a tenant: its concurrency_key's events in hand, its rate_key's fires per second "
-        "(on the tenant's shard)",
-    ).add_subparsers(dest="key_command", required=True)
-    p = with_topology(key.add_parser("set", help="set a key's in-flight and/or rate limit"))
-    p.add_argument("name", help="queue")
-    p.add_argument("tenant")
+        help="limits of one key of a tenant in a queue (on the tenant's shard)",
+        description="Per-key limits of a queue: at most N events of a concurrency_key fired and unsettled at once "
+        "(--max-in-flight), at most R fires a second of a rate_key (--max-qps). A key belongs to its tenant and "
+        "is stored on the tenant's shard, which alone dispatches its events; a key without limits of its own "
+        "has the queue's key_max_in_flight and key_max_qps.",
+        example=("qm queue key set orders acme account-7 --max-in-flight 1", "qm queue key list orders"),
+    )
+    p = with_topology(
+        command(
+            key,
+            "set",
+            help="set a key's in-flight and/or rate limit",
+            example=(
+                "qm queue key set orders acme account-7 --max-in-flight 1",
+                "qm queue key set orders acme api --max-qps 5",
+            ),
+        )
+    )
+    p.add_argument("name", help="the queue")
+    p.add_argument("tenant", help="the tenant")
     p.add_argument("key", help="the concurrency_key and/or rate_key the events name")
     for name, spec in KEY_SETTINGS.items():
         assert spec.flag is not None
-        p.add_argument(spec.flag, dest=name, type=spec.kind, help=spec.help)
+        p.add_argument(spec.flag, dest=name, type=spec.kind, metavar="N", help=spec.help)
     p.add_argument(
         "--default-max-in-flight", action="store_true", help="drop the key's own in-flight limit (the queue's applies)"
     )
     p.add_argument("--default-max-qps", action="store_true", help="drop the key's own rate (the queue's applies)")
     p.set_defaults(func=cmd_queue_key_set)
-    p = with_topology(key.add_parser("unset", help="drop a key's own limits (the queue's apply)"))
-    p.add_argument("name", help="queue")
-    p.add_argument("tenant")
-    p.add_argument("key")
+    p = with_topology(
+        command(
+            key,
+            "unset",
+            help="drop a key's own limits (the queue's apply)",
+            example="qm queue key unset orders acme account-7",
+        )
+    )
+    p.add_argument("name", help="the queue")
+    p.add_argument("tenant", help="the tenant")
+    p.add_argument("key", help="the key")
     p.set_defaults(func=cmd_queue_key_unset)
-    p = with_topology(key.add_parser("list", help="list the keys' own limits"))
-    p.add_argument("name", nargs="?", help="queue (default: every queue)")
-    p.add_argument("--json", action="store_true")
+    p = with_topology(
+        command(
+            key, "list", help="list the keys' own limits", example=("qm queue key list", "qm queue key list orders")
+        )
+    )
+    p.add_argument("name", nargs="?", help="the queue (default: every queue)")
+    p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_queue_key_list)
 
     adopt.register(queue)
 
 
-def _queue_options() -> list[tuple[str, str, type, str]]:
-    """(flag, setting key, type, help) of ``qm queue create|alter``, from the settings' own metadata."""
-    out = []
+def _is_duration(key: str) -> bool:
+    return key.endswith("_seconds")
+
+
+def _default_text(key: str, spec: Setting) -> str:
+    if spec.default is None:
+        return "unlimited" if key != "failed_retention_seconds" else "kept"
+    if _is_duration(key):
+        return format_duration(float(spec.default))
+    return f"{spec.default:g}"
+
+
+def _cli_help(key: str, spec: Setting) -> str:
+    """A setting's help as the command line takes it: durations in any unit, not seconds."""
+    if not _is_duration(key):
+        return spec.help
+    text = re.sub(r"^seconds ", "time ", spec.help).replace(", seconds", "").replace("; null keeps them", "")
+    return text
+
+
+def _setting_options(p: argparse.ArgumentParser, *, alter: bool) -> None:
+    """The options of ``qm queue create|alter``, from the settings' own metadata: create shows each
+    default, alter leaves what is omitted as it is."""
     for key, spec in SETTINGS.items():
         if spec.flag is None:
             continue
-        default = "unlimited" if spec.default is None else f"{spec.default:g}"
-        out.append((spec.flag, key, spec.kind, f"{spec.help} (default {default})"))
-    return out
+        text = _cli_help(key, spec)
+        tail = "(unchanged if omitted)" if alter else f"(default {_default_text(key, spec)})"
+        p.add_argument(
+            spec.flag,
+            dest=key,
+            type=duration if _is_duration(key) else spec.kind,
+            metavar="DURATION" if _is_duration(key) else "N",
+            help=f"{text} {tail}",
+        )
+    p.add_argument("--no-priority-aging", action="store_true", help="no aging: a priority level never counts higher")
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    out = {key: getattr(args, key) for _, key, _, _ in _queue_options() if getattr(args, key) is not None}
+    out = {key: getattr(args, key) for key, spec in SETTINGS.items() if spec.flag and getattr(args, key) is not None}
     if getattr(args, "paused", None) is not None:
         out["paused"] = args.paused
     if getattr(args, "no_priority_aging", False):
@@ -110,14 +243,23 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_queue_create(args: argparse.Namespace) -> int:
-    rows = admin.create_queue(topology(args), args.name, _settings(args), if_not_exists=args.if_not_exists)
+    from queue_manager import admin
+
+    settings = _settings(args)
+    rows = admin.create_queue(topology(args), args.name, settings, if_not_exists=args.if_not_exists)
     for shard, row in rows.items():
-        print(f"{shard}: queue {row['name']} partitions={row['partitions']} shuffle={row['shuffle']}")
+        if row.get("existed"):
+            note = " (settings given are not applied: qm queue alter changes them)" if settings else ""
+            print(f"{shard}: queue {row['name']} exists (unchanged){note}")
+        else:
+            print(f"{shard}: queue {row['name']} created, partitions={row['partitions']} shuffle={row['shuffle']}")
     return 0
 
 
 def cmd_queue_alter(args: argparse.Namespace) -> int:
-    rows = admin.alter_queue(topology(args), args.name, _settings(args))
+    from queue_manager import admin
+
+    rows = admin.alter_queue(topology(args), args.name, _settings(args), via="cli")
     for shard, row in rows.items():
         shrink = ""
         if row["partitions_physical"] > row["partitions"]:
@@ -127,12 +269,16 @@ def cmd_queue_alter(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_pause(args: argparse.Namespace, paused: bool) -> int:
-    admin.alter_queue(topology(args), args.name, {"paused": paused})
+    from queue_manager import admin
+
+    (admin.pause if paused else admin.resume)(topology(args), args.name, via="cli")
     print(f"queue {args.name} {'paused' if paused else 'resumed'} on every shard")
     return 0
 
 
 def cmd_queue_list(args: argparse.Namespace) -> int:
+    from queue_manager import admin
+
     data = admin.list_queues(topology(args))
     if args.json:
         print_json(data)
@@ -141,26 +287,33 @@ def cmd_queue_list(args: argparse.Namespace) -> int:
         print(f"shard {shard}:")
         for q in queues:
             print(
-                f"  {q['name']:<24} N={q['partitions']:<4} k={q['shuffle']:<3} window={q['window_seconds']}s "
-                f"cache={q['cache_size']} ack_timeout={q['ack_timeout_seconds']}s max_attempts={q['max_attempts']}"
-                f" priority={q['default_priority']} aging={_opt(q['priority_aging_seconds'], 's')}"
+                f"  {q['name']:<24} N={q['partitions']:<4} k={q['shuffle']:<3} "
+                f"window={format_duration(q['window_seconds'])} cache={q['cache_size']} "
+                f"ack_timeout={format_duration(q['ack_timeout_seconds'])} max_attempts={q['max_attempts']}"
+                f" priority={q['default_priority']} aging={_opt_duration(q['priority_aging_seconds'])}"
                 f" key_max_in_flight={_opt(q['key_max_in_flight'])} key_max_qps={_opt(q['key_max_qps'])}"
                 f"{' PAUSED' if q['paused'] else ''}"
             )
     return 0
 
 
-def _opt(value: float | None, unit: str = "") -> str:
-    return "-" if value is None else f"{value:g}{unit}"
+def _opt(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _opt_duration(value: float | None) -> str:
+    return "-" if value is None else format_duration(value)
 
 
 def cmd_queue_key_set(args: argparse.Namespace) -> int:
+    from queue_manager import admin
+
     settings = {name: getattr(args, name) for name in KEY_SETTINGS if getattr(args, name) is not None}
     if args.default_max_in_flight:
         settings["max_in_flight"] = None
     if args.default_max_qps:
         settings["max_qps"] = None
-    row = admin.set_key(topology(args), args.name, args.tenant, args.key, settings)
+    row = admin.set_key(topology(args), args.name, args.tenant, args.key, settings, via="cli")
     print(
         f"{row['shard']}: queue {args.name} tenant {args.tenant} key {args.key}: "
         f"max_in_flight={_opt(row['max_in_flight']) if row['max_in_flight'] is not None else 'queue default'} "
@@ -170,13 +323,17 @@ def cmd_queue_key_set(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_key_unset(args: argparse.Namespace) -> int:
-    removed = admin.unset_key(topology(args), args.name, args.tenant, args.key)
+    from queue_manager import admin
+
+    removed = admin.unset_key(topology(args), args.name, args.tenant, args.key, via="cli")
     what = "removed" if removed else "had none"
     print(f"queue {args.name} tenant {args.tenant} key {args.key}: limits {what} (the queue's key limits apply)")
     return 0
 
 
 def cmd_queue_key_list(args: argparse.Namespace) -> int:
+    from queue_manager import admin
+
     rows = admin.list_keys(topology(args), args.name)
     if args.json:
         print_json(rows)
@@ -195,23 +352,29 @@ def cmd_queue_key_list(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
+    from queue_manager import admin
+
     settings = {key: getattr(args, key) for key in TENANT_SETTINGS if getattr(args, key) is not None}
     if args.default_max_in_flight:
         settings["max_in_flight"] = None
-    row = admin.set_tenant(topology(args), args.name, args.tenant, settings)
+    row = admin.set_tenant(topology(args), args.name, args.tenant, settings, via="cli")
     cap = "queue default" if row["max_in_flight"] is None else row["max_in_flight"]
     print(f"{row['shard']}: queue {args.name} tenant {args.tenant}: weight={row['weight']:g} max_in_flight={cap}")
     return 0
 
 
 def cmd_queue_tenant_unset(args: argparse.Namespace) -> int:
-    removed = admin.unset_tenant(topology(args), args.name, args.tenant)
+    from queue_manager import admin
+
+    removed = admin.unset_tenant(topology(args), args.name, args.tenant, via="cli")
     what = "removed" if removed else "had none"
     print(f"queue {args.name} tenant {args.tenant}: overrides {what} (weight 1, the queue's default cap)")
     return 0
 
 
 def cmd_queue_tenant_list(args: argparse.Namespace) -> int:
+    from queue_manager import admin
+
     rows = admin.list_tenants(topology(args), args.name)
     if args.json:
         print_json(rows)

@@ -10,16 +10,30 @@ import logging
 import os
 from collections.abc import Sequence
 
-from queue_manager import logs
-from queue_manager.cli.common import Subparsers, with_topology
+from queue_manager.cli.common import Subparsers, command, duration, with_topology
 from queue_manager.domain.topology import TOPOLOGY_ENV, Topology
 from queue_manager.errors import ConfigurationError
 
 
 def register(sub: Subparsers) -> None:
-    p = with_topology(sub.add_parser("receive", help="receive a queue's events and run a handler on each"))
+    p = with_topology(
+        command(
+            sub,
+            "receive",
+            help="receive a queue's events and run a handler on each",
+            description="Connect to the active manager of every shard, receive the queue's events and call the "
+            "handler on each: it returns, the event is acked; it raises, the event is nacked and fired again after a "
+            "back-off (dead-lettered after the queue's max attempts). Follows failovers and, with a topology file, "
+            "reshards. SIGTERM or Ctrl-C drains: no new events, the ones in hand finish and are acked, then it "
+            "exits 0. Logs at INFO: subscribed, drained; a failing handler at WARNING with its traceback.",
+            example=(
+                "qm receive --queue orders --manager s0=ws://127.0.0.1:8765/ --manager s1=ws://127.0.0.1:8766/ "
+                "myapp:handle",
+            ),
+        )
+    )
     p.add_argument("handler", help="module:function to call with each event (async or not), e.g. myapp.jobs:handle")
-    p.add_argument("--queue", required=True)
+    p.add_argument("--queue", required=True, help="the queue to receive from")
     p.add_argument(
         "--manager",
         action="append",
@@ -29,18 +43,29 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--concurrency", type=int, default=10, help="handlers at once, per shard (default 10)")
     p.add_argument("--tenant", action="append", help="only this tenant's events (repeat)")
     p.add_argument("--token", help="bearer secret (default: $QM_TOKEN)")
-    p.add_argument("--handler-timeout", type=float, help="seconds; a handler still running then is nacked")
+    p.add_argument(
+        "--handler-timeout",
+        type=duration,
+        metavar="DURATION",
+        help="a handler still running after this long is nacked (default: none)",
+    )
     p.add_argument(
         "--extend-after",
-        type=float,
+        type=duration,
         default=5.0,
-        help="extend the ack deadline of handlers running this long, seconds (default 5; 0 = never)",
+        metavar="DURATION",
+        help="extend the ack deadline of handlers running this long (default 5 s; 0 = never)",
     )
-    p.add_argument("--extend-by", type=float, default=60.0, help="each extension, seconds (default 60)")
     p.add_argument(
-        "--drain-timeout", type=float, default=30.0, help="on SIGTERM, wait this long for handlers (default 30)"
+        "--extend-by", type=duration, default=60.0, metavar="DURATION", help="each extension (default 1 min)"
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
+    p.add_argument(
+        "--drain-timeout",
+        type=duration,
+        default=30.0,
+        metavar="DURATION",
+        help="on SIGTERM or Ctrl-C, wait this long for the handlers in hand (default 30 s)",
+    )
     p.add_argument(
         "--tracing",
         action=argparse.BooleanOptionalAction,
@@ -100,7 +125,6 @@ def cmd_receive(args: argparse.Namespace) -> int:
     topology = Topology.load(path) if path else None
     managers = managers_by_shard(args.manager or [], topology)
     handler = load_handler(args.handler)
-    logs.configure(getattr(logging, args.log_level))
     try:
         stats = run_receiver(
             managers,

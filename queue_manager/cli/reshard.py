@@ -9,19 +9,76 @@
     qm reshard reverse [--timeout S]               back to the sources (until cleanup)
     qm reshard cleanup                             drop the sources' events; the reshard is over
     qm reshard cancel                              before the switch: drop the copy
+
+Exit status: 0 done, 2 an error (the message says what to do), 3 a database unreachable, 4 a lock
+not granted (a lock timeout, or a deadlock with an application's transaction): a cut-over stopped
+so rolled back and the sources serve; run the command again.
+
+A RANGE that starts at the keyspace's start begins with "-" (``-40``, ``-a0``) and is read as a
+value, not as an option.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from queue_manager.cli.common import HelpFormatter, duration, examples
 from queue_manager.domain.topology import Shard, shard_from_dict
 from queue_manager.errors import ConfigurationError
-from queue_manager.reshard.workflow import Reshard
+from queue_manager.reshard.plan import FREEZE_ATTEMPTS, LOCK_TIMEOUT
+
+if TYPE_CHECKING:
+    from queue_manager.reshard.workflow import Reshard
+
+#: the exit status of a cut-over stopped by a lock (a lock timeout or a deadlock), rolled back
+EXIT_LOCK = 4
+
+
+class _RangeParser(argparse.ArgumentParser):
+    """A parser that reads a key range starting with "-" (``-a0``) as a value, as argparse reads a
+    negative number: argparse takes any other word starting with "-" for an option. No option of
+    the reshard commands looks like a range (a hex digit after one "-"), which argparse needs for
+    this (it checks options against the same pattern)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-[0-9a-fA-F]+$|^-\d*\.\d+$")
+
+
+def _lock_errors_exit_4(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A cut-over stopped by a lock exits with EXIT_LOCK and says so (never "unreachable")."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        from psycopg import errors as pg
+
+        from queue_manager.reshard.workflow import ReshardLockError
+
+        try:
+            return func(args)
+        except ReshardLockError as exc:
+            print(f"qm: {exc.kind}: {exc}", file=sys.stderr)
+        except (pg.DeadlockDetected, pg.LockNotAvailable) as exc:
+            kind = "deadlock" if isinstance(exc, pg.DeadlockDetected) else "lock timeout"
+            print(f"qm: {kind}: {str(exc).strip()}; run the command again", file=sys.stderr)
+        return EXIT_LOCK
+
+    return run
+
+
+def _reshard(args: argparse.Namespace) -> Reshard:
+    """The reshard recorded next to the topology file (the workflow, and alembic with it, load here)."""
+    from queue_manager.reshard.workflow import Reshard
+
+    return Reshard(_path(args), say=_say)
 
 
 def _path(args: argparse.Namespace) -> Path:
@@ -52,7 +109,7 @@ def _say(line: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    with Reshard(_path(args), say=_say) as r:
+    with _reshard(args) as r:
         plan = r.plan(_targets(args))
         for line in plan.describe():
             print(line)
@@ -62,13 +119,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    with Reshard(_path(args), say=_say) as r:
+    with _reshard(args) as r:
         r.start(_targets(args), batch=args.batch)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with Reshard(_path(args), say=_say) as r:
+    with _reshard(args) as r:
         data = r.status()
     if args.json:
         print(json.dumps(data, indent=2))
@@ -92,46 +149,98 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    with Reshard(_path(args), say=_say) as r:
+    with _reshard(args) as r:
         p = r.sync(batch=args.batch)
     print(f"applied {p.rows} changes in {p.seconds:.3f}s")
     return 0
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
-    with Reshard(_path(args), say=_say) as r:
+    with _reshard(args) as r:
         r.switch(timeout=args.timeout, lock_timeout=args.lock_timeout)
     return 0
 
 
 def cmd_reverse(args: argparse.Namespace) -> int:
-    with Reshard(_path(args), say=_say) as r:
+    with _reshard(args) as r:
         r.reverse(timeout=args.timeout, lock_timeout=args.lock_timeout)
     return 0
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    with Reshard(_path(args), say=_say) as r:
+    with _reshard(args) as r:
         r.cleanup()
     print("cleaned up: the reshard is done")
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    with Reshard(_path(args), say=_say) as r:
+    with _reshard(args) as r:
         r.cancel()
     print("cancelled: the sources serve, the targets' copy is dropped")
     return 0
 
 
+#: (verb, what it does, its description, its example)
+VERBS = {
+    "plan": (
+        "what moves where (nothing changes)",
+        "Print what a reshard to these targets would move, and the topology file after the switch. Nothing changes.",
+        "qm reshard plan --target s2 -40 postgresql://db-c/qm --target s3 40-80 postgresql://db-d/qm",
+    ),
+    "start": (
+        "prepare the targets, capture changes, copy every event (a rerun resumes)",
+        "Migrate the targets, start capturing the sources' changes, then copy every event of the moving key "
+        "ranges while the sources keep serving. Recorded next to the topology file: a rerun resumes.",
+        "qm reshard start --target s2 -40 postgresql://db-c/qm --target s3 40-80 postgresql://db-d/qm "
+        "--target-manager s2=ws://mgr-e:8765/",
+    ),
+    "status": (
+        "phase, rows copied and left, lag, estimated catch-up (also while another command runs)",
+        "",
+        "qm reshard status --json",
+    ),
+    "sync": ("apply the captured changes now", "", "qm reshard sync"),
+    "switch": (
+        "cut over to the targets (a rerun resumes an interrupted one)",
+        "The cut-over: freeze the moving ranges' writes (a second or so), apply the last changes, write the new "
+        "topology file; producers, receivers and managers follow it. A rerun resumes an interrupted switch.",
+        "qm reshard switch --timeout 10",
+    ),
+    "reverse": (
+        "cut back over to the sources (allowed until cleanup)",
+        "",
+        "qm reshard reverse",
+    ),
+    "cleanup": ("after the switch: drop the sources' events; ends the reshard", "", "qm reshard cleanup"),
+    "cancel": ("before the switch: drop the targets' copy; the sources keep serving", "", "qm reshard cancel"),
+}
+
+
 def register(sub: Any) -> None:
     """Add ``qm reshard ...`` to the ``qm`` parser's subcommands."""
-    reshard = sub.add_parser("reshard", help="split or merge shards online (docs/operations.md, 'Resharding')")
-    verbs = reshard.add_subparsers(dest="reshard_command", required=True)
+    reshard = sub.add_parser(
+        "reshard",
+        help="split or merge shards online (docs/operations.md, 'Resharding')",
+        description="Move whole shards' key ranges to new shards while they serve: plan, start (copy), switch (the "
+        "cut-over), then cleanup; reverse until cleanup. See docs/operations.md, 'Resharding'.",
+        epilog=examples("qm reshard plan --target s2 -40 DSN --target s3 40-80 DSN", "qm reshard status"),
+        formatter_class=HelpFormatter,
+    )
+    verbs = reshard.add_subparsers(
+        dest="reshard_command", required=True, metavar="COMMAND", title="commands", parser_class=_RangeParser
+    )
 
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = verbs.add_parser(name, help=help_text)
-        p.add_argument("--topology", help="topology TOML file (default: $QM_TOPOLOGY)")
+    def verb(name: str) -> argparse.ArgumentParser:
+        help_text, description, example = VERBS[name]
+        p: argparse.ArgumentParser = verbs.add_parser(
+            name,
+            help=help_text,
+            description=description or help_text[0].upper() + help_text[1:] + ".",
+            epilog=examples(example),
+            formatter_class=HelpFormatter,
+        )
+        p.add_argument("--topology", metavar="FILE", help="the topology file, TOML (default: $QM_TOPOLOGY)")
         return p
 
     def with_targets(p: argparse.ArgumentParser) -> None:
@@ -140,7 +249,7 @@ def register(sub: Any) -> None:
             nargs=3,
             action="append",
             metavar=("NAME", "RANGE", "DSN"),
-            help="a new shard: its name, key range (e.g. -40) and DSN; repeat for each",
+            help="a new shard: its name, key range (e.g. -40, -a0, 40-80, c0-) and DSN; repeat for each",
         )
         p.add_argument(
             "--target-manager",
@@ -149,26 +258,35 @@ def register(sub: Any) -> None:
             help="a manager of a target, written to the topology file at the switch for receivers (repeat)",
         )
 
-    p = verb("plan", "what moves where (nothing changes)")
+    p = verb("plan")
     with_targets(p)
     p.set_defaults(func=cmd_plan)
-    p = verb("start", "prepare the targets, capture changes, copy every event (a rerun resumes)")
+    p = verb("start")
     with_targets(p)
     p.add_argument("--batch", type=int, default=2000, help="events per copy page (default 2000)")
-    p.set_defaults(func=cmd_start)
-    p = verb("status", "phase, rows copied and left, lag, estimated catch-up")
-    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_lock_errors_exit_4(cmd_start))
+    p = verb("status")
+    p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_status)
-    p = verb("sync", "apply the captured changes now")
-    p.add_argument("--batch", type=int, default=2000)
-    p.set_defaults(func=cmd_sync)
-    for name, func, help_text in (
-        ("switch", cmd_switch, "cut over to the targets (a rerun resumes an interrupted one)"),
-        ("reverse", cmd_reverse, "cut back over to the sources (allowed until cleanup)"),
-    ):
-        p = verb(name, help_text)
-        p.add_argument("--timeout", type=float, default=10.0, help="bound on the frozen catch-up, seconds (default 10)")
-        p.add_argument("--lock-timeout", type=float, default=2.0, help="bound on each freeze lock, seconds (default 2)")
-        p.set_defaults(func=func)
-    verb("cleanup", "after the switch: drop the sources' events; ends the reshard").set_defaults(func=cmd_cleanup)
-    verb("cancel", "before the switch: drop the targets' copy; the sources keep serving").set_defaults(func=cmd_cancel)
+    p = verb("sync")
+    p.add_argument("--batch", type=int, default=2000, help="changes applied per page (default 2000)")
+    p.set_defaults(func=_lock_errors_exit_4(cmd_sync))
+    for name, func in (("switch", cmd_switch), ("reverse", cmd_reverse)):
+        p = verb(name)
+        p.add_argument(
+            "--timeout",
+            type=duration,
+            default=10.0,
+            metavar="DURATION",
+            help="bound on the frozen catch-up (default 10 s)",
+        )
+        p.add_argument(
+            "--lock-timeout",
+            type=duration,
+            default=LOCK_TIMEOUT,
+            metavar="DURATION",
+            help=f"bound on each lock wait of the freeze (default {LOCK_TIMEOUT:g} s; {FREEZE_ATTEMPTS} tries)",
+        )
+        p.set_defaults(func=_lock_errors_exit_4(func))
+    verb("cleanup").set_defaults(func=_lock_errors_exit_4(cmd_cleanup))
+    verb("cancel").set_defaults(func=_lock_errors_exit_4(cmd_cancel))

@@ -114,6 +114,8 @@ SOURCE: tuple[str, ...] = (
     "counters/reconcile_partition.sql",
     "counters/reconcile_load.sql",
     # the manager: leadership, back-off
+    "leadership/holder_connected.sql",
+    "leadership/take_over_leadership.sql",
     "leadership/acquire_leadership.sql",
     "leadership/renew_leadership.sql",
     "leadership/release_leadership.sql",
@@ -140,6 +142,15 @@ SOURCE: tuple[str, ...] = (
     "reshard/reshard_apply.sql",
     "reshard/reshard_sync_tenants.sql",
     "reshard/reshard_finish_copy.sql",
+    # periodic schedules (the leader enqueues their slots: manager/schedules.py) and cancel
+    "schedules/schedule_drop_pending.sql",
+    "schedules/schedule_write.sql",
+    "schedules/schedule_add.sql",
+    "schedules/schedule_upsert.sql",
+    "schedules/schedule_pause.sql",
+    "schedules/schedule_resume.sql",
+    "schedules/schedule_remove.sql",
+    "cancel/cancel.sql",
     # settings notices: the functions and the triggers on qm.queues and qm.tenant_settings
     "notices/notify_settings_changed.sql",
     "notices/notify_tenant_settings_changed.sql",

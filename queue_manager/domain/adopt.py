@@ -18,6 +18,8 @@ from queue_manager.errors import ConfigurationError
 
 #: the most rows one slice moves (one transaction on the legacy database, one per shard)
 MAX_SLICE_ROWS = 10_000
+#: the outbox's default name, in the legacy table's schema (``qm queue adopt --outbox``)
+DEFAULT_OUTBOX = "qm_adopt_outbox"
 #: a legacy server older than this has no ``gen_random_uuid()`` (the outbox's keys)
 MIN_SERVER_VERSION = 130_000
 #: ``pg_input_is_valid`` (the JSON check of a text payload column) appeared in PostgreSQL 16

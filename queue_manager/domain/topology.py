@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -171,6 +171,30 @@ class Topology:
                 text += "managers = [" + ", ".join(f'"{u}"' for u in s.managers) + "]\n"
             out.append(text)
         return "\n".join(out)
+
+    def with_manager(self, shard: str, url: str) -> Topology:
+        """The topology with ``url`` among the managers of ``shard`` (unchanged if it is there, or if
+        there is no such shard); TopologyError for a malformed URL."""
+        check_manager_url(url, where=f"shard {shard}")
+        return self._managers(shard, lambda urls: urls if url in urls else (*urls, url))
+
+    def without_manager(self, shard: str, url: str) -> Topology:
+        """The topology without ``url`` among the managers of ``shard``."""
+        return self._managers(shard, lambda urls: tuple(u for u in urls if u != url))
+
+    def with_managers_of(self, other: Topology) -> Topology:
+        """The topology with, for each shard, the managers ``other`` has for a shard of the same name
+        added after its own."""
+        theirs = {s.name: s.managers for s in other.shards}
+        return Topology(
+            tuple(
+                replace(s, managers=(*s.managers, *(u for u in theirs.get(s.name, ()) if u not in s.managers)))
+                for s in self.shards
+            )
+        )
+
+    def _managers(self, shard: str, change: Callable[[tuple[str, ...]], tuple[str, ...]]) -> Topology:
+        return Topology(tuple(replace(s, managers=change(s.managers)) if s.name == shard else s for s in self.shards))
 
 
 class TopologyFile:

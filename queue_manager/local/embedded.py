@@ -179,7 +179,7 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A currently free TCP port on 127.0.0.1 not handed out before by this process."""
     with _port_lock:
         for _ in range(50):
@@ -740,7 +740,7 @@ class LocalServer:
             previous = (_read_json(self.state_file) or {}).get("port")
             if isinstance(previous, int) and _port_is_free(previous):
                 return previous
-        return _free_port()
+        return free_port()
 
     def _log_size(self) -> int:
         try:
@@ -963,5 +963,6 @@ __all__ = [
     "DEFAULT_SETTINGS",
     "LocalCluster",
     "LocalServer",
+    "free_port",
     "pg_bin_dir",
 ]

@@ -19,12 +19,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from queue_manager.manager.priority import level_counts, level_ties
+from queue_manager.manager.priority import PRIORITY_LEVELS, level_counts, level_ties
 
 R = TypeVar("R")
 
 #: how far into a stream take() looks for an event a receiver will accept
 LOOKAHEAD = 16
+#: a partition cut short by its quota is rescanned (alone) once its last cached event is due
+#: within this many seconds and half of what its scan found is gone: the refill then comes
+#: before the events beyond the cached ones fall due, not after the partition ran dry
+REFILL_LEAD = 1.0
 
 
 @dataclass(slots=True)
@@ -55,6 +59,12 @@ class WindowCache:
         self._cursor = 0
         #: partitions whose last scan hit its quota: more events may wait beyond the cached ones
         self.truncated: set[int] = set()
+        #: partition -> the fire_at (database clock) up to which its last scan saw every event
+        self._covered: dict[int, float] = {}
+        #: partition -> how many events its last scan installed
+        self._scanned: dict[int, int] = {}
+        #: a scan is on its way (begin_scan): it may miss rows committed after its snapshot
+        self._scanning = False
         self._size = 0
 
     def __len__(self) -> int:
@@ -64,6 +74,7 @@ class WindowCache:
         self, entries: Iterable[Entry], truncated: Iterable[int], partitions: Iterable[int] | None = None
     ) -> None:
         """Install a scan's result. With ``partitions``, only those partitions are replaced."""
+        self._scanning = False
         fresh: dict[Stream, deque[Entry]] = {}
         for e in entries:
             d = fresh.get(_stream(e))
@@ -78,14 +89,63 @@ class WindowCache:
         if partitions is None:
             self._streams = fresh
             self.truncated = set(truncated)
+            self._covered.clear()
+            self._scanned.clear()
         else:
             dropped = set(partitions)
             for s in [s for s in self._streams if s[0] in dropped]:
                 del self._streams[s]
             self.truncated -= dropped
+            for p in dropped:
+                self._covered.pop(p, None)
+                self._scanned.pop(p, None)
             self._streams.update(fresh)
             self.truncated.update(truncated)
+        for (p, _), d in fresh.items():
+            self._scanned[p] = self._scanned.get(p, 0) + len(d)
         self._size = sum(len(d) for d in self._streams.values())
+
+    def begin_scan(self) -> None:
+        """A scan was sent: until its result is installed, :meth:`horizon` vouches for nothing (a
+        row committed after the scan's snapshot and announced meanwhile would be in neither)."""
+        self._scanning = True
+
+    def cover(self, partitions: Iterable[int], until: float) -> None:
+        """The scan just installed saw every event of ``partitions`` due up to ``until`` (its
+        database time, taken before it was sent, plus the window)."""
+        for p in partitions:
+            self._covered[p] = until
+
+    def horizon(self, partitions: int) -> float:
+        """The fire_at (database clock) up to which the cache holds every to_be_fired event of the
+        queue's ``partitions``, as of their last scans: the coverage of a scan, or the last cached
+        event of a partition cut short by its quota; -inf when some partition has no scan yet or
+        ran dry. An event committed later and due after this is found in time by the rescans that
+        follow (the periodic slices, a refill), without a rescan for its notice."""
+        if self._scanning:
+            return -math.inf
+        h = math.inf
+        for p in range(partitions):
+            until = self._covered.get(p)
+            if until is None:
+                return -math.inf
+            if p in self.truncated:
+                n, last = self._held(p)
+                until = last if n else -math.inf
+            h = min(h, until)
+        return h
+
+    def _held(self, p: int) -> tuple[int, float]:
+        """How many events of partition ``p`` the cache holds, and the latest fire_at among them
+        (its scan kept the partition's earliest events across its levels: everything of ``p`` due
+        up to that time was cached, unless fired since)."""
+        n, last = 0, -math.inf
+        for level in range(1, PRIORITY_LEVELS + 1):
+            d = self._streams.get((p, level))
+            if d:
+                n += len(d)
+                last = max(last, d[-1].fire_at)
+        return n, last
 
     def next_fire_at(self) -> float | None:
         """The earliest fire_at in the cache, or None when it is empty."""
@@ -101,10 +161,19 @@ class WindowCache:
 
     def needs_refill(self) -> bool:
         """True when a partition cut short by its quota has run dry: rescan to see what follows."""
-        if not self.truncated:
-            return False
-        live = {p for (p, _), d in self._streams.items() if d}
-        return any(p not in live for p in self.truncated)
+        return any(not self._held(p)[0] for p in self.truncated)
+
+    def refills(self, now: float) -> tuple[int, ...]:
+        """The partitions cut short by their quota to rescan now: those that ran dry, and those
+        whose last cached event is due within REFILL_LEAD seconds (database clock) with at most
+        half of what their scan installed left (so that a partition fired faster than its quota
+        lasts is not rescanned on every round)."""
+        out = []
+        for p in sorted(self.truncated):
+            n, last = self._held(p)
+            if not n or (last <= now + REFILL_LEAD and 2 * n <= self._scanned.get(p, 0)):
+                out.append(p)
+        return tuple(out)
 
     def _candidates(self, now: float, limit: int) -> dict[int, list[Entry]]:
         """Per partition, the due entries at the head of each of its streams: LOOKAHEAD of each, or
@@ -265,4 +334,7 @@ class WindowCache:
     def clear(self) -> None:
         self._streams.clear()
         self.truncated.clear()
+        self._covered.clear()
+        self._scanned.clear()
+        self._scanning = False
         self._size = 0

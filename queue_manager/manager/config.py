@@ -40,8 +40,9 @@ class ManagerConfig:
     allowed_origins: frozenset[str] | None = None
     #: the leadership lease, seconds; renewed every third of it
     lease_ttl: float = 5.0
-    #: how often a standby tries to take the lease, seconds
-    standby_poll: float = 0.5
+    #: how often a standby reads the lease (a plain read: it takes the lease once it has expired, or
+    #: once its holder's backend is gone; docs/manager.md, "Leadership and fencing"), seconds
+    standby_poll: float = 0.1
     #: how often the old-event collector runs, seconds
     sweep_interval: float = 1.0
     #: how often the leader's baseline pass of the retention purge walks the partitions (deletes settled

@@ -106,6 +106,10 @@ class ReceiverConnection:
         """The collector took back an event this connection held, past its ack deadline."""
         self._run(self.session.timed_out())
 
+    def cancelled(self, ident: int, attempt: int) -> None:
+        """An operator cancelled (ident, attempt), which this connection holds."""
+        self._run(self.session.cancelled(ident, attempt))
+
     @property
     def tenants(self) -> frozenset[str] | None:
         return self.session.tenants
@@ -218,7 +222,7 @@ class ReceiverConnection:
             await work
         except Exception as exc:  # keep serving; tell the client what happened
             logger.exception("frame handling failed", extra={"action": "frame"})
-            self.send(frames.error_frame(frames.UNAVAILABLE, f"internal error: {type(exc).__name__}"))
+            self.send(frames.Error(frames.UNAVAILABLE, f"internal error: {type(exc).__name__}").to_json())
 
     async def _write(self, op: Write) -> None:
         q = self.queue

@@ -62,10 +62,10 @@ class Dispatcher:
 
     async def reload(self) -> None:
         rt = self.rt
+        # set first: a request that comes while this reload runs asks for one more
+        self.next_reload = rt.clock.monotonic() + rt.config.rescan_interval
         waiters = rt.reload_starts()
-        rows = await store.load_queues(self.conn)
-        tenants = await store.load_tenant_settings(self.conn)
-        keys = await store.load_key_settings(self.conn)
+        rows, tenants, keys = await store.load_settings(self.conn)
         sent = rt.clock.wall()
         clock = await store.db_now(self.conn)
         rt.db_clock.observe(clock, sent, rt.clock.wall())
@@ -83,9 +83,7 @@ class Dispatcher:
                 # the leadership loop wakes us when the lease is trusted again
                 await self._sleep(cfg.rescan_interval)
                 continue
-            if now >= self.next_reload:
-                # set first: a request that comes while this reload runs asks for one more
-                self.next_reload = now + cfg.rescan_interval
+            if now >= self.next_reload:  # the session's opening reload counts: not twice at its start
                 await self.reload()
             queues = active(rt.queues.values())
             watched = [q for q in queues if q.wake_state.reading_due(now)]
@@ -134,8 +132,9 @@ class Dispatcher:
                 backlog=pick.backlog,
                 next_scan=pick.next_scan,
                 polling=wake.polling(now),
-                needs_refill=q.cache.needs_refill(),
+                needs_refill=False,  # a dry partition is one of the refills
                 scanned_future_only=pick.scanned_future_only,
+                refill=q.cache.refills(self.rt.db_clock.now()),
             ),
             now,
         )
@@ -143,6 +142,12 @@ class Dispatcher:
             await self._scan(q, r.future_only, None)
         elif r.scan is plan.Scan.SLICE:
             await self._scan(q, r.future_only, q.next_slice())
+        elif r.scan is plan.Scan.REFILL:
+            next_slice = pick.next_scan  # a refill alone does not put the safety net's next slice off
+            parts = set(r.refill).union(q.next_slice()) if r.periodic else r.refill
+            await self._scan(q, r.future_only, sorted(parts))
+            if not r.periodic:
+                pick.next_scan = next_slice
         progressed = False
         if r.fire_direct:
             fired = await self._fire_direct(q)
@@ -245,6 +250,7 @@ class Dispatcher:
         used = None if future_only else q.wake_state.pick_floors()
         pick_time = rt.db_clock.now()
         sent = rt.clock.wall()
+        q.cache.begin_scan()
         rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
         if clock is not None:
             rt.db_clock.observe(clock, sent, rt.clock.wall())
@@ -259,12 +265,13 @@ class Dispatcher:
             counts[part] = counts.get(part, 0) + 1
             ck, rk = scoped(tenant, ckey), scoped(tenant, rkey)
             entries.append(Entry(ident, tenant, part, fire_at, priority=priority, ckey=ck, rkey=rk))
+        scanned = range(q.settings.partitions_physical) if parts is None else parts
         if not future_only:
-            scanned = range(q.settings.partitions_physical) if parts is None else parts
             # a partition cut short by its quota may hold rows of a level it did not return
             empty = [s for p in scanned if counts.get(p, 0) < quota for s in ws.slots_of(p)]
             ws.picked(firsts, empty, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
+        q.cache.cover(scanned, pick_time + q.settings.window_seconds)
         next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
         q.pick.scanned(parts is None, future_only, next_scan)
         rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))

@@ -3,7 +3,10 @@
 The lease is the row ``qm.leader`` in the shard's database (sql/schema/leadership/): a term, a holder
 and an expiry by the database's clock. The loop:
 
-- as a **standby**, tries ``qm.acquire_leadership`` every ``standby_poll``;
+- as a **standby**, reads the lease every ``standby_poll`` (a plain read, no lock) and takes it
+  when it has expired, or when its holder has had no connection to the database for
+  DEAD_HOLDER_GRACE (its process died: :class:`Succession` decides, ``qm.take_over_leadership``
+  takes it); it sleeps no longer than until the expiry it read;
 - as the **leader**, renews every ``lease_ttl / 3`` and trusts the lease only until the start of
   the last good renewal + TTL - margin (:class:`~queue_manager.manager.runtime.Lease`). It runs one
   :class:`~queue_manager.manager.term.TermSession` at a time and wakes at once when it fails;
@@ -12,10 +15,13 @@ and an expiry by the database's clock. The loop:
   (``qm.release_leadership``), so that a standby takes over, and stays out for a moment;
 - **steps down** when a renewal is refused (another manager holds the term now) or cannot be made
   before the trust runs out: the lease is dropped first (the role turns ``standby`` at once), then
-  receivers are closed with 4001, then the session is ended.
+  receivers are closed with 4001, then the session is ended. A renewal it gave up on may still
+  have reached the database and extended the lease for nobody: the term is released as soon as
+  the database answers again.
 
 A manager woken after a pause (SIGSTOP, a long GC pause, a frozen VM) no longer trusts its lease
-by time, so it neither answers ``/health/leader`` 200 nor fires, until a renewal checked its term.
+by time, so it neither answers ``/health/leader`` 200 nor fires, until a renewal checked its term
+(given at least RENEW_FLOOR to answer: the term may well still be its own).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol
 
 import psycopg
@@ -41,6 +49,60 @@ RECONNECT_DELAY = 0.25
 STALL_AFTER = 30.0
 #: while the database stays unreachable, a reminder is logged this often, seconds
 OUTAGE_REMINDER = 30.0
+#: a holder that has had no connection to the database for this long is taken over before its lease
+#: expires, seconds: its process died (its connections closed with it). A live leader whose
+#: connections were cut notices at once (its session fails) and reconnects after RECONNECT_DELAY.
+DEAD_HOLDER_GRACE = 1.0
+#: a standby wakes this long after the expiry it read (the database clock runs on meanwhile)
+EXPIRY_SLACK = 0.005
+
+
+class Move(Enum):
+    """What a standby does after reading the lease."""
+
+    #: the lease has expired: take it (qm.acquire_leadership)
+    ACQUIRE = "acquire"
+    #: its holder has had no connection for DEAD_HOLDER_GRACE: take it (qm.take_over_leadership)
+    TAKE_OVER = "take_over"
+    #: read it again later
+    WAIT = "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    move: Move
+    #: seconds to sleep when nothing was taken
+    sleep: float
+
+
+class Succession:
+    """A standby's reading of the lease, poll after poll, pure: take it when it has expired, or when
+    its holder has been seen without a connection to the database, for the same term and backend,
+    for DEAD_HOLDER_GRACE (a killed leader's connections close with its process, so the shard is
+    led again about a second after a crash instead of a whole lease after it). Sleep until the next
+    poll, and no longer than until the expiry read or the end of the grace."""
+
+    def __init__(self, grace: float = DEAD_HOLDER_GRACE) -> None:
+        self.grace = grace
+        #: (term, backend) last seen gone, and since when (monotonic)
+        self._gone: tuple[int, int] | None = None
+        self._gone_since = 0.0
+
+    def next(self, lease: store.LeaseView, now: float, poll: float) -> Step:
+        if lease.expires_in <= 0:
+            self._gone = None
+            return Step(Move.ACQUIRE, poll)
+        sleep = min(poll, lease.expires_in + EXPIRY_SLACK)
+        if lease.connected or lease.holder_pid is None:
+            self._gone = None
+            return Step(Move.WAIT, sleep)
+        seen = (lease.term, lease.holder_pid)
+        if self._gone != seen:
+            self._gone, self._gone_since = seen, now
+        left = self._gone_since + self.grace - now
+        if left <= 0:
+            return Step(Move.TAKE_OVER, sleep)
+        return Step(Move.WAIT, min(sleep, left))
 
 
 def _ignore_outcome(task: asyncio.Future[Any]) -> None:
@@ -133,6 +195,10 @@ class Leadership:
         #: after giving the lease up, do not compete again before this monotonic time
         self._cool_off_until = 0.0
         self.outage = OutageLog(logger, rt.clock.monotonic)
+        self.succession = Succession()
+        #: a term whose renewal was given up on while it may have reached the database: released
+        #: (if still ours) once the database answers again, not left to run out for nobody
+        self._abandoned: int | None = None
 
     async def run(self) -> None:
         rt = self.rt
@@ -143,6 +209,8 @@ class Leadership:
             try:
                 ctl = await self._control()
                 self.outage.succeeded()
+                if self._abandoned is not None and lease.term is None:
+                    await self._release_abandoned(ctl)
                 if lease.term is None:
                     await self._compete(ctl)
                     continue
@@ -179,16 +247,28 @@ class Leadership:
         TimeoutError (an OSError: the caller's outage path, which steps down, the trust being over).
         A renewal that is only slow (a loaded machine) and answers before then keeps the lease."""
         lease, clock = self.rt.lease, self.rt.clock
+        term = lease.term
         renewal = asyncio.ensure_future(self._renew(ctl))
-        budget = max(0.0, lease.trusted_until + LEASE_MARGIN - clock.monotonic())
+        # At least RENEW_FLOOR: a manager whose trust ran out while it was paused or starved
+        # already claims nothing, and its term may still be its own. Given no time at all, its
+        # renewal was abandoned after it had been sent: it extended the lease in the database for
+        # a manager that had stepped down, and the shard waited a whole lease for the next leader.
+        budget = max(self.rt.config.renew_interval, lease.trusted_until + LEASE_MARGIN - clock.monotonic())
         done, _ = await asyncio.wait({renewal}, timeout=budget)
         if renewal in done:
             renewal.result()
             return
         renewal.add_done_callback(_ignore_outcome)
+        self._abandoned = term
         await self._drop_control()
         renewal.cancel()
         raise TimeoutError("the lease renewal got no answer before the lease's trust ran out")
+
+    async def _release_abandoned(self, ctl: AsyncConn) -> None:
+        """End the lease of a term whose renewal was given up on, if it is still this manager's."""
+        term, self._abandoned = self._abandoned, None
+        if term is not None and await store.resign(ctl, self.rt.config.holder, term):
+            logger.info("released a term whose renewal was given up on", extra={"action": "resign", "term": term})
 
     async def _control(self) -> AsyncConn:
         """The control connection (lease statements), opened and checked on first use."""
@@ -214,15 +294,32 @@ class Leadership:
 
     async def _compete(self, ctl: AsyncConn) -> None:
         rt = self.rt
+        cfg = rt.config
         now = rt.clock.monotonic()
         if now < self._cool_off_until:
-            await asyncio.sleep(min(rt.config.standby_poll, self._cool_off_until - now))
+            await asyncio.sleep(min(cfg.standby_poll, self._cool_off_until - now))
             return
         started = rt.clock.monotonic()
-        term = await store.acquire(ctl, rt.config.holder, rt.config.lease_ttl)
+        seen = await store.lease(ctl)
+        step = self.succession.next(seen, rt.clock.monotonic(), cfg.standby_poll)
+        term = None
+        if step.move is Move.ACQUIRE:
+            term = await store.acquire(ctl, cfg.holder, cfg.lease_ttl)
+        elif step.move is Move.TAKE_OVER and seen.holder_pid is not None:
+            term = await store.take_over(ctl, cfg.holder, cfg.lease_ttl, seen.term, seen.holder_pid)
+            if term is not None:
+                logger.warning(
+                    "took over from a holder with no connection left",
+                    extra={
+                        "action": "take_over",
+                        "term": term,
+                        "from_term": seen.term,
+                        "lease_left_s": round(seen.expires_in, 3),
+                    },
+                )
         rt.signals.lease_tried.emit(term)
         if term is None:
-            await asyncio.sleep(rt.config.standby_poll)
+            await asyncio.sleep(step.sleep)
             return
         rt.lease.granted(term, started)
         self._unhealthy_since = None
@@ -237,7 +334,9 @@ class Leadership:
         started = rt.clock.monotonic()
         if await store.renew(ctl, rt.config.holder, term, rt.config.lease_ttl):
             rt.lease.granted(term, started)
+            self._abandoned = None
             rt.wake.set()  # a dispatcher that stopped trusting the lease (a pause) may go on
+            rt.role_changed()  # and /health/leader's held probes may answer 200 again
             return True
         await self.step_down("lease taken over")
         return False

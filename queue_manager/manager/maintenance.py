@@ -14,21 +14,23 @@
   and ``reconcile_interval`` a run over every partition, so that they progress even when the leader
   is never idle and has no standby.
 
-Each job has a ``run_once()`` that returns its counts (tests call it directly); :func:`schedule`
-runs them periodically with APScheduler (``max_instances=1``, ``coalesce=True``), as tasks that
-end with their session.
+Each job has a ``run_once()`` that returns its counts (tests call it directly); :class:`Maintenance`
+runs each one in a loop of its own, a task that ends with the session: a run starts on the job's
+grid (every ``interval`` from the session's start), never while the job's previous run is still
+going. A run that overruns its interval (a sweep waiting behind a busy writer, say) is normal under
+load: the runs it covered are skipped, and the next one starts at the next point of the grid.
+(APScheduler did this before, with a warning "maximum number of running instances reached" for
+every skipped run and two INFO lines for every run.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from queue_manager.manager.health import HealthMonitor
 from queue_manager.manager.recruit import Job
@@ -116,6 +118,12 @@ class Collector:
                 result.requeued += len(moved - failed)
                 result.dead += len(failed)
         self._count("aborted" if result.aborted else "finished", result.requeued + result.dead)
+        if self._runs == 1 and (result.requeued or result.dead):
+            # the takeover's run: what an earlier leader (or this one's last term) left in flight
+            logger.info(
+                "takeover: events left fired past their ack deadline go back to the queue",
+                extra={"action": "takeover_collect", "requeued": result.requeued, "dead": result.dead},
+            )
         rt.signals.swept.emit(result.requeued)
         return result
 
@@ -145,61 +153,58 @@ class BaselinePass:
 
 
 class Maintenance:
-    """The leader's jobs of one session, run by APScheduler; :meth:`close` ends every run in progress."""
+    """The leader's jobs of one session, each in its own loop; :meth:`close` ends them and any run in progress."""
 
     def __init__(self, rt: Runtime, slicer: Slicer) -> None:
         self.collector = Collector(rt, slicer)
         self.retention = BaselinePass(rt, slicer, Job.RETENTION)
         self.reconciliation = BaselinePass(rt, slicer, Job.RECONCILIATION)
         self.health = HealthMonitor(rt)
-        self._scheduler = AsyncIOScheduler()
-        self._running: set[asyncio.Task[Any]] = set()
+        self._loops: set[asyncio.Task[None]] = set()
         cfg = rt.config
-        jobs: list[tuple[Callable[[], Awaitable[Any]], float]] = [
-            (self.collector.run_once, cfg.sweep_interval),
-            (self.retention.run_once, cfg.purge_interval),
-            (self.reconciliation.run_once, cfg.reconcile_interval),
-            (self.health.run_once, cfg.health_interval),
+        #: (name, run_once, interval, whether the first run is at once): the collector runs at once
+        #: on takeover (events a crashed manager left fired), and the health gauges are filled at
+        #: once, not one interval into the term
+        self._jobs: list[tuple[str, Callable[[], Awaitable[Any]], float, bool]] = [
+            ("collector", self.collector.run_once, cfg.sweep_interval, True),
+            ("retention", self.retention.run_once, cfg.purge_interval, False),
+            ("reconciliation", self.reconciliation.run_once, cfg.reconcile_interval, False),
+            ("health", self.health.run_once, cfg.health_interval, True),
         ]
-        for run_once, seconds in jobs:
-            self._scheduler.add_job(
-                self._tracked(run_once), "interval", seconds=seconds, max_instances=1, coalesce=True
-            )
 
-    def _tracked(self, run_once: Callable[[], Awaitable[Any]]) -> Callable[[], Coroutine[Any, Any, None]]:
-        async def job() -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._running.add(task)
+    async def _every(self, name: str, run_once: Callable[[], Awaitable[Any]], seconds: float, at_once: bool) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + (0.0 if at_once else seconds)
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
             try:
                 await run_once()
             except asyncio.CancelledError:
-                # the session's end cancels its runs (close()): an end, not a failure for the
-                # scheduler's executor to log with a traceback
-                return
+                raise  # the session's end (close()): an end, not a failure
             except Exception:
-                logger.exception("maintenance run failed", extra={"action": "maintenance"})
-            finally:
-                self._running.discard(task)
-
-        return job
+                logger.exception("maintenance run failed", extra={"action": "maintenance", "job": name})
+            next_at += seconds
+            late = loop.time() - next_at
+            if late > 0:  # the run overran: skip the points of the grid it covered
+                skipped = math.ceil(late / seconds)
+                next_at += skipped * seconds
+                logger.debug(
+                    "maintenance run overran its interval",
+                    extra={"action": "maintenance_overrun", "job": name, "interval": seconds, "skipped": skipped},
+                )
 
     def start(self) -> None:
-        self._scheduler.start()
-        # the collector runs at once on takeover: events a crashed manager left fired
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(self._tracked(self.collector.run_once)())
-        self._running.add(task)
-        # and the health gauges are filled at once, not one interval into the term
-        task = loop.create_task(self._tracked(self.health.run_once)())
-        self._running.add(task)
+        for name, run_once, seconds, at_once in self._jobs:
+            task = asyncio.get_running_loop().create_task(
+                self._every(name, run_once, seconds, at_once), name=f"qm-maintenance-{name}"
+            )
+            self._loops.add(task)
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._scheduler.shutdown(wait=False)
-        running = list(self._running)
-        for t in running:
+        loops = list(self._loops)
+        for t in loops:
             t.cancel()
-        if running:
-            await asyncio.wait(running, timeout=5)
+        if loops:
+            await asyncio.wait(loops, timeout=5)
+        self._loops.clear()
         await self.health.close()

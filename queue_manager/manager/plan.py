@@ -31,6 +31,9 @@ class Scan(Enum):
     FULL = "full"
     #: the next slice of the periodic safety-net rescan
     SLICE = "slice"
+    #: the partitions cut short by their quota that run low (``Round.refill``), with the next
+    #: slice when it is due
+    REFILL = "refill"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,8 @@ class QueueState:
     needs_refill: bool
     #: the last full scan was future_only
     scanned_future_only: bool
+    #: partitions cut short by their quota that run low (WindowCache.refills): rescanned alone
+    refill: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,10 @@ class Round:
     fire_direct: bool
     #: a poll: due events are fetched directly, every POLL_INTERVAL while nothing else is to do
     polling: bool
+    #: with Scan.REFILL: the partitions to rescan
+    refill: tuple[int, ...] = ()
+    #: with Scan.REFILL: the next slice of the safety net is due too
+    periodic: bool = False
 
 
 def plan_round(s: QueueState, now: float) -> Round:
@@ -70,11 +79,16 @@ def plan_round(s: QueueState, now: float) -> Round:
     polling = s.direct and s.polling
     periodic = now >= s.next_scan
     full = dirty or s.needs_refill or s.direct != s.scanned_future_only
-    scan = Scan.FULL if full else Scan.SLICE if periodic else Scan.NONE
+    if full:
+        scan = Scan.FULL
+    elif s.refill:
+        scan = Scan.REFILL
+    else:
+        scan = Scan.SLICE if periodic else Scan.NONE
     # Scan first, then fire directly: an event that falls due between the two is in the scan
     # (still future) and then fired (and dropped from the cache), in two round trips.
     fire_direct = s.direct and (dirty or s.due_hint or s.backlog or periodic or polling)
-    return Round(scan, s.direct, fire_direct, polling)
+    return Round(scan, s.direct, fire_direct, polling, s.refill if scan is Scan.REFILL else (), periodic)
 
 
 def next_scan_at(now: float, rescan_interval: float, window_seconds: float) -> float:

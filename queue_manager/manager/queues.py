@@ -57,6 +57,10 @@ class Subscriber(Protocol):
 
     def send(self, text: str) -> None: ...
 
+    def cancelled(self, ident: int, attempt: int) -> None:
+        """An operator cancelled (ident, attempt), which it holds."""
+        ...
+
     def close_soon(self, code: int, reason: str) -> None: ...
 
 

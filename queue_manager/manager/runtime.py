@@ -9,6 +9,7 @@ another in a circle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -98,6 +99,10 @@ class Runtime:
         self._changed = asyncio.Event()
         #: resolved by the next settings reload
         self._reload_waiters: list[asyncio.Future[None]] = []
+        #: replaced (after being set) each time this process may have become the leader (a session
+        #: started, or a renewal restored the lease's trust) or stops: /health/leader's held probes
+        #: wait on it
+        self._role = asyncio.Event()
         #: called each time the dispatcher finds nothing to do and the moment is spare (no queue
         #: waits for credit with events due): maintenance slices enlist there; each must return at once
         self.idle_listeners: list[Callable[[], None]] = []
@@ -114,6 +119,18 @@ class Runtime:
             and s.term == self.lease.term
             and self.lease.trusted(self.clock.monotonic())
         )
+
+    def role_changed(self) -> None:
+        """This process may lead from now on, or stops: wake whoever waits in :meth:`role_change`."""
+        self._role.set()
+        self._role = asyncio.Event()
+
+    async def role_change(self, timeout: float) -> None:
+        """Return at the next :meth:`role_changed`, or after ``timeout`` seconds."""
+        event = self._role
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
 
     def went_idle(self, spare: bool) -> None:
         """The dispatcher found nothing to do and is about to sleep; ``spare``: no events wait for
@@ -223,7 +240,7 @@ class Runtime:
             if name not in seen:
                 q = self.queues.pop(name)
                 for c in list(q.subscribers):
-                    c.send(frames.error_frame(frames.UNKNOWN_QUEUE, f"queue {name!r} was dropped"))
+                    c.send(frames.Error(frames.UNKNOWN_QUEUE, f"queue {name!r} was dropped").to_json())
                     c.close_soon(CLOSE_QUEUE_DROPPED, f"queue {name} was dropped")
 
     # ------------------------------------------------------------------ writes
@@ -278,16 +295,21 @@ class Runtime:
     # ------------------------------------------------------------------ events that left their holder
 
     def settled_by_sql(self, queue: str, ident: int, attempt: int, partition: int, state: str) -> None:
-        """An application settled (ident, attempt) by SQL (``state``: acked, failed, deleted, or
-        to_be_fired for an event it put back): its holder's credit slot is free, and an event that
-        left the queue counts as done for the producers' load."""
+        """An application settled (ident, attempt) by SQL (``state``: acked, failed, deleted,
+        cancelled by an operator, or to_be_fired for an event it put back): its holder's credit
+        slot is free, and an event that left the queue counts as done for the producers' load."""
         q = self.queues.get(queue)
         if q is None:
             return
+        if state == "cancelled":  # its holder is told, and refuses its ack with its own code
+            d = q.ledger.get(ident)
+            holder = None if d is None else next((c for c in q.subscribers if c.id == d.holder), None)
+            if holder is not None:
+                holder.cancelled(ident, attempt)
         if q.ledger.drop(ident, attempt) is not None:
             self.metrics.settled_by_sql.inc(queue=queue)
             self.nudge(q, Reason.CREDIT)
-        if state in ("acked", "failed", "deleted"):
+        if state in ("acked", "failed", "deleted", "cancelled"):
             fut = self.submit(OpKind.SETTLED, q, [partition])
             # not recorded (no session): the reconciliation re-anchors the count
             fut.add_done_callback(lambda f: f.exception())

@@ -60,7 +60,12 @@ class Manager:
         self._server: Server | None = None
         self.leadership = Leadership(self.rt, self._open_session, self._not_leader_anymore)
         self.http = HttpFront(
-            config.tokens, config.allowed_origins, lambda: self.role, self.health, self.metrics.render
+            config.tokens,
+            config.allowed_origins,
+            lambda: self.role,
+            self.health,
+            self.metrics.render,
+            self.rt.role_change,
         )
         self.metrics.bind_gauges(
             queues=lambda: [(q.name, float(q.in_flight), float(len(q.cache))) for q in self.queues.values()],
@@ -198,14 +203,18 @@ class Manager:
 
     async def _shutdown(self, lead: asyncio.Task[None]) -> None:
         rt = self.rt
-        was_leader = self.role == "leader"
+        role = self.role
+        was_leader = role == "leader"
         self._phase = "draining"
         rt.draining = True
+        rt.role_changed()  # held /health/leader probes answer 503 now
         for c in self.connections:
             c.session.draining = True
         rt.wake.set()
         if was_leader:
             await self._drain()
+        else:
+            logger.info("stopping: nothing to drain", extra={"action": "stop", "role": role})
         lead.cancel()
         # bounded: the shutdown must not hang on a task that will not end
         await asyncio.wait({lead}, timeout=5)
@@ -221,15 +230,40 @@ class Manager:
     async def _drain(self) -> None:
         """Wait for the acks of events in hand (up to the drain timeout), then put the rest back."""
         rt = self.rt
-        deadline = rt.clock.monotonic() + self.config.drain_timeout
+        in_hand = sum(q.in_flight for q in self.queues.values())
+        logger.info(
+            "stopping: draining",
+            extra={
+                "action": "drain",
+                "term": self.term,
+                "in_flight": in_hand,
+                "receivers": len(self.connections),
+                "timeout": self.config.drain_timeout,
+            },
+        )
+        started = rt.clock.monotonic()
+        deadline = started + self.config.drain_timeout
         while any(q.in_flight for q in self.queues.values()):
             remaining = deadline - rt.clock.monotonic()
             if remaining <= 0 or not await rt.wait_changed(remaining):
                 break
+        put_back = 0
         for q in list(self.queues.values()):
             items = [(d.id, d.attempt, 0.0, "manager stopped before the ack") for d in q.ledger.unsettled()]
             if items:
+                put_back += len(items)
                 await rt.release(q, items, "drain")
+        seconds = round(rt.clock.monotonic() - started, 3)
+        if put_back:
+            logger.warning(
+                "drain timeout: events without an ack go back to the queue",
+                extra={"action": "drained", "term": self.term, "put_back": put_back, "seconds": seconds},
+            )
+        else:
+            logger.info(
+                "drained: every event in hand was settled",
+                extra={"action": "drained", "term": self.term, "seconds": seconds},
+            )
 
     async def _handle(self, ws: ServerConnection) -> None:
         headers: Headers = ws.request.headers if ws.request is not None else Headers()
@@ -240,29 +274,17 @@ class Manager:
         c = ReceiverConnection(ws, grant, self.rt)
         c.session.draining = self._phase == "draining"
         self.connections.add(c)
+        who = c.describe()
+        logger.info("receiver connected", extra={"action": "connect", "token": who["token"], "peer": who["peer"]})
         try:
             await c.serve(self._welcome())
         finally:
             self.connections.discard(c)
+            logger.info(
+                "receiver disconnected",
+                extra={"action": "disconnect", "token": who["token"], "peer": who["peer"], "code": ws.close_code},
+            )
 
     def _welcome(self) -> str:
-        return frames.dumps(
-            {
-                "type": "welcome",
-                "protocol": frames.PROTOCOL,
-                "shard": self.shard_name,
-                "term": self.term,
-                "manager": self.config.holder,
-                "limits": {
-                    "max_frame_bytes": frames.MAX_FRAME_BYTES,
-                    "max_items_per_frame": frames.MAX_ITEMS_PER_FRAME,
-                    "max_credit": frames.MAX_CREDIT,
-                    "max_events_per_deliver": self.config.max_events_per_frame,
-                    "max_tenants_per_subscription": frames.MAX_TENANTS_PER_SUBSCRIPTION,
-                    "max_error_text": frames.MAX_ERROR_TEXT,
-                    "max_ref_length": frames.MAX_REF_LENGTH,
-                    "max_extend_seconds": frames.MAX_EXTEND_SECONDS,
-                    "max_error_messages": frames.MAX_ERROR_MESSAGES,
-                },
-            }
-        )
+        limits = frames.limits(self.config.max_events_per_frame)
+        return frames.Welcome(frames.PROTOCOL, self.shard_name, self.term, self.config.holder, limits).to_json()

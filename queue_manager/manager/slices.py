@@ -22,7 +22,7 @@ the next worker make an attempt").
 Who takes slices (``recruit.py`` decides which job, and where):
 
 - the **baseline pass**: the leader's session runs :meth:`Slicer.baseline_pass` every
-  ``purge_interval`` and ``reconcile_interval`` (APScheduler, maintenance.py). It walks the
+  ``purge_interval`` and ``reconcile_interval`` (maintenance.py). It walks the
   partitions in order, so that every partition is served even when the manager is never idle and
   has no standby;
 - **idle moments**: each time the leader's dispatcher finds nothing to do, :meth:`Slicer.on_idle`

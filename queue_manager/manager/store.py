@@ -113,14 +113,55 @@ async def load_tenant_settings(conn: AsyncConn) -> list[TenantSettings]:
         return await cur.fetchall()
 
 
-async def load_key_settings(conn: AsyncConn) -> list[KeySettings]:
-    async with conn.cursor(row_factory=class_row(KeySettings)) as cur:
-        await cur.execute(_static("mgr_key_settings"))
-        return await cur.fetchall()
+async def load_settings(
+    conn: AsyncConn,
+) -> tuple[list[QueueSettings], list[TenantSettings], list[KeySettings]]:
+    """The queues, the tenant overrides and the keys' limits, in one round trip (a pipeline): on a
+    slow link to the database every round trip of the dispatcher's periodic reload held up its fires."""
+    async with conn.pipeline():
+        queues = conn.cursor(row_factory=class_row(QueueSettings))
+        tenants = conn.cursor(row_factory=class_row(TenantSettings))
+        keys = conn.cursor(row_factory=class_row(KeySettings))
+        await queues.execute(_static("mgr_queues"))
+        await tenants.execute(_static("mgr_tenant_settings"))
+        await keys.execute(_static("mgr_key_settings"))
+    try:
+        return await queues.fetchall(), await tenants.fetchall(), await keys.fetchall()
+    finally:
+        await queues.close()
+        await tenants.close()
+        await keys.close()
 
 
 async def acquire(conn: AsyncConn, holder: str, ttl: float) -> int | None:
     row = await (await conn.execute(_static("mgr_acquire"), {"holder": holder, "ttl": ttl})).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseView:
+    """The lease as a standby reads it on each poll (``mgr_lease``)."""
+
+    term: int
+    #: the backend its holder renewed it from last (None: no holder, or a reshard's)
+    holder_pid: int | None
+    #: seconds until it expires by the database's clock; negative once it has
+    expires_in: float
+    #: that backend is still connected
+    connected: bool
+
+
+async def lease(conn: AsyncConn) -> LeaseView:
+    row = await (await conn.execute(_static("mgr_lease"))).fetchone()
+    assert row is not None, "qm.leader has its one row from the baseline revision on"
+    return LeaseView(int(row[0]), None if row[1] is None else int(row[1]), float(row[2]), bool(row[3]))
+
+
+async def take_over(conn: AsyncConn, holder: str, ttl: float, from_term: int, from_pid: int) -> int | None:
+    """Take the lease of ``from_term`` whose holder's backend ``from_pid`` is gone (or any expired
+    lease): the new term, or None (qm.take_over_leadership)."""
+    params = {"holder": holder, "ttl": ttl, "from_term": from_term, "from_pid": from_pid}
+    row = await (await conn.execute(_static("mgr_take_over"), params)).fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
 

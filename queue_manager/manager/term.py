@@ -25,6 +25,7 @@ from queue_manager.manager.keys import RateBuckets
 from queue_manager.manager.maintenance import Maintenance
 from queue_manager.manager.queues import Reason
 from queue_manager.manager.runtime import Runtime
+from queue_manager.manager.schedules import Scheduler
 from queue_manager.manager.slices import Slicer
 from queue_manager.manager.store import AsyncConn
 from queue_manager.manager.wakeups import Listener, Waiter
@@ -86,11 +87,21 @@ class TermSession:
     async def _open(self) -> None:
         rt = self.rt
         cfg = rt.config
-        work = await self._connect("work", durable=cfg.durable_fires)
-        write = await self._connect("write", durable=True)
-        listen = await self._connect("listen", durable=True)
-        # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
-        limits = await self._connect("limits", durable=False)
+        # at once, not one after the other: a takeover waits for them (on a loaded machine each
+        # connection took 0.1 s and more). Every attempt ends before this goes on, so that a
+        # failure leaves no connection opened after close() ran
+        opened = await asyncio.gather(
+            self._connect("work", durable=cfg.durable_fires),
+            self._connect("write", durable=True),
+            self._connect("listen", durable=True),
+            # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
+            self._connect("limits", durable=False),
+            return_exceptions=True,
+        )
+        for result in opened:
+            if isinstance(result, BaseException):
+                raise result
+        work, write, listen, limits = (self.conns[r] for r in ("work", "write", "listen", "limits"))
         self._writer = Writer(write, self.term, tracer=rt.tracer)
         self._waiter = waiter = Waiter(cfg.dsn, f"qm-manager-wait {cfg.holder}", self._wake_lock_granted)
         self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter)
@@ -127,11 +138,14 @@ class TermSession:
         self._spawn(listener.run(), "qm-listen")
         self._budget = Budget(rt, limits, self.term, rt.shard_name or cfg.shard or "")
         self._spawn(self._budget.run(), "qm-limits")
+        # periodic schedules: their slots enqueued ahead, fenced by the term (schedules.py)
+        self._spawn(Scheduler(rt, await self._connect("schedules", durable=True), self.term).run(), "qm-schedules")
         self.maintenance = Maintenance(rt, self.slicer)
         rt.session = self
         self.maintenance.start()
         rt.signals.session_started.emit(self.term)
         rt.wake.set()
+        rt.role_changed()
 
     async def _connect(self, role: str, durable: bool) -> AsyncConn:
         cfg = self.rt.config
@@ -157,6 +171,12 @@ class TermSession:
             q.wake_state.woken(now)
             if since is None:  # a notice without a time (an operator's): look a second back
                 since = rt.db_clock.now() - 1.0
+            elif not due and since > q.cache.horizon(q.settings.partitions_physical):
+                # every event announced is due after what the window cache holds: the rescans that
+                # follow (periodic slices, refills) find them in time; a rescan of the whole
+                # window for each scheduled event would only hold up the cached events' fires
+                q.wake_state.lower_floors(since)
+                return
             rt.nudge(q, Reason.DUE if due else Reason.NOTIFIED, since)
 
     def _wake_lock_granted(self, queue_id: int) -> None:

@@ -13,7 +13,7 @@ ranges (a split ``-80`` -> ``-40``, ``40-80``; a merge, the inverse; or N to M).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -23,17 +23,26 @@ from queue_manager.errors import ConfigurationError, TopologyError
 Phase = Literal["copying", "cutover", "switched", "done", "cancelled"]
 Side = Literal["sources", "targets"]
 
+#: tries of each source's freeze when a lock is not granted in time or a deadlock ends it; between
+#: two, the source takes writes for as long as a lock wait may last (the writers queued behind the
+#: freeze's request go through, and a long transaction that held it back may end)
+FREEZE_ATTEMPTS = 5
+#: the default bound of each lock wait of the freeze, seconds: while the freeze waits for a lock,
+#: the writes queued behind it wait too, so this bounds what one long writer adds to the write block
+LOCK_TIMEOUT = 0.5
 #: the cut-over's steps, in order; a run records each once it is done, and a rerun resumes after
-#: the last one recorded:
+#: the last one recorded (before the freeze, the other side's change capture is turned on, so
+#: that the move can be reversed: it takes no writes but the copy's, which are not captured):
 #:   freeze        the serving side refuses writes (QMM01, naming the other side) and its managers
 #:                 are deposed (term bump): no event of the moved range changes there any more
 #:   catch_up      every captured change applied (bounded; on timeout the freeze is undone), the
-#:                 tenant overrides synced, the other side's sequences, term and load counters set
-#:   capture_back  the other side captures its changes from now on (so the move can be reversed);
-#:                 the frozen side is marked moved
+#:                 tenant overrides synced, the other side's sequences and term set
 #:   serve         the other side serves: it takes writes and its managers take leadership
-#:   topology      the topology file (renamed into place) and every shard's stored map say so
-CUTOVER_STEPS: tuple[str, ...] = ("freeze", "catch_up", "capture_back", "serve", "topology")
+#:   topology      the topology file (renamed into place) says so; then the frozen side's capture
+#:                 ends, it is marked moved, and every shard's stored map is rewritten
+CUTOVER_STEPS: tuple[str, ...] = ("freeze", "catch_up", "serve", "topology")
+#: steps an earlier version recorded, as the step of this one that stands for them
+_OLD_STEPS = {"capture_back": "catch_up"}
 
 
 def overlaps(a: KeyRange, b: KeyRange) -> bool:
@@ -41,6 +50,13 @@ def overlaps(a: KeyRange, b: KeyRange) -> bool:
     a_below_b = bool(a.end) and bool(b.start) and a.end <= b.start
     b_below_a = bool(b.end) and bool(a.start) and b.end <= a.start
     return not (a_below_b or b_below_a)
+
+
+def intersection(a: KeyRange, b: KeyRange) -> KeyRange:
+    """The keyspace ids in both ranges (which must overlap)."""
+    start = max(a.start, b.start)
+    ends = [e for e in (a.end, b.end) if e]
+    return KeyRange(start, min(ends) if ends else "")
 
 
 def _covered(ranges: Sequence[KeyRange]) -> list[tuple[str, str]]:
@@ -121,12 +137,16 @@ def _shards_dict(shards: Sequence[Shard]) -> list[dict[str, Any]]:
     ]
 
 
-def make_plan(old: Topology, targets: Sequence[Shard]) -> ReshardPlan:
+def make_plan(
+    old: Topology, targets: Sequence[Shard], database_of: Callable[[str], Hashable] = lambda dsn: dsn
+) -> ReshardPlan:
     """Plan moving the shards whose ranges the targets cover to the targets.
 
     The sources are the shards of ``old`` whose ranges meet a target's; their ranges together must
-    be exactly the targets' (whole shards move), target names must be new and unique, and the
-    result must be a valid topology. Raises ConfigurationError saying what is wrong.
+    be exactly the targets' (whole shards move), target names must be new and unique, each target
+    a database of its own (``database_of`` maps a DSN to what names its database: two DSNs written
+    differently may name the same one), and the result must be a valid topology. Raises
+    ConfigurationError saying what is wrong.
     """
     if not targets:
         raise ConfigurationError("a reshard needs at least one target shard (--target NAME RANGE DSN)")
@@ -141,12 +161,20 @@ def make_plan(old: Topology, targets: Sequence[Shard]) -> ReshardPlan:
             f"target shard names must be new; already in the topology: {', '.join(reused)} "
             "(a target is a new database that takes over the sources' ranges)"
         )
-    dsns = {s.dsn: s.name for s in old.shards}
+    shard_dbs = {database_of(s.dsn): s.name for s in old.shards}
+    target_dbs: dict[Hashable, str] = {}
     for t in targets:
-        if t.dsn in dsns:
+        db = database_of(t.dsn)
+        if db in shard_dbs:
             raise ConfigurationError(
-                f"target {t.name!r} has the DSN of shard {dsns[t.dsn]!r}: a target must be a new database"
+                f"target {t.name!r} has the database of shard {shard_dbs[db]!r}: a target must be a new database"
             )
+        if db in target_dbs:
+            raise ConfigurationError(
+                f"targets {target_dbs[db]!r} and {t.name!r} name the same database: each target must be a "
+                "database of its own"
+            )
+        target_dbs[db] = t.name
     sources = tuple(s for s in old.shards if any(overlaps(s.key_range, t.key_range) for t in targets))
     source_cover = _covered([s.key_range for s in sources])
     target_cover = _covered([t.key_range for t in targets])
@@ -209,7 +237,7 @@ class ReshardState:
             phase=data["phase"],
             serving=data["serving"],
             cutover_to=data.get("cutover_to"),
-            step=data.get("step"),
+            step=_OLD_STEPS.get(data.get("step") or "", data.get("step")),
             copied=bool(data.get("copied")),
             cursors={str(k): int(v) for k, v in data.get("cursors", {}).items()},
             history=list(data.get("history", [])),
@@ -300,12 +328,24 @@ def check_allowed(state: ReshardState, action: str) -> None:
                 f"the reshard is {state.phase}"
             )
     elif action == "cancel":
+        if state.phase == "cutover" and state.cutover_to == "sources":
+            raise ConfigurationError(
+                f"a reverse was interrupted after step {state.step!r}: finish it with 'qm reshard reverse' "
+                "(cancel is allowed only before the switch)"
+            )
         if state.phase == "cutover":
             rolled_back(state, "", "")  # raises past 'serve'
+        elif state.phase == "done":
+            raise ConfigurationError(
+                "the reshard is finished (cleaned up: the targets serve and the sources' events are dropped); "
+                "there is nothing to cancel"
+            )
+        elif state.phase == "cancelled":
+            raise ConfigurationError("the reshard is cancelled already; there is nothing to cancel")
         elif state.phase != "copying" or state.serving != "sources":
             raise ConfigurationError(
                 f"cancel is allowed only before the switch (the reshard is {state.phase}, "
-                f"the {state.serving} serve): reverse first"
+                f"the {state.serving} serve): reverse first (qm reshard reverse), then cancel"
             )
     elif action == "sync":
         if state.phase not in ("copying", "switched"):

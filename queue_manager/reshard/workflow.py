@@ -19,11 +19,12 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg import errors as pg
@@ -34,16 +35,21 @@ from queue_manager.db.migrate import topology_json, upgrade
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
 from queue_manager.domain.topology import Shard, Topology
+from queue_manager.domain.topology_file import write_file_atomically, write_topology_file
 from queue_manager.errors import ConfigurationError, QueueManagerError
 from queue_manager.reshard.plan import (
+    FREEZE_ATTEMPTS,
+    LOCK_TIMEOUT,
     ReshardPlan,
     ReshardState,
     Side,
     begin_cutover,
     check_allowed,
+    intersection,
     make_plan,
     next_step,
     other,
+    overlaps,
     rolled_back,
     step_done,
 )
@@ -55,12 +61,48 @@ Conn = psycopg.Connection[Any]
 #: rows per page of the snapshot copy and per round of applying captured changes
 BATCH = 2000
 #: a fault-injection point for the crash tests: the process kills itself (SIGKILL) right after it
-#: has recorded the step named here (a cut-over step, or 'prepared', 'capturing', 'copied')
+#: has recorded the step named here (a cut-over step, or 'prepared', 'capturing', 'copied'), or
+#: right after one shard's freeze committed ('freeze:<shard>', before the step is recorded)
 CRASH_AFTER_ENV = "QM_RESHARD_CRASH_AFTER"
+
+
+#: the captured changes a cut-over may leave for its frozen catch-up: it catches up while the
+#: range takes writes until no more are left (what arrives until the freeze commits comes on top)
+CATCH_UP_LEFT = 30
+#: libpq's words for a connection the server refused for good: retrying cannot mend these
+PERMANENT_CONNECT_FAILURES = (
+    "does not exist",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "could not translate host name",
+)
 
 
 class ReshardError(QueueManagerError):
     """The reshard stopped; the message says what happened and what to do."""
+
+
+class ReshardLockError(ReshardError):
+    """A lock of the reshard was not granted: a lock timeout, or a deadlock that PostgreSQL broke by
+    ending the reshard's statement. Nothing is half done (the cut-over rolled back): run it again."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        #: "lock timeout" or "deadlock"
+        self.kind = kind
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _heals(exc: psycopg.OperationalError) -> bool:
+    """Whether a retry may mend this failure: a lost connection or a server going down or starting
+    up may; a database or role that does not exist, or a refused login, may not."""
+    if exc.sqlstate is not None:
+        return exc.sqlstate.startswith(("57P", "08"))
+    return not any(words in str(exc) for words in PERMANENT_CONNECT_FAILURES)
 
 
 def _q(name: str, queue: str | None = None) -> sql.SQL | sql.Composed:
@@ -76,6 +118,24 @@ def _now() -> str:
 
 def _shards_json(topology: Topology) -> Jsonb:
     return Jsonb(json.loads(topology_json(topology)))
+
+
+#: host names a DSN may give the local server by (no host: its Unix socket)
+LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
+
+
+def database_of(dsn: str) -> tuple[str, str, str]:
+    """(host, port, database) of a DSN, normalised, so that two DSNs written differently (a URL and
+    key=value, the default port written out or not, localhost or 127.0.0.1 or the local socket)
+    compare equal when they name the same database."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"a DSN cannot be parsed ({_first_line(exc)})") from None
+    host = str(info.get("host") or info.get("hostaddr") or "").lower()
+    if host in LOCAL_HOSTS or host.startswith("/"):
+        host = "localhost"
+    return host, str(info.get("port") or "5432"), str(info.get("dbname") or info.get("user") or "")
 
 
 def state_path(topology_path: Path) -> Path:
@@ -95,20 +155,6 @@ def load_state(topology_path: Path) -> ReshardState | None:
     return ReshardState.from_dict(data)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _crash_point(what: str) -> None:
     if os.environ.get(CRASH_AFTER_ENV) == what:
         logger.warning("crash point", extra={"action": "reshard_crash_point", "step": what})
@@ -121,6 +167,8 @@ class Progress:
 
     rows: int = 0
     seconds: float = 0.0
+    #: every change captured when the round started is applied (it did not stop at its deadline)
+    drained: bool = True
 
     @property
     def rate(self) -> float | None:
@@ -135,7 +183,10 @@ class Reshard:
         self.topology_path = Path(topology_path)
         self.say = say or (lambda line: logger.info(line, extra={"action": "reshard"}))
         self._conns: dict[str, Conn] = {}
-        self._stack = ExitStack()
+        #: connections that only read (status, lag), without the reshard lock
+        self._readers: dict[str, Conn] = {}
+        #: tenant overrides this process wrote: (from shard, to shard, queue) -> overrides
+        self._synced: dict[tuple[str, str, str], Any] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -146,9 +197,10 @@ class Reshard:
         self.close()
 
     def close(self) -> None:
-        for c in self._conns.values():
-            c.close()
-        self._conns.clear()
+        for conns in (self._conns, self._readers):
+            for c in conns.values():
+                c.close()
+            conns.clear()
 
     def conn(self, shard: Shard) -> Conn:
         """An autocommit connection to the shard, holding the reshard lock there."""
@@ -167,24 +219,46 @@ class Reshard:
             self._conns[shard.name] = c
         return c
 
-    def _retrying(self, shard: Shard, fn: Callable[[Conn], Any], what: str, attempts: int = 30) -> Any:
-        """Run ``fn`` on the shard's connection, reconnecting on a lost connection (a restarted
-        server) for up to ``attempts`` tries a second apart."""
+    def reader(self, shard: Shard) -> Conn:
+        """An autocommit connection to the shard for reading only, without the reshard lock (so
+        that ``status`` works while another process runs the reshard)."""
+        c = self._readers.get(shard.name)
+        if c is None or c.closed or c.broken:
+            if c is not None:
+                c.close()
+            c = psycopg.connect(shard.dsn, autocommit=True)
+            self._readers[shard.name] = c
+        return c
+
+    def _retrying(
+        self, shard: Shard, fn: Callable[[Conn], Any], what: str, attempts: int = 30, *, read_only: bool = False
+    ) -> Any:
+        """Run ``fn`` on the shard's connection (``reader``'s when ``read_only``), reconnecting on a
+        lost connection (a restarted server) for up to ``attempts`` tries a second apart. A failure
+        no retry can mend (a database that does not exist, a refused login) raises ReshardError at
+        once; a lock timeout or a deadlock raises ReshardLockError."""
+        conns = self._readers if read_only else self._conns
         for i in range(attempts):
             try:
-                return fn(self.conn(shard))
+                return fn(self.reader(shard) if read_only else self.conn(shard))
+            except (pg.DeadlockDetected, pg.LockNotAvailable) as exc:
+                kind = "deadlock" if isinstance(exc, pg.DeadlockDetected) else "lock timeout"
+                raise ReshardLockError(
+                    f"shard {shard.name!r}: {kind} while {what} ({_first_line(exc)})", kind=kind
+                ) from exc
             except psycopg.OperationalError as exc:
-                # a lost connection (none, or the server going down: 57P0x); a server's own refusal
-                # (a lock timeout, say) is the caller's to handle
-                if exc.sqlstate is not None and not exc.sqlstate.startswith(("57P", "08")):
-                    raise
+                if not _heals(exc):
+                    raise ReshardError(
+                        f"shard {shard.name!r} refused while {what}: {_first_line(exc)}; "
+                        "check the shard's DSN (database, role, password), then run the command again"
+                    ) from exc
                 if i + 1 == attempts:
                     raise ReshardError(f"shard {shard.name!r} unreachable while {what}: {exc}") from exc
                 logger.warning(
                     "shard unreachable, retrying",
                     extra={"action": "reshard_retry", "shard": shard.name, "what": what, "error": str(exc)},
                 )
-                old = self._conns.pop(shard.name, None)
+                old = conns.pop(shard.name, None)
                 if old is not None:
                     old.close()
                 time.sleep(1)
@@ -202,7 +276,7 @@ class Reshard:
         return rows
 
     def save(self, state: ReshardState) -> ReshardState:
-        _write_atomically(state_path(self.topology_path), json.dumps(state.to_dict(), indent=2) + "\n")
+        write_file_atomically(state_path(self.topology_path), json.dumps(state.to_dict(), indent=2) + "\n")
         return state
 
     def state(self) -> ReshardState:
@@ -218,13 +292,15 @@ class Reshard:
 
     def plan(self, targets: Sequence[Shard]) -> ReshardPlan:
         """The plan for moving the targets' ranges to them (nothing changes)."""
-        return make_plan(Topology.load(self.topology_path), targets)
+        return make_plan(Topology.load(self.topology_path), targets, database_of)
 
     def start(self, targets: Sequence[Shard], *, batch: int = BATCH) -> ReshardState:
         """Prepare the targets, turn the capture on, copy every event, apply what changed meanwhile.
 
         A rerun with the same targets resumes (the copy from its cursors); another reshard of the
-        same topology must be finished or cancelled first."""
+        same topology must be finished or cancelled first. Nothing is recorded until the sources'
+        queues are read and every target's database is reachable (created if missing): a target
+        that cannot be used fails the command at once and leaves no reshard behind."""
         state = load_state(self.topology_path)
         if state is not None and state.active:
             if [t for t in state.plan.targets] != list(targets) and targets:
@@ -235,12 +311,21 @@ class Reshard:
             if state.copied:
                 self.say("the copy is complete already; the capture keeps it in sync: run 'qm reshard switch'")
                 return state
+            plan = state.plan
+            queues = self._source_queues(plan)
+            for t in plan.targets:
+                _ensure_database(t)
         else:
-            state = self.save(ReshardState(self.plan(targets)))
-        plan = state.plan
+            plan = self.plan(targets)
+            queues = self._source_queues(plan)
+            for t in plan.targets:
+                try:
+                    _ensure_database(t)
+                except ReshardError as exc:
+                    raise ReshardError(f"{exc} (nothing was started or recorded)") from exc
+            state = self.save(ReshardState(plan))
         for line in plan.describe():
             self.say(line)
-        queues = self._source_queues(plan)
         for t in plan.targets:
             self._prepare_target(plan, t, queues)
         _crash_point("prepared")
@@ -277,7 +362,6 @@ class Reshard:
         return {name: settings for name, (_, settings) in found.items()}
 
     def _prepare_target(self, plan: ReshardPlan, target: Shard, queues: dict[str, dict[str, Any]]) -> None:
-        _ensure_database(target.dsn)
         upgrade(target.dsn)
         c = self.conn(target)
         c.execute(
@@ -391,28 +475,43 @@ class Reshard:
                 self.fetchall(
                     s, _q("reshard_forget_captured") + sql.SQL(" RETURNING seq"), {"seqs": seqs}, "forgetting"
                 )
-                if once or len(entries) < batch or (until is not None and time.monotonic() > until):
+                if until is not None and time.monotonic() > until and len(entries) == batch:
+                    progress.drained = False
+                    break
+                if once or len(entries) < batch:
                     break
         progress.seconds = time.monotonic() - started
         return progress
 
     def _sync_tenants(self, plan: ReshardPlan, side: Side) -> None:
-        """Make the other side's tenant overrides for each of ``side``'s ranges equal to that shard's."""
+        """Make the other side's tenant overrides equal to ``side``'s: each shard of the other side
+        gets, from each shard of ``side`` whose range meets its own, the overrides of the tenants
+        of both ranges. What this process wrote already is not written again (the frozen catch-up
+        then reads the overrides and writes nothing, unless they changed)."""
         to_side = plan.side(other(side))
         for s in plan.side(side):
             rows = self._retrying(s, lambda c: c.execute(_q("reshard_tenants")).fetchall(), "reading tenant overrides")
             for t in to_side:
+                if not overlaps(s.key_range, t.key_range):
+                    continue
+                shared = intersection(s.key_range, t.key_range)
                 for queue, overrides in rows:
-                    params = {"queue": queue, "range_start": s.key_range.start, "range_end": s.key_range.end}
+                    key = (s.name, t.name, queue)
+                    if self._synced.get(key) == overrides:
+                        continue
+                    params = {"queue": queue, "range_start": shared.start, "range_end": shared.end}
                     self.fetchall(
                         t, _q("reshard_sync_tenants"), {**params, "rows": Jsonb(overrides)}, "syncing tenants"
                     )
+                    self._synced[key] = overrides
 
-    def lag(self, shards: Sequence[Shard]) -> dict[str, int]:
-        """Captured changes not yet applied, per shard."""
+    def lag(self, shards: Sequence[Shard], *, attempts: int = 30) -> dict[str, int]:
+        """Captured changes not yet applied, per shard (read without the reshard lock)."""
         out = {}
         for s in shards:
-            row = self._retrying(s, lambda c: c.execute(_q("reshard_lag")).fetchone(), "reading the lag")
+            row = self._retrying(
+                s, lambda c: c.execute(_q("reshard_lag")).fetchone(), "reading the lag", attempts, read_only=True
+            )
             out[s.name] = int(row[0]) if row else 0
         return out
 
@@ -427,11 +526,11 @@ class Reshard:
 
     # ------------------------------------------------------------------ the cut-over
 
-    def switch(self, *, timeout: float = 10.0, lock_timeout: float = 2.0) -> ReshardState:
+    def switch(self, *, timeout: float = 10.0, lock_timeout: float = LOCK_TIMEOUT) -> ReshardState:
         """Cut over to the targets (or resume an interrupted switch)."""
         return self._cutover("targets", timeout=timeout, lock_timeout=lock_timeout)
 
-    def reverse(self, *, timeout: float = 10.0, lock_timeout: float = 2.0) -> ReshardState:
+    def reverse(self, *, timeout: float = 10.0, lock_timeout: float = LOCK_TIMEOUT) -> ReshardState:
         """Cut back over to the sources (allowed until cleanup)."""
         return self._cutover("sources", timeout=timeout, lock_timeout=lock_timeout)
 
@@ -441,52 +540,36 @@ class Reshard:
         state = begin_cutover(state, to)
         plan = state.plan
         frm = other(to)
+        if not fresh and state.step is None:
+            # stopped in its freeze (or before it): no step is recorded, but a source may be frozen;
+            # it serves again, and the cut-over starts over with its catch-up while serving
+            self.say(f"the cut-over to the {to} stopped before its freeze was recorded: starting it over")
+            self._unfreeze(plan, frm)
+            fresh = True
         if fresh:
-            # catch up while the range still takes writes, so that the frozen catch-up is short
-            for _ in range(20):
-                self._apply_captured(plan, frm, until=time.monotonic() + 30)
-                lag = sum(self.lag(plan.side(frm)).values())
-                if lag < BATCH // 4:
-                    break
-            self._sync_tenants(plan, frm)
             state = self.save(state)
+            # the receiving side captures from before the freeze: it takes no writes until it
+            # serves but the copy's, which are not captured (session_replication_role), so this
+            # records nothing until then and keeps the DDL out of the frozen window
+            self._set_capturing(plan.side(to), True)
+            self._catch_up_serving(plan, frm)
         else:
             self.say(f"resuming the cut-over to the {to} after step {state.step!r}")
         started = time.monotonic()
         while (step := next_step(state)) is not None:
             t0 = time.monotonic()
             if step == "freeze":
-                ok = self._freeze(plan, frm, lock_timeout)
-                if not ok:
-                    return self._roll_back(state, "the freeze could not lock every queue table in time")
+                try:
+                    self._freeze(plan, frm, lock_timeout)
+                except ReshardLockError as exc:
+                    self._roll_back(state, f"the freeze could not take its locks ({exc})", kind=exc.kind)
+                except Exception as exc:
+                    self._roll_back(state, f"the freeze failed ({_first_line(exc)})")
             elif step == "catch_up":
                 if not self._final_catch_up(plan, frm, timeout):
-                    return self._roll_back(state, f"the catch-up did not finish within {timeout:g}s")
-            elif step == "capture_back":
-                for s in plan.side(to):
-                    self._retrying(s, lambda c: c.execute(_q("reshard_set_capturing"), {"on": True}), "capture on")
-                for s in plan.side(frm):
-                    self._retrying(
-                        s,
-                        lambda c: (
-                            c.execute(_q("reshard_set_capturing"), {"on": False}),
-                            c.execute(
-                                _q("reshard_set_serving"),
-                                {"state": "moved", "shards": _shards_json(plan.topology_of(to))},
-                            ),
-                        ),
-                        "marking moved",
-                    )
+                    self._roll_back(state, f"the catch-up did not finish within {timeout:g}s")
             elif step == "serve":
-                for s in plan.side(to):
-                    self._retrying(
-                        s,
-                        lambda c: c.execute(
-                            _q("reshard_set_serving"),
-                            {"state": "serving", "shards": _shards_json(plan.topology_of(to))},
-                        ),
-                        "serving",
-                    )
+                self._serve(plan, to)
             elif step == "topology":
                 self._publish_topology(plan, to)
             state = self.save(step_done(state, step, _now()))
@@ -501,57 +584,76 @@ class Reshard:
         self.say(f"the {to} serve ({names}); cut-over took {time.monotonic() - started:.3f}s")
         return state
 
-    def _freeze(self, plan: ReshardPlan, frm: Side, lock_timeout: float) -> bool:
-        """Stop writes on the serving side and depose its managers; False if a lock timed out."""
-        to_map = _shards_json(plan.topology_of(other(frm)))
-        for s in plan.side(frm):
-            for attempt in range(3):
+    def _catch_up_serving(self, plan: ReshardPlan, frm: Side) -> None:
+        """Apply the captured changes while the range still takes writes, until few are left, so
+        that the frozen catch-up is short."""
+        self._sync_tenants(plan, frm)
+        applied = Progress()
+        lag = 0
+        for _ in range(40):
+            p = self._apply_captured(plan, frm, until=time.monotonic() + 30)
+            applied.rows += p.rows
+            applied.seconds += p.seconds
+            lag = sum(self.lag(plan.side(frm)).values())
+            if lag <= CATCH_UP_LEFT:
+                break
+        self.say(
+            f"caught up while the {frm} serve: {applied.rows} changes applied in {applied.seconds:.3f}s, {lag} left"
+        )
+
+    def _freeze(self, plan: ReshardPlan, frm: Side, lock_timeout: float) -> None:
+        """Stop writes on the serving side and depose its managers, every shard at once, each tried
+        FREEZE_ATTEMPTS times; raises ReshardLockError when a shard's locks were still not granted
+        (a lock timeout, or a deadlock with an application's transaction)."""
+        params = {"shards": _shards_json(plan.topology_of(other(frm))), "timeout": f"{int(lock_timeout * 1000)}ms"}
+
+        def freeze(c: Conn) -> None:
+            c.execute(_q("reshard_freeze"), params)
+
+        def freeze_one(s: Shard) -> None:
+            for attempt in range(1, FREEZE_ATTEMPTS + 1):
                 try:
-
-                    def freeze(c: Conn) -> None:
-                        c.execute(_q("reshard_lock_timeout"), {"timeout": f"{int(lock_timeout * 1000)}ms"})
-                        try:
-                            c.execute(_q("reshard_set_serving"), {"state": "frozen", "shards": to_map})
-                        finally:
-                            c.execute(_q("reshard_lock_timeout"), {"timeout": "0"})
-
                     self._retrying(s, freeze, "freezing")
                     break
-                except pg.LockNotAvailable:
-                    self.say(
-                        f"freezing {s.name}: a lock was not granted within {lock_timeout:g}s (attempt {attempt + 1})"
-                    )
-            else:
-                return False
-        return True
+                except ReshardLockError as exc:
+                    self.say(f"freezing {s.name}: {exc} (attempt {attempt} of {FREEZE_ATTEMPTS})")
+                    if attempt == FREEZE_ATTEMPTS:
+                        raise
+                    time.sleep(lock_timeout)
+            _crash_point(f"freeze:{s.name}")
+
+        self._each(plan.side(frm), freeze_one)
 
     def _final_catch_up(self, plan: ReshardPlan, frm: Side, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            self._apply_captured(plan, frm, until=deadline)
+            # the frozen side takes no writes: a round that was not cut short leaves nothing behind
+            if self._apply_captured(plan, frm, until=deadline).drained:
+                break
             if sum(self.lag(plan.side(frm)).values()) == 0:
                 break
             if time.monotonic() > deadline:
                 return False
         self._sync_tenants(plan, frm)
-        term = max(
-            int(self._retrying(s, lambda c: c.execute(_q("reshard_term")).fetchone(), "reading the term")[0])
-            for s in plan.side(frm)
+        marks: list[tuple[int, dict[str, int | None] | None]] = []
+        self._each(
+            plan.side(frm),
+            lambda s: marks.extend(self.fetchall(s, _q("reshard_origin_marks"), None, "reading the term and ids")),
         )
+        term = max(int(t) for t, _ in marks)
         min_ids: dict[str, int] = {}
-        for s in plan.side(frm):
-            for name, last in self.fetchall(s, _q("reshard_last_ids")):
+        for _, last_ids in marks:
+            for name, last in (last_ids or {}).items():
                 if last is not None:
                     min_ids[name] = max(min_ids.get(name, 0), int(last))
-        for s in plan.side(other(frm)):
-            self.fetchall(
-                s, _q("reshard_finish_copy"), {"min_term": term, "min_ids": Jsonb(min_ids)}, "finishing the copy"
-            )
+        finish = {"min_term": term, "min_ids": Jsonb(min_ids)}
+        self._each(
+            plan.side(other(frm)), lambda s: self.fetchall(s, _q("reshard_finish_copy"), finish, "finishing the copy")
+        )
         return True
 
-    def _roll_back(self, state: ReshardState, why: str) -> ReshardState:
-        plan = state.plan
-        frm = state.serving
+    def _unfreeze(self, plan: ReshardPlan, frm: Side) -> None:
+        """The frozen side serves again (a no-op on a shard that serves)."""
         for s in plan.side(frm):
             self._retrying(
                 s,
@@ -560,17 +662,69 @@ class Reshard:
                 ),
                 "unfreezing",
             )
-        state = self.save(rolled_back(state, _now(), why))
-        raise ReshardError(f"cut-over rolled back: {why}; the {frm} serve again. Run 'qm reshard sync', then try again")
+
+    def _undo_cutover(self, state: ReshardState, why: str) -> ReshardState:
+        """Undo a cut-over stopped before its 'serve' step: the frozen side serves again, and the
+        state recorded says so."""
+        self._unfreeze(state.plan, state.serving)
+        return self.save(rolled_back(state, _now(), why))
+
+    def _roll_back(self, state: ReshardState, why: str, *, kind: str | None = None) -> NoReturn:
+        """``_undo_cutover``, then raise (ReshardLockError when a lock stopped it, of that ``kind``)."""
+        frm = state.serving
+        self._undo_cutover(state, why)
+        message = f"cut-over rolled back: {why}; the {frm} serve again. Run the command again"
+        if kind is not None:
+            raise ReshardLockError(message + " (at a quieter moment, or with a longer --lock-timeout)", kind=kind)
+        raise ReshardError(message)
 
     def _publish_topology(self, plan: ReshardPlan, to: Side) -> None:
+        """Write the topology file (what producers wait for), then retire the frozen side (its
+        capture off, marked moved) and rewrite every shard's stored map: after the file, nothing
+        here holds a write back."""
         topology = plan.topology_of(to)
-        _write_atomically(self.topology_path, topology.to_toml())
+        # under the file's lock, keeping the managers recorded since the plan (a manager that started then)
+        write_topology_file(self.topology_path, topology, keep_managers=True)
+        frm = plan.side(other(to))
+        self._set_capturing(frm, False)
+        for s in frm:
+            self._retrying(
+                s,
+                lambda c: c.execute(_q("reshard_set_serving"), {"state": "moved", "shards": _shards_json(topology)}),
+                "marking moved",
+            )
         shards = {s.name: s for s in (*plan.old.shards, *plan.new.shards)}
         for s in shards.values():
             self._retrying(
                 s, lambda c: c.execute(_q("reshard_set_shard_map"), {"shards": _shards_json(topology)}), "map"
             )
+
+    def _serve(self, plan: ReshardPlan, to: Side) -> None:
+        """The ``to`` side serves (every shard at once)."""
+        params = {"state": "serving", "shards": _shards_json(plan.topology_of(to))}
+
+        def serve(c: Conn) -> None:
+            c.execute(_q("reshard_set_serving"), params)
+
+        self._each(plan.side(to), lambda s: self._retrying(s, serve, "serving"))
+
+    def _each(self, shards: Sequence[Shard], fn: Callable[[Shard], Any]) -> None:
+        """``fn(shard)`` for every shard at once, each on its own connection: the cut-over's
+        statements to different shards wait for their round trips together. Raises the first
+        error (in the order of ``shards``) once every call has ended."""
+        if len(shards) < 2:
+            for s in shards:
+                fn(s)
+            return
+        with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="reshard") as pool:
+            futures = [pool.submit(fn, s) for s in shards]
+        for f in futures:
+            if (exc := f.exception()) is not None:
+                raise exc
+
+    def _set_capturing(self, shards: Sequence[Shard], on: bool) -> None:
+        for s in shards:
+            self._retrying(s, lambda c: c.execute(_q("reshard_set_capturing"), {"on": on}), "setting the capture")
 
     # ------------------------------------------------------------------ the end
 
@@ -598,11 +752,18 @@ class Reshard:
         """Before the switch: end the capture and drop what was copied to the targets."""
         state = self.state()
         check_allowed(state, "cancel")
-        if state.phase == "cutover":
-            with suppress(ReshardError):
-                self._roll_back(state, "cancelled")
-            state = self.state()
         plan = state.plan
+        if state.phase == "cutover":
+            if next_step(state) == "serve":
+                # the serve step is recorded once it ran: a process stopped in between left no trace
+                # of it but the targets' own state
+                served = [t.name for t in plan.targets if self._serving(t)]
+                if served:
+                    raise ConfigurationError(
+                        f"the cut-over's serve step ran ({', '.join(served)} serve already): "
+                        "finish it with 'qm reshard switch'"
+                    )
+            state = self._undo_cutover(state, "cancelled")
         for s in plan.sources:
             self._retrying(
                 s,
@@ -614,15 +775,20 @@ class Reshard:
             )
         for t in plan.targets:
             try:
+                self._set_capturing([t], False)
                 self._clear_events(t)
             except ReshardError as exc:
                 self.say(f"target {t.name}: not cleared ({exc})")
         return self.save(replace(state, phase="cancelled", history=[*state.history, {"step": "cancel", "at": _now()}]))
 
+    def _serving(self, shard: Shard) -> bool:
+        row = self._retrying(shard, lambda c: c.execute(_q("reshard_shard")).fetchone(), "reading its state")
+        return bool(row) and row[3] == "serving"
+
     def _clear_events(self, shard: Shard) -> None:
         def clear(c: Conn) -> None:
             with c.transaction():
-                for (name,) in c.execute("SELECT name FROM qm.queues").fetchall():
+                for (name,) in c.execute(_q("reshard_queue_names")).fetchall():
                     c.execute(_q("reshard_truncate_queue", name))
                 c.execute(_q("reshard_clear_tenants"))
                 c.execute(_q("reshard_clear_rows"))
@@ -633,7 +799,8 @@ class Reshard:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        """Phase, rows copied and left, lag, and an estimate of the cut-over's catch-up."""
+        """Phase, rows copied and left, lag, and an estimate of the cut-over's catch-up. Reads
+        without the reshard lock, so it answers while another process runs the reshard."""
         state = self.state()
         plan = state.plan
         out: dict[str, Any] = {
@@ -651,13 +818,18 @@ class Reshard:
             copy = {}
             if not state.copied:
                 for s in plan.sources:
-                    for (name,) in self.conn(s).execute("SELECT name FROM qm.queues").fetchall():
-                        key = f"{s.name}/{name}"
-                        after = state.cursors.get(key, 0)
-                        row = self.conn(s).execute(_q("reshard_left", name), {"after": after}).fetchone()
-                        copy[key] = {"copied_up_to_id": after, "left": int(row[0]) if row else 0}
+
+                    def left(c: Conn, origin: str = s.name) -> dict[str, dict[str, int]]:
+                        rows = {}
+                        for (name,) in c.execute(_q("reshard_queue_names")).fetchall():
+                            after = state.cursors.get(f"{origin}/{name}", 0)
+                            row = c.execute(_q("reshard_left", name), {"after": after}).fetchone()
+                            rows[f"{origin}/{name}"] = {"copied_up_to_id": after, "left": int(row[0]) if row else 0}
+                        return rows
+
+                    copy.update(self._retrying(s, left, "reading the copy's progress", 2, read_only=True))
                 out["snapshot"] = copy
-            lag = self.lag(plan.side(capturing))
+            lag = self.lag(plan.side(capturing), attempts=2)
             out["lag"] = lag
             rate = state.apply_rate
             out["apply_rate"] = rate
@@ -666,21 +838,29 @@ class Reshard:
         return out
 
 
-def _ensure_database(dsn: str) -> None:
-    """Create the database of ``dsn`` if its server has none of that name."""
+def _ensure_database(target: Shard) -> None:
+    """Create the target's database if its server has none of that name. Raises ReshardError at
+    once (no retry) when the target cannot be reached or its database cannot be created."""
     try:
-        psycopg.connect(dsn).close()
+        psycopg.connect(target.dsn, connect_timeout=10).close()
         return
     except psycopg.OperationalError as exc:
-        if "does not exist" not in str(exc):
-            raise
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
-    name = str(info.get("dbname") or "")
-    if not name:
-        raise ReshardError(f"cannot create the target database of {dsn!r}: it names no database")
-    admin = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        if not ('database "' in str(exc) and "does not exist" in str(exc)):
+            raise ReshardError(
+                f"target {target.name!r} cannot be reached: {_first_line(exc)}; "
+                "check its DSN and that its server runs, then run 'qm reshard start' again"
+            ) from exc
+    name = str(psycopg.conninfo.conninfo_to_dict(target.dsn).get("dbname") or "")
+    admin = psycopg.conninfo.make_conninfo(target.dsn, dbname="postgres")
+    try:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as c:
+            c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.Error as exc:
+        raise ReshardError(
+            f"target {target.name!r}: database {name!r} does not exist and could not be created "
+            f"({_first_line(exc)}); create it (CREATE DATABASE) or give the DSN's role CREATEDB, "
+            "then run 'qm reshard start' again"
+        ) from exc
     logger.info("created database", extra={"action": "reshard_create_database", "database": name})
 
 

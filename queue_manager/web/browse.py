@@ -1,12 +1,17 @@
 """Keyset paging across shards, pure: each shard's newest-first page merged into one page.
 
 Event ids are per shard, so an event is (shard, id) and a cursor holds one position per shard.
-Each shard returns up to ``limit`` rows below its position from a capped scan of its newest rows;
-the merge takes rows newest first (by ``created_at``) while every shard whose rows are all taken
-is known to have nothing more. A shard whose scan was capped, or whose page was full, blocks the
-merge once its rows run out: its older rows could still come before the other shards' next ones.
-Each shard's rows taken are a prefix of its page, so the next cursor continues exactly after them
-(no event shown twice, none skipped).
+Each shard returns up to ``limit`` rows below its position from a capped look at its newest rows.
+The merge takes the rows of every shard newest first (by ``created_at``) until the page is full:
+a shard whose look found nothing, or fewer rows than it looked for, never holds back another
+shard's rows. Each shard's rows taken are a prefix of its page, so the next cursor continues,
+for every shard, from where this page stopped for it: after its last row shown, or from where
+its look stopped when every row it found was shown (no event shown twice, none skipped).
+
+Within a page the rows are newest first; each shard's rows are newest first across the pages.
+Between shards the order across pages is approximate: a later page may show an event of a shard
+whose look had to go further back that is newer than one of another shard already shown (the
+price of never holding a shard's matches back behind another's empty look).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ class ShardPage:
     rows: list[dict[str, Any]] = field(default_factory=list)
     #: True when the shard has no matching row below the last one returned
     complete: bool = True
-    #: where to continue when every row was taken and the page is not complete (the scan's floor)
+    #: where to continue when every row was taken and the page is not complete (the look's floor)
     floor: int | None = None
 
 
@@ -39,7 +44,7 @@ class MergedPage:
     cursor: dict[str, int | None]
     #: True when some shard still has rows to look at
     more: bool
-    #: True when some shard's scan hit its cap (the page may hold fewer rows than there are)
+    #: True when some shard's look hit its cap (the page may hold fewer rows than there are)
     capped: bool
 
 
@@ -52,8 +57,6 @@ def merge(cursor: Mapping[str, int | None], pages: Mapping[str, ShardPage], limi
     heads = dict.fromkeys(pages, 0)
     taken: list[tuple[str, dict[str, Any]]] = []
     while len(taken) < limit:
-        if any(heads[s] >= len(p.rows) and not p.complete for s, p in pages.items()):
-            break
         open_ = [s for s, p in pages.items() if heads[s] < len(p.rows)]
         if not open_:
             break

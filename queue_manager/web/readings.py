@@ -102,7 +102,7 @@ class History:
         self._latest: dict[Key, Sample] = {}
 
     def add(self, at: float, reading: dict[str, Any]) -> None:
-        """Take the samples of a reading (:func:`queue_manager.web.data.live`) taken at ``at``
+        """Take the samples of a reading (:func:`queue_manager.web.reads.live`) taken at ``at``
         (epoch seconds). Every reading updates the latest sample; one is kept per ``every_seconds``."""
         seen: set[Key] = set()
         for entry in reading.get("shards", []):
@@ -207,6 +207,23 @@ def sparkline(series: Sequence[Sequence[float | None]], width: int = 120, height
     return (
         f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">'
         f"<title>{title}</title>{''.join(lines)}</svg>"
+    )
+
+
+def bars(values: Sequence[int], height: int = 40, label: str = "partition") -> str:
+    """An inline SVG of one bar per value (each 6 px wide, on a scale from 0 to their maximum, at
+    least 4 px high), each titled ``label index: value``: the live events per partition. SVG
+    attributes, not inline styles, so the page's Content-Security-Policy needs no 'unsafe-inline'."""
+    top = max(values, default=0)
+    width = 7 * len(values)
+    rects = []
+    for i, v in enumerate(values):
+        h = 4 + round((height - 4) * v / top) if top else 4
+        title = _xml(f"{label} {i}: {v}")
+        rects.append(f'<rect x="{7 * i}" y="{height - h}" width="6" height="{h}"><title>{title}</title></rect>')
+    return (
+        f'<svg class="depth" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">'
+        f"{''.join(rects)}</svg>"
     )
 
 

@@ -20,14 +20,16 @@ The calling contract:
 
 Effects are: :class:`Send` (a frame), :class:`Start` (run the handler on an event now: a slot is
 free), :class:`Subscribed`, :class:`RetryLater` (call :meth:`~ClientSession.frames` again after a
-pause: the manager could not write some items for a moment) and :class:`Refused` (the subscribe
-was refused; ``fatal`` when retrying cannot help). A server frame this client cannot read raises
-:class:`ServerFrameError`: the connection should be dropped and opened again.
+pause: the manager could not write some items for a moment), :class:`Refused` (the subscribe
+was refused; ``fatal`` when retrying cannot help) and :class:`Cancelled` (an operator cancelled a
+delivery in hand: stop its handler; nothing is sent for it). A session made ``cancellable`` asks
+for the feature ``cancel`` in its subscribe; a manager that grants it sends ``cancel`` frames. A
+server frame this client cannot read raises :class:`ServerFrameError`: the connection should be
+dropped and opened again.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +38,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from queue_manager.wire import frames as f
 from queue_manager.wire.credit import CreditBook
+from queue_manager.wire.frames import ServerFrameError
+
+__all__ = ["ACK", "SETTLED", "Cancelled", "ClientSession", "Effect", "Outcome", "ServerFrameError"]
 
 logger = logging.getLogger("receivers")
 
@@ -43,10 +48,6 @@ logger = logging.getLogger("receivers")
 SUBSCRIBE_REF = "subscribe"
 #: seconds before items the manager answered ``unavailable`` are sent again
 RETRY_AFTER = 0.1
-
-
-class ServerFrameError(ValueError):
-    """A server frame this client cannot read (not JSON, not the expected frame, a field missing)."""
 
 
 class Delivered(Protocol):
@@ -113,7 +114,20 @@ class Refused:
     fatal: bool
 
 
-Effect = Send | Start[E] | Subscribed | RetryLater | Refused
+@dataclass(slots=True)
+class Cancelled:
+    """An operator cancelled this delivery of the connection ``gen``: stop its handler (an asyncio
+    task is cancelled; a thread sees the event's flag); it is no longer in hand, and nothing is sent
+    for it (its result, if the handler still returns one, is dropped)."""
+
+    id: int
+    attempt: int
+    gen: int
+
+
+Effect = Send | Start[E] | Subscribed | RetryLater | Refused | Cancelled
+#: a frame sent whose reply has not come yet
+Outstanding = f.Ack | f.Nack | f.Extend | f.Credit
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +156,7 @@ class ClientSession(Generic[E]):
         make_event: Callable[[str, Mapping[str, Any]], E],
         stats: ClientStats,
         tenants: Sequence[str] | None = None,
+        cancellable: bool = False,
     ) -> None:
         #: the shard's name (the receiver's, the key of its managers' URLs)
         self.shard = shard
@@ -162,13 +177,19 @@ class ClientSession(Generic[E]):
         #: events in hand that wait for a handler slot
         self.waiting: deque[E] = deque()
         self.acks: list[tuple[int, int]] = []
-        self.nacks: list[dict[str, Any]] = []
+        self.nacks: list[f.NackItem] = []
         #: id -> (attempt, seconds) of the extensions to ask for
         self.extends: dict[int, tuple[int, float]] = {}
-        #: ref -> (kind, items) of frames whose reply has not come yet
-        self.outstanding: dict[int, tuple[str, list[Any]]] = {}
+        #: ref -> the frame (ack, nack, extend or credit) whose reply has not come yet
+        self.outstanding: dict[int, Outstanding] = {}
         self._next_ref = 0
         self._retry = False
+        #: the adapter can stop a running handler: ask for the feature "cancel" in the subscribe
+        self.cancellable = cancellable
+        #: the manager of the current connection granted it (echoed in ``subscribed``)
+        self.cancel_granted = False
+        #: deliveries cancelled by an operator, since the session started
+        self.cancelled = 0
 
     # ------------------------------------------------------------------ state
 
@@ -218,62 +239,57 @@ class ClientSession(Generic[E]):
 
     def receive(self, message: str | bytes) -> list[Effect[E]]:
         """One server message; the effects it has."""
-        try:
-            frame = json.loads(message)
-        except ValueError as exc:
-            raise ServerFrameError(f"a server frame is not JSON: {exc}") from None
-        if not isinstance(frame, dict):
-            raise ServerFrameError(f"a server frame is not a JSON object: {str(frame)[:200]}")
+        frame = f.parse_server(message)
         self._retry = False
         try:
             out = self._on_frame(frame)
         except ServerFrameError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ServerFrameError(f"unreadable {frame.get('type')!r} frame: {exc!r}") from None
+            raise ServerFrameError(f"unreadable {type(frame).__name__} frame: {exc!r}") from None
         if self._retry:
             out.append(RetryLater(RETRY_AFTER))
         return out
 
-    def _on_frame(self, frame: dict[str, Any]) -> list[Effect[E]]:
-        kind = frame.get("type")
-        if not self.welcomed and kind != "welcome":
-            raise ServerFrameError(f"expected a welcome frame, got {str(frame)[:200]}")
-        if kind == "deliver":
+    def _on_frame(self, frame: f.ServerFrame | None) -> list[Effect[E]]:
+        if not self.welcomed and not isinstance(frame, f.Welcome):
+            raise ServerFrameError(f"expected a welcome frame, got {frame!r:.200}")
+        if isinstance(frame, f.Deliver):
             return self._deliver(frame)
-        if kind == "ack_result":
+        if isinstance(frame, f.AckResult):
             self._ack_result(frame)
-        elif kind == "nack_result":
+        elif isinstance(frame, f.NackResult):
             self._nack_result(frame)
-        elif kind == "extend_result":
+        elif isinstance(frame, f.ExtendResult):
             self._extend_result(frame)
-        elif kind == "error":
+        elif isinstance(frame, f.Error):
             return self._error(frame)
-        elif kind == "subscribed":
+        elif isinstance(frame, f.Cancel):
+            return self._cancel(frame)
+        elif isinstance(frame, f.Subscribed):
             self.subscribed = True
+            self.cancel_granted = frame.features is not None and f.Cancel.TYPE in frame.features
             self.stats.connects += 1
             return [Subscribed(self.queue, self.term)]
-        elif kind == "welcome":
+        elif isinstance(frame, f.Welcome):
             return self._welcome(frame)
-        # credit_set, pong and frames of later versions need nothing
+        # credit_set, pong and frames of later versions (None) need nothing
         return []
 
-    def _welcome(self, frame: dict[str, Any]) -> list[Effect[E]]:
+    def _welcome(self, frame: f.Welcome) -> list[Effect[E]]:
         if self.welcomed:
             raise ServerFrameError("a second welcome frame on one connection")
         self.welcomed = True
-        term = frame.get("term")
-        self.term = term if isinstance(term, int) else None
-        sub: dict[str, Any] = {"type": "subscribe", "ref": SUBSCRIBE_REF, "queue": self.queue}
-        sub["credit"] = self.last_credit = self.book.credit
-        if self.tenants is not None:
-            sub["tenants"] = self.tenants
-        return [Send(json.dumps(sub))]
+        self.term = frame.term
+        self.last_credit = self.book.credit
+        tenants = tuple(self.tenants) if self.tenants is not None else None
+        features = (f.Cancel.TYPE,) if self.cancellable else None
+        return [Send(f.Subscribe(self.queue, tenants, self.last_credit, SUBSCRIBE_REF, features).to_json())]
 
-    def _deliver(self, frame: dict[str, Any]) -> list[Effect[E]]:
-        queue = frame["queue"]
+    def _deliver(self, frame: f.Deliver) -> list[Effect[E]]:
+        queue = frame.queue
         out: list[Effect[E]] = []
-        for raw in frame["events"]:
+        for raw in frame.events:
             event = self._make_event(queue, raw)
             self.stats.delivered += 1
             if self.book.delivered(event.id, event.attempt):
@@ -283,84 +299,99 @@ class ClientSession(Generic[E]):
                 self.waiting.append(event)
         return out
 
-    def _ack_result(self, frame: dict[str, Any]) -> None:
-        sent = dict(self._reply_items(frame))
-        for ident in frame.get("acked", []):
+    def _cancel(self, frame: f.Cancel) -> list[Effect[E]]:
+        """Deliveries an operator cancelled: out of hand (an event still waiting for a slot never
+        starts), their results not sent; each running handler is to be stopped."""
+        out: list[Effect[E]] = []
+        for item in frame.events:
+            ident, attempt = item["id"], item["attempt"]
+            if not self.book.holds(ident, attempt):
+                continue
+            self.cancelled += 1
+            for waiting in [e for e in self.waiting if e.id == ident and e.attempt == attempt]:
+                self.waiting.remove(waiting)
+                self.book.waiting -= 1
+            self.book.settled(ident, attempt)
+            self.acks = [a for a in self.acks if a != (ident, attempt)]
+            self.nacks = [n for n in self.nacks if (n.id, n.attempt) != (ident, attempt)]
+            self.extends.pop(ident, None)
+            out.append(Cancelled(ident, attempt, self.gen))
+        return out
+
+    def _ack_result(self, frame: f.AckResult) -> None:
+        sent = self._reply_to(frame.ref)
+        attempts = dict(sent.items) if isinstance(sent, f.Ack) else {}
+        for ident in frame.acked:
             self.stats.acked += 1
-            self.book.settled(ident, sent.get(ident, self.book.in_hand.get(ident, 0)))
-        self._item_errors(frame, "ack", sent)
+            self.book.settled(ident, attempts.get(ident, self.book.in_hand.get(ident, 0)))
+        self._item_errors("ack", frame.errors, sent)
 
-    def _nack_result(self, frame: dict[str, Any]) -> None:
-        sent = dict(self._reply_items(frame))
-        for ident in frame.get("requeued", []):
+    def _nack_result(self, frame: f.NackResult) -> None:
+        sent = self._reply_to(frame.ref)
+        attempts = {it.id: it.attempt for it in sent.items} if isinstance(sent, f.Nack) else {}
+        for ident in frame.requeued:
             self.stats.nacked += 1
-            self.book.settled(ident, sent.get(ident, {}).get("attempt", 0))
-        for ident in frame.get("failed", []):
+            self.book.settled(ident, attempts.get(ident, 0))
+        for ident in frame.failed:
             self.stats.dead_lettered += 1
-            self.book.settled(ident, sent.get(ident, {}).get("attempt", 0))
-        self._item_errors(frame, "nack", sent)
+            self.book.settled(ident, attempts.get(ident, 0))
+        self._item_errors("nack", frame.errors, sent)
 
-    def _extend_result(self, frame: dict[str, Any]) -> None:
-        self._reply_items(frame)
-        self.stats.extended += len(frame.get("extended", []))
-        for err in frame.get("errors", []):
+    def _extend_result(self, frame: f.ExtendResult) -> None:
+        self._reply_to(frame.ref)
+        self.stats.extended += len(frame.extended)
+        for err in frame.errors:
             self._record(err)
             if err.get("code") != f.UNAVAILABLE:  # the event is gone from this connection
                 self._drop(err["id"], err["attempt"])
 
-    def _reply_items(self, frame: dict[str, Any]) -> list[Any]:
-        ref = frame.get("ref")
-        entry = self.outstanding.pop(ref, None) if isinstance(ref, int) else None
-        if entry is None:
-            return []
-        kind, items = entry
-        if kind == "ack":
-            return list(items)
-        if kind == "nack":
-            return [(it["id"], it) for it in items]
-        return []
+    def _reply_to(self, ref: Any) -> Outstanding | None:
+        """The frame a reply answers (forgotten: it has its reply)."""
+        return self.outstanding.pop(ref, None) if isinstance(ref, int) else None
 
-    def _item_errors(self, frame: dict[str, Any], kind: str, sent: dict[int, Any]) -> None:
-        for err in frame.get("errors", []):
+    def _item_errors(self, kind: str, errors: list[f.ItemError], sent: Outstanding | None) -> None:
+        nacks = {it.id: it for it in sent.items} if isinstance(sent, f.Nack) else {}
+        for err in errors:
             self._record(err)
             ident, attempt = err["id"], err["attempt"]
             code = err.get("code")
             if code == f.UNAVAILABLE:  # not written this time: send it again on this connection, a little later
                 if kind == "ack":
                     self.acks.append((ident, attempt))
-                elif ident in sent:
-                    self.nacks.append(sent[ident])
+                elif ident in nacks:
+                    self.nacks.append(nacks[ident])
                 self._retry = True
             elif code != f.DUPLICATE:  # stale, unknown_id: no longer ours
                 self._drop(ident, attempt)
 
-    def _error(self, frame: dict[str, Any]) -> list[Effect[E]]:
-        self._record(frame)
-        code, ref, message = frame.get("code"), frame.get("ref"), frame.get("message")
-        if ref == SUBSCRIBE_REF:
-            return [Refused(str(code), str(message), fatal=code == f.FORBIDDEN)]
-        entry = self.outstanding.pop(ref, None) if isinstance(ref, int) else None
-        if entry is None:
+    def _error(self, frame: f.Error) -> list[Effect[E]]:
+        record: dict[str, Any] = {"type": "error", "code": frame.code, "message": frame.message}
+        if frame.ref is not None:
+            record["ref"] = frame.ref
+        self._record(record)
+        if frame.ref == SUBSCRIBE_REF:
+            return [Refused(frame.code, frame.message, fatal=frame.code == f.FORBIDDEN)]
+        sent = self._reply_to(frame.ref)
+        if sent is None:
             logger.warning("shard %s: error frame: %s", self.shard, frame, extra={"shard": self.shard})
             return []
-        kind, items = entry
-        if code == f.UNAVAILABLE:
-            if kind == "ack":
-                self.acks.extend(items)
-            elif kind == "nack":
-                self.nacks.extend(items)
+        if frame.code == f.UNAVAILABLE:
+            if isinstance(sent, f.Ack):
+                self.acks.extend(sent.items)
+            elif isinstance(sent, f.Nack):
+                self.nacks.extend(sent.items)
             self._retry = True
             return []
-        logger.error("shard %s: %s frame refused: %s", self.shard, kind, frame, extra={"shard": self.shard})
-        if kind == "ack":
-            for ident, attempt in items:
+        logger.error("shard %s: %s frame refused: %s", self.shard, sent.TYPE, frame, extra={"shard": self.shard})
+        if isinstance(sent, f.Ack):
+            for ident, attempt in sent.items:
                 self._drop(ident, attempt)
-        elif kind == "nack":
-            for it in items:
-                self._drop(it["id"], it["attempt"])
+        elif isinstance(sent, f.Nack):
+            for it in sent.items:
+                self._drop(it.id, it.attempt)
         return []
 
-    def _record(self, error: dict[str, Any]) -> None:
+    def _record(self, error: Mapping[str, Any]) -> None:
         self.stats.errors.append({"shard": self.shard, **error})
 
     def _drop(self, ident: int, attempt: int) -> None:
@@ -384,10 +415,7 @@ class ClientSession(Generic[E]):
         if outcome.kind == "ack":
             self.acks.append((event.id, event.attempt))
         else:
-            item: dict[str, Any] = {"id": event.id, "attempt": event.attempt, "error": outcome.error}
-            if outcome.delay is not None:
-                item["delay"] = outcome.delay
-            self.nacks.append(item)
+            self.nacks.append(f.NackItem(event.id, event.attempt, outcome.delay, outcome.error))
         self.extends.pop(event.id, None)
 
     def slot_freed(self, event: E) -> list[Start[E]]:
@@ -417,22 +445,27 @@ class ClientSession(Generic[E]):
         credit = self.book.credit
         if credit != self.last_credit and self.subscribed:
             self.last_credit = credit
-            out.append(json.dumps({"type": "credit", "ref": self._ref("credit", []), "credit": credit}))
+            out.append(self._sent(f.Credit(credit, self._next())))
+        n = f.MAX_ITEMS_PER_FRAME
         while self.acks:
-            batch, self.acks[:] = self.acks[: f.MAX_ITEMS_PER_FRAME], self.acks[f.MAX_ITEMS_PER_FRAME :]
-            out.append(json.dumps({"type": "ack", "ref": self._ref("ack", batch), "events": batch}))
+            batch, self.acks[:] = self.acks[:n], self.acks[n:]
+            out.append(self._sent(f.Ack(tuple(batch), self._next())))
         while self.nacks:
-            nbatch, self.nacks[:] = self.nacks[: f.MAX_ITEMS_PER_FRAME], self.nacks[f.MAX_ITEMS_PER_FRAME :]
-            out.append(json.dumps({"type": "nack", "ref": self._ref("nack", nbatch), "events": nbatch}))
+            nbatch, self.nacks[:] = self.nacks[:n], self.nacks[n:]
+            out.append(self._sent(f.Nack(tuple(nbatch), self._next())))
         if self.extends:
-            ext = [{"id": i, "attempt": a, "seconds": s} for i, (a, s) in self.extends.items()]
+            ext = [f.ExtendItem(i, a, s) for i, (a, s) in self.extends.items()]
             self.extends.clear()
-            for k in range(0, len(ext), f.MAX_ITEMS_PER_FRAME):
-                part = ext[k : k + f.MAX_ITEMS_PER_FRAME]
-                out.append(json.dumps({"type": "extend", "ref": self._ref("extend", part), "events": part}))
+            for k in range(0, len(ext), n):
+                out.append(self._sent(f.Extend(tuple(ext[k : k + n]), self._next())))
         return out
 
-    def _ref(self, kind: str, items: list[Any]) -> int:
+    def _next(self) -> int:
         self._next_ref += 1
-        self.outstanding[self._next_ref] = (kind, items)
         return self._next_ref
+
+    def _sent(self, frame: Outstanding) -> str:
+        """``frame``'s text; its reply is matched by its ref."""
+        assert isinstance(frame.ref, int)
+        self.outstanding[frame.ref] = frame
+        return frame.to_json()

@@ -31,6 +31,8 @@ from typing import Any, Protocol
 from queue_manager.wire import frames as f
 from queue_manager.wire.ledger import Claim, Ledger
 
+CANCELLED = f.CANCELLED
+
 
 class Scope(Protocol):
     """What a token allows (``queue_manager.manager.auth.Grant``)."""
@@ -86,6 +88,8 @@ class Resolve:
     tenants: frozenset[str] | None
     credit: int | None
     ref: Any
+    #: the optional features the subscribe asked for (None: it named none)
+    features: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -96,7 +100,7 @@ class Write:
     kind: WriteKind
     items: list[Any]
     ref: Any
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[f.ItemError] = field(default_factory=list)
 
 
 #: an event to put back: (id, attempt, delay in seconds or None for the back-off, error text)
@@ -126,6 +130,9 @@ class WakeUp:
 Action = Send | Resolve | Write | Release | Probe | WakeUp
 
 _NOT_HERE = "not in flight on this connection (never delivered here, already settled, or re-fired)"
+_CANCELLED = "an operator cancelled this event (it is cancelled, and never fired again): drop it"
+#: the cancelled deliveries a connection remembers, to refuse their acks with their own code
+MAX_CANCELLED = 10_000
 
 
 class ReceiverSession:
@@ -150,6 +157,10 @@ class ReceiverSession:
         #: or extend): alive, perhaps, but not working through what it is sent, so the dispatcher
         #: gives it events only when no other subscriber with credit takes them
         self.lapsed = False
+        #: deliveries of this connection an operator cancelled: (id -> attempt), the oldest first out
+        self._cancelled: dict[int, int] = {}
+        #: its subscribe asked for the feature "cancel": it is sent cancel frames
+        self.cancel_frames = False
 
     @property
     def free(self) -> int:
@@ -173,18 +184,18 @@ class ReceiverSession:
             return self._handle(frame, now) + alive
         except f.FrameError as err:
             self._metrics.frame_refused(err.code)
-            return [Send(f.error_frame(err.code, err.message, err.ref)), *alive]
+            return [Send(f.Error(err.code, err.message, err.ref).to_json()), *alive]
 
     def _handle(self, frame: f.Frame, now: float) -> list[Action]:
         if isinstance(frame, f.Ping):
-            return [Send(f.reply_frame("pong", frame.ref, time=self._db_time()))]
+            return [Send(f.Pong(self._db_time(), frame.ref).to_json())]
         if isinstance(frame, f.Subscribe):
             return self._subscribe(frame)
         if isinstance(frame, f.Credit):
             if self.queue is None and not self.subscribing:
                 raise f.FrameError(f.NOT_SUBSCRIBED, "subscribe to a queue before granting credit", frame.ref)
             self.credit = frame.credit
-            return [Send(f.reply_frame("credit_set", frame.ref, credit=self.credit)), WakeUp(Wake.CREDIT)]
+            return [Send(f.CreditSet(self.credit, frame.ref).to_json()), WakeUp(Wake.CREDIT)]
         if self.ledger is None:
             raise f.FrameError(f.NOT_SUBSCRIBED, "subscribe to a queue first", frame.ref)
         self.lapsed = False  # an ack, nack or extend, even a refused one: it works through its events
@@ -213,7 +224,7 @@ class ReceiverSession:
         except PermissionError as exc:
             raise f.FrameError(f.FORBIDDEN, str(exc), frame.ref) from None
         self.subscribing = True
-        return [Resolve(frame.queue, tenants, frame.credit, frame.ref)]
+        return [Resolve(frame.queue, tenants, frame.credit, frame.ref, frame.features)]
 
     def subscribed(self, resolve: Resolve, ledger: Ledger) -> list[Action]:
         """The queue of ``resolve`` exists: the connection now receives its events."""
@@ -223,19 +234,20 @@ class ReceiverSession:
         self.tenants = resolve.tenants
         if resolve.credit is not None:
             self.credit = resolve.credit
-        body = {
-            "queue": resolve.queue,
-            "tenants": None if resolve.tenants is None else sorted(resolve.tenants),
-            "credit": self.credit,
-        }
-        return [Send(f.reply_frame("subscribed", resolve.ref, **body)), WakeUp(Wake.SUBSCRIBED)]
+        tenants = None if resolve.tenants is None else tuple(sorted(resolve.tenants))
+        granted = None
+        if resolve.features is not None:  # version negotiation: the features both sides know
+            granted = tuple(x for x in f.FEATURES if x in resolve.features)
+            self.cancel_frames = f.Cancel.TYPE in granted
+        frame = f.Subscribed(resolve.queue, tenants, self.credit, resolve.ref, granted)
+        return [Send(frame.to_json()), WakeUp(Wake.SUBSCRIBED)]
 
     def subscribe_failed(self, resolve: Resolve, code: str, message: str) -> list[Action]:
         self.subscribing = False
         self._metrics.frame_refused(code)
-        return [Send(f.error_frame(code, message, resolve.ref))]
+        return [Send(f.Error(code, message, resolve.ref).to_json())]
 
-    def _claims(self, ledger: Ledger, items: Iterable[tuple[int, int]], errors: list[dict[str, Any]]) -> list[bool]:
+    def _claims(self, ledger: Ledger, items: Iterable[tuple[int, int]], errors: list[f.ItemError]) -> list[bool]:
         out = []
         for ident, attempt in items:
             found, d = ledger.claim(self.id, ident, attempt)
@@ -243,7 +255,9 @@ class ReceiverSession:
                 out.append(True)
                 continue
             out.append(False)
-            if found is Claim.UNKNOWN:
+            if found is Claim.UNKNOWN and self._cancelled.get(ident) == attempt:
+                errors.append(f.item_error(ident, attempt, CANCELLED, _CANCELLED))
+            elif found is Claim.UNKNOWN:
                 errors.append(f.item_error(ident, attempt, f.UNKNOWN_ID, _NOT_HERE))
             elif found is Claim.STALE:
                 assert d is not None
@@ -259,16 +273,16 @@ class ReceiverSession:
         return out
 
     def _ack(self, ledger: Ledger, frame: f.Ack) -> list[Action]:
-        errors: list[dict[str, Any]] = []
+        errors: list[f.ItemError] = []
         ok = self._claims(ledger, frame.items, errors)
         valid = [it for it, good in zip(frame.items, ok, strict=True) if good]
         if not valid:
-            return [Send(f.result_frame("ack_result", frame.ref, errors, acked=[]))]
+            return [Send(f.AckResult([], errors, frame.ref).to_json())]
         # the claimed events' slots are free again (see free): fill them while the ack commits
         return [Write(WriteKind.ACK, valid, frame.ref, errors), WakeUp(Wake.CREDIT)]
 
     def _nack(self, ledger: Ledger, frame: f.Nack) -> list[Action]:
-        errors: list[dict[str, Any]] = []
+        errors: list[f.ItemError] = []
         ok = self._claims(ledger, ((it.id, it.attempt) for it in frame.items), errors)
         valid = [
             (it.id, it.attempt, it.delay, it.error or "nacked by the receiver")
@@ -276,16 +290,18 @@ class ReceiverSession:
             if good
         ]
         if not valid:
-            return [Send(f.result_frame("nack_result", frame.ref, errors, requeued=[], failed=[]))]
+            return [Send(f.NackResult([], [], errors, frame.ref).to_json())]
         return [Write(WriteKind.RELEASE, valid, frame.ref, errors), WakeUp(Wake.CREDIT)]
 
     def _extend(self, ledger: Ledger, frame: f.Extend) -> list[Action]:
-        errors: list[dict[str, Any]] = []
+        errors: list[f.ItemError] = []
         valid = []
         for it in frame.items:
             found, _ = ledger.lookup(self.id, it.id, it.attempt)
             if found is Claim.OK:
                 valid.append((it.id, it.attempt, it.seconds))
+            elif found is Claim.UNKNOWN and self._cancelled.get(it.id) == it.attempt:
+                errors.append(f.item_error(it.id, it.attempt, CANCELLED, _CANCELLED))
             elif found is Claim.UNKNOWN:
                 errors.append(f.item_error(it.id, it.attempt, f.UNKNOWN_ID, "not in flight on this connection"))
             else:
@@ -293,7 +309,7 @@ class ReceiverSession:
                     f.item_error(it.id, it.attempt, f.STALE, f"attempt {it.attempt} is not the current delivery")
                 )
         if not valid:
-            return [Send(f.result_frame("extend_result", frame.ref, errors, extended=[]))]
+            return [Send(f.ExtendResult([], errors, frame.ref).to_json())]
         return [Write(WriteKind.EXTEND, valid, frame.ref, errors)]
 
     # ------------------------------------------------------------------ the database answered
@@ -313,6 +329,8 @@ class ReceiverSession:
                     acked.append(ident)
                     if d is not None:
                         latencies.append(now - d.pushed_at)
+                elif self._cancelled.get(ident) == attempt:
+                    errors.append(f.item_error(ident, attempt, CANCELLED, _CANCELLED))
                 else:
                     errors.append(
                         f.item_error(
@@ -324,7 +342,7 @@ class ReceiverSession:
                     )
             if acked:
                 self._metrics.acked(self.queue, len(acked), latencies)
-            return [Send(f.result_frame("ack_result", op.ref, errors, acked=acked)), WakeUp(Wake.SETTLED)]
+            return [Send(f.AckResult(acked, errors, op.ref).to_json()), WakeUp(Wake.SETTLED)]
         if op.kind is WriteKind.RELEASE:
             moved, dead, released_at = result
             requeued: list[int] = []
@@ -338,16 +356,16 @@ class ReceiverSession:
                 else:
                     errors.append(f.item_error(ident, attempt, f.STALE, "the event is no longer fired at this attempt"))
             self._metrics.nacked(self.queue, len(requeued), len(failed))
-            frame = f.result_frame("nack_result", op.ref, errors, requeued=requeued, failed=failed)
-            return [Send(frame), WakeUp(Wake.REQUEUED, released_at)]
+            frame = f.NackResult(requeued, failed, errors, op.ref)
+            return [Send(frame.to_json()), WakeUp(Wake.REQUEUED, released_at)]
         deadlines: dict[int, float] = result
-        extended = []
+        extended: list[f.Extended] = []
         for ident, attempt, _ in op.items:
             if ident in deadlines:
                 extended.append({"id": ident, "ack_deadline": deadlines[ident]})
             else:
                 errors.append(f.item_error(ident, attempt, f.STALE, "the event is no longer fired at this attempt"))
-        return [Send(f.result_frame("extend_result", op.ref, errors, extended=extended))]
+        return [Send(f.ExtendResult(extended, errors, op.ref).to_json())]
 
     def write_failed(self, op: Write, reason: str) -> list[Action]:
         """``op`` was not recorded (database unreachable, term lost): the items may be retried."""
@@ -359,10 +377,28 @@ class ReceiverSession:
                 ledger.unclaim(ident)
             errors.append(f.item_error(ident, attempt, f.UNAVAILABLE, f"not recorded, retry: {reason}"))
         if op.kind is WriteKind.ACK:
-            return [Send(f.result_frame("ack_result", op.ref, errors, acked=[]))]
+            return [Send(f.AckResult([], errors, op.ref).to_json())]
         if op.kind is WriteKind.RELEASE:
-            return [Send(f.result_frame("nack_result", op.ref, errors, requeued=[], failed=[]))]
-        return [Send(f.result_frame("extend_result", op.ref, errors, extended=[]))]
+            return [Send(f.NackResult([], [], errors, op.ref).to_json())]
+        return [Send(f.ExtendResult([], errors, op.ref).to_json())]
+
+    # ------------------------------------------------------------------ an operator cancelled an event
+
+    def cancelled(self, ident: int, attempt: int) -> list[Action]:
+        """An operator cancelled (ident, attempt) while this connection held it (its state is
+        ``cancelled`` in the table): it leaves the ledger (its slot is free), a client that asked
+        for the feature is sent a ``cancel`` frame (its handler stops), and an ack, nack or extend
+        of it from now on is refused with the code ``cancelled`` (an old client learns it so)."""
+        ledger = self.ledger
+        if ledger is None or self.queue is None or ledger.drop(ident, attempt) is None:
+            return []
+        self._cancelled[ident] = attempt
+        if len(self._cancelled) > MAX_CANCELLED:
+            del self._cancelled[next(iter(self._cancelled))]
+        out: list[Action] = [WakeUp(Wake.CREDIT)]
+        if self.cancel_frames:
+            out.insert(0, Send(f.Cancel(self.queue, [{"id": ident, "attempt": attempt}]).to_json()))
+        return out
 
     # ------------------------------------------------------------------ a silent connection
 

@@ -83,6 +83,20 @@ def test_demo_runs_live_fails_over_and_loses_nothing(demo_dir: Path) -> None:
     assert int(acked.group(2)) > 0  # the failing tenants' events were dead-lettered
     noisy = re.search(r"enqueued (\d+) \(of them (\d+) by tenant-noisy\)", summary)
     assert noisy and int(noisy.group(2)) * 5 > int(noisy.group(1))  # the noisy tenant sends far more than most
+    # the producer's rate beside its target, in the progress lines and the summary
+    assert re.search(r"enqueued \d+ \(\d+/s of 150/s\)", out), out
+    assert re.search(r"producer: \d+ events/s over \d+ s, of the 150/s asked", summary), summary
+    # the logs: the killed manager's restart appended to its log; receivers at INFO, failures with tracebacks
+    logs = demo_dir / "demo-logs"
+    killed_log = (logs / f"{killed.group(1)}.log").read_text()
+    assert killed_log.count("qm manager: shard s0") == 2 and "==== restarted by the demo" in killed_log, killed_log
+    assert "leadership acquired" in killed_log
+    new_leader_log = (logs / f"{took.group(1)}.log").read_text()
+    assert f"leadership acquired action=lead term={took.group(2)}" in new_leader_log, new_leader_log
+    receiver_log = (logs / "receiver-1.log").read_text()
+    assert "INFO receivers subscribed to demo_events on shard s0" in receiver_log, receiver_log[:3000]
+    assert re.search(r"WARNING receivers handler failed on event \d+ .*\nTraceback", receiver_log), receiver_log[:3000]
+    assert "drained shard s1" in receiver_log, receiver_log[-3000:]
     # nothing left running: children stopped, shards stopped
     assert re.search(r"== dashboard: http://127\.0\.0\.1:\d+/  \(qm web; log in with the token \S{16,}\)", out), out
     assert "== stopped 8 child process(es)" in out and "STILL RUNNING" not in out

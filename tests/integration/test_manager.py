@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import urllib.request
 from typing import Any
 
@@ -14,7 +15,9 @@ from websockets.exceptions import InvalidStatus
 
 from queue_manager import admin
 from queue_manager.domain.topology import Shard, Topology
+from queue_manager.manager.leadership import DEAD_HOLDER_GRACE
 from queue_manager.manager.term import TermSession
+from queue_manager.wire import frames as f
 from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
 from tests.managerkit import (
@@ -29,6 +32,7 @@ from tests.managerkit import (
     running_manager,
     running_receiver,
     states,
+    subscribe,
     tokens,
     url,
     wait_for,
@@ -157,24 +161,23 @@ async def test_ack_timeout_refires_and_stale_ack_changes_nothing(shard: Shard, q
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=1)
             [ident] = await insert(shard.dsn, [(tenant, {"x": 1})])
             first = (await recv_type(ws, "deliver"))["events"][0]
             assert (first["id"], first["attempt"]) == (ident, 1)
             # no ack within the 1 s ack timeout: the collector re-fires it, here as attempt 2
             second = (await recv_type(ws, "deliver", timeout=5))["events"][0]
             assert (second["id"], second["attempt"]) == (ident, 2)
-            await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[ident, 1]]}))
+            await ws.send(f.Ack(((ident, 1),), ref=1).to_json())
             result = await recv_type(ws, "ack_result")
             assert result["acked"] == []
             assert result["errors"][0]["code"] == "stale"
             assert (await states(shard.dsn))[ident] == ("fired", 2)
-            await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[ident, 2]]}))
+            await ws.send(f.Ack(((ident, 2),), ref=2).to_json())
             result = await recv_type(ws, "ack_result")
             assert result["acked"] == [ident]
             # a duplicate of a confirmed ack is refused and changes nothing
-            await ws.send(json.dumps({"type": "ack", "ref": 3, "events": [[ident, 2]]}))
+            await ws.send(f.Ack(((ident, 2),), ref=3).to_json())
             result = await recv_type(ws, "ack_result")
             assert result["acked"] == [] and result["errors"][0]["code"] == "unknown_id"
     assert (await states(shard.dsn))[ident] == ("acked", 2)
@@ -190,8 +193,7 @@ async def test_a_queue_without_retention_deletes_on_ack(shard: Shard, make_queue
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=5)
             async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
                 cur = await conn.execute(
                     "INSERT INTO orders (tenant, payload, dedup_key) VALUES (%s, '{}', 'k1') RETURNING id", (tenant,)
@@ -199,7 +201,7 @@ async def test_a_queue_without_retention_deletes_on_ack(shard: Shard, make_queue
                 ident = int((await cur.fetchone())[0])  # type: ignore[index]
                 first = (await recv_type(ws, "deliver"))["events"][0]
                 assert (first["id"], first["attempt"]) == (ident, 1)
-                await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[ident, 7]]}))
+                await ws.send(f.Ack(((ident, 7),), ref=1).to_json())
                 assert (await recv_type(ws, "ack_result"))["errors"][0]["code"] == "stale"
                 assert (await states(shard.dsn))[ident] == ("fired", 1)
                 # the dedup key still blocks a duplicate while the event is in hand (no row)
@@ -207,10 +209,10 @@ async def test_a_queue_without_retention_deletes_on_ack(shard: Shard, make_queue
                     "INSERT INTO orders (tenant, payload, dedup_key) VALUES (%s, '{}', 'k1') RETURNING id", (tenant,)
                 )
                 assert await cur.fetchone() is None
-                await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[ident, 1]]}))
+                await ws.send(f.Ack(((ident, 1),), ref=2).to_json())
                 assert (await recv_type(ws, "ack_result"))["acked"] == [ident]
                 assert ident not in await states(shard.dsn)
-                await ws.send(json.dumps({"type": "ack", "ref": 3, "events": [[ident, 1]]}))
+                await ws.send(f.Ack(((ident, 1),), ref=3).to_json())
                 result = await recv_type(ws, "ack_result")
                 assert result["acked"] == [] and result["errors"][0]["code"] == "unknown_id"
                 cur = await conn.execute("SELECT qm.partition_loads('orders')")
@@ -223,7 +225,7 @@ async def test_a_queue_without_retention_deletes_on_ack(shard: Shard, make_queue
                 # not acked: the collector takes it back at its deadline, as in a queue with retention
                 refired = (await recv_type(ws, "deliver", timeout=5))["events"][0]
                 assert (refired["id"], refired["attempt"]) == (again, 2)
-                await ws.send(json.dumps({"type": "ack", "ref": 4, "events": [[again, 2]]}))
+                await ws.send(f.Ack(((again, 2),), ref=4).to_json())
                 assert (await recv_type(ws, "ack_result"))["acked"] == [again]
     assert await states(shard.dsn) == {}
     assert m.metrics.refired.get(queue="orders", reason="ack_timeout") == 1
@@ -237,20 +239,19 @@ async def test_a_slot_is_refilled_while_its_ack_commits(shard: Shard, queue: str
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=1)
             [a] = await insert(shard.dsn, [(tenants[0], {})])
             assert (await recv_type(ws, "deliver"))["events"][0]["id"] == a
             async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
                 await app.execute("SELECT 1 FROM orders WHERE id = %s FOR UPDATE", (a,))
                 [b] = await insert(shard.dsn, [(tenants[1], {})])
-                await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[a, 1]]}))
+                await ws.send(f.Ack(((a, 1),), ref=1).to_json())
                 # b is fired and pushed while a's ack waits for the lock
                 assert (await recv_type(ws, "deliver"))["events"][0]["id"] == b
                 assert (await states(shard.dsn))[a] == ("fired", 1)
                 await app.rollback()
             assert (await recv_type(ws, "ack_result"))["acked"] == [a]
-            await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[b, 1]]}))
+            await ws.send(f.Ack(((b, 1),), ref=2).to_json())
             assert (await recv_type(ws, "ack_result"))["acked"] == [b]
     assert await states(shard.dsn) == {a: ("acked", 1), b: ("acked", 1)}
 
@@ -260,22 +261,20 @@ async def test_forged_and_foreign_acks_are_refused(shard: Shard, queue: str) -> 
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as a, raw_client(m) as b:
-            await a.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(a, "subscribed")
+            await subscribe(a, "orders", credit=1)
             [ident] = await insert(shard.dsn, [(tenants[0], {})])
             delivered = (await recv_type(a, "deliver"))["events"][0]
-            await b.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
-            await recv_type(b, "subscribed")
+            await subscribe(b, "orders", credit=5)
             # b acks a's event (foreign) and an id that was never delivered (forged)
-            await b.send(json.dumps({"type": "ack", "events": [[ident, 1], [ident + 1000, 1]]}))
+            await b.send(f.Ack(((ident, 1), (ident + 1000, 1))).to_json())
             result = await recv_type(b, "ack_result")
             assert result["acked"] == []
             assert [e["code"] for e in result["errors"]] == ["unknown_id", "unknown_id"]
             assert (await states(shard.dsn))[ident] == ("fired", 1)
             # a's own ack, with a wrong attempt, then the right one
-            await a.send(json.dumps({"type": "ack", "events": [[ident, 7]]}))
+            await a.send(f.Ack(((ident, 7),)).to_json())
             assert (await recv_type(a, "ack_result"))["errors"][0]["code"] == "stale"
-            await a.send(json.dumps({"type": "ack", "events": [[delivered["id"], delivered["attempt"]]]}))
+            await a.send(f.Ack(((delivered["id"], delivered["attempt"]),)).to_json())
             assert (await recv_type(a, "ack_result"))["acked"] == [ident]
     assert (await states(shard.dsn))[ident] == ("acked", 1)
 
@@ -292,13 +291,13 @@ async def test_unauthenticated_or_wrongly_scoped_clients_get_nothing(shard: Shar
                     pass
             assert info.value.response.status_code == 401
         async with raw_client(m, SECRET_OTHER) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "ref": "s"}))
+            await ws.send(f.Subscribe("orders", ref="s").to_json())
             err = await recv_type(ws, "error")
             assert (err["code"], err["ref"]) == ("forbidden", "s")
-            await ws.send(json.dumps({"type": "ack", "events": [[1, 1]]}))
+            await ws.send(f.Ack(((1, 1),)).to_json())
             assert (await recv_type(ws, "error"))["code"] == "not_subscribed"
         async with raw_client(m, SECRET_TENANT) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "tenants": [tenants[1]]}))
+            await ws.send(f.Subscribe("orders", tenants=(tenants[1],)).to_json())
             assert (await recv_type(ws, "error"))["code"] == "forbidden"
         # the tenant-scoped token receives its tenant's events only, though all are due
         async with running_receiver(url(m), secret=SECRET_TENANT) as (_, scoped):
@@ -322,17 +321,16 @@ async def test_malformed_frames_get_errors_and_others_keep_being_served(shard: S
                     ("[1, 2]", "bad_frame"),
                     (json.dumps({"type": "launch"}), "unknown_type"),
                     (json.dumps({"no": "type"}), "bad_frame"),
-                    (json.dumps({"type": "subscribe", "queue": "no_such_queue"}), "unknown_queue"),
+                    (f.Subscribe("no_such_queue").to_json(), "unknown_queue"),
                     (json.dumps({"type": "subscribe", "queue": "orders", "credit": -1}), "bad_frame"),
                     (json.dumps({"type": "subscribe", "queue": "orders", "tenants": []}), "bad_frame"),
-                    (json.dumps({"type": "credit", "credit": 5}), "not_subscribed"),
+                    (f.Credit(5).to_json(), "not_subscribed"),
                 ]
                 for text, code in bad_frames:
                     await bad.send(text)
                     err = await recv_type(bad, "error")
                     assert err["code"] == code, (text, err)
-                await bad.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 0}))
-                await recv_type(bad, "subscribed")
+                await subscribe(bad, "orders", credit=0)
                 for text in (
                     json.dumps({"type": "ack", "events": []}),
                     json.dumps({"type": "ack", "events": [["x", 1]]}),
@@ -395,24 +393,21 @@ async def test_nack_with_delay_and_extend(shard: Shard, queue: str) -> None:
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 10}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=10)
             [ident] = await insert(shard.dsn, [(tenant, {})])
             ev = (await recv_type(ws, "deliver"))["events"][0]
             # extend the 1 s ack deadline; the event must not be re-fired meanwhile
-            await ws.send(json.dumps({"type": "extend", "events": [{"id": ident, "attempt": 1, "seconds": 3}]}))
+            await ws.send(f.Extend((f.ExtendItem(ident, 1, seconds=3),)).to_json())
             ext = await recv_type(ws, "extend_result")
             assert [x["id"] for x in ext["extended"]] == [ident]
             await asyncio.sleep(1.5)
             assert (await states(shard.dsn))[ident] == ("fired", 1)
-            await ws.send(
-                json.dumps({"type": "nack", "events": [{"id": ev["id"], "attempt": 1, "delay": 0.5, "error": "later"}]})
-            )
+            await ws.send(f.Nack((f.NackItem(ev["id"], 1, delay=0.5, error="later"),)).to_json())
             res = await recv_type(ws, "nack_result")
             assert res["requeued"] == [ident]
             again = (await recv_type(ws, "deliver", timeout=5))["events"][0]
             assert (again["id"], again["attempt"]) == (ident, 2)
-            await ws.send(json.dumps({"type": "ack", "events": [[ident, 2]]}))
+            await ws.send(f.Ack(((ident, 2),)).to_json())
             assert (await recv_type(ws, "ack_result"))["acked"] == [ident]
         async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
             cur = await conn.execute(
@@ -499,17 +494,16 @@ async def test_a_result_for_ten_thousand_refused_items_fits_a_one_mib_client(sha
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:  # the websockets client accepts 1 MiB messages by default
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=1)
             big = 9_000_000_000_000_000_000
-            items = [[big + i, 2_000_000_000] for i in range(10_000)]
-            await ws.send(json.dumps({"type": "ack", "ref": "big", "events": items}))
+            items = tuple((big + i, 2_000_000_000) for i in range(10_000))
+            await ws.send(f.Ack(items, ref="big").to_json())
             result = await recv_type(ws, "ack_result", timeout=10)
             assert result["acked"] == [] and len(result["errors"]) == 10_000
             assert {e["code"] for e in result["errors"]} == {"unknown_id"}
             assert all("message" in e for e in result["errors"][:100])
             assert not any("message" in e for e in result["errors"][100:])
-            await ws.send(json.dumps({"type": "ping", "ref": "still"}))
+            await ws.send(f.Ping(ref="still").to_json())
             assert (await recv_type(ws, "pong"))["ref"] == "still"
 
 
@@ -521,13 +515,13 @@ async def test_a_queue_created_a_moment_ago_can_be_subscribed_at_once(
         await wait_leader(m)
         admin.create_queue(shards, "fresh", {"partitions": 2, "shuffle": 1})
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "fresh", "credit": 1, "ref": "s"}))
+            await ws.send(f.Subscribe("fresh", credit=1, ref="s").to_json())
             assert (await recv_type(ws, "subscribed"))["queue"] == "fresh"
-            await ws.send(json.dumps({"type": "subscribe", "queue": "absent", "ref": "a"}))
+            await ws.send(f.Subscribe("absent", ref="a").to_json())
             err = await recv_type(ws, "error")
             assert (err["code"], err["ref"]) == ("already_subscribed", "a")
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "absent", "ref": "a"}))
+            await ws.send(f.Subscribe("absent", ref="a").to_json())
             assert (await recv_type(ws, "error"))["code"] == "unknown_queue"
 
 
@@ -537,11 +531,11 @@ async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: st
         await wait_leader(m)
         old_term = m.term
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 10}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=10)
             [ident] = await insert(shard.dsn, [(tenants[0], {})])
             await recv_type(ws, "deliver")
-            # another manager takes over behind this one's back (its lease forcibly expired)
+            # another manager takes over behind this one's back (its lease forcibly expired); it stays
+            # connected, as a live holder does (a holder whose backend is gone is taken over)
             async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
                 await conn.execute("UPDATE qm.leader SET expires_at = clock_timestamp()")
                 cur = await conn.execute("SELECT qm.acquire_leadership('intruder', 60)")
@@ -550,15 +544,18 @@ async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: st
                 with pytest.raises(psycopg.DatabaseError) as info:
                     await conn.execute("SELECT qm.fence(%s)", (old_term,))
                 assert info.value.sqlstate == "QMF01"
-            # the deposed manager's ack is refused by the database, and it stops serving
-            await ws.send(json.dumps({"type": "ack", "events": [[ident, 1]]}))
-            result = await recv_type(ws, "ack_result")
-            assert result["acked"] == [] and result["errors"][0]["code"] == "unavailable"
-            await wait_for(lambda: m.role == "standby", timeout=10, what="step down")
-        later = await insert(shard.dsn, [(t, {}) for t in tenants[1:]])
-        for _ in range(2):  # as a standby now, it tries the lease (the intruder holds it) and fires nothing
-            await m.signals.lease_tried.wait_for(lambda term: term is None)
-        assert all(states_ == ("to_be_fired", 0) for i, states_ in (await states(shard.dsn)).items() if i in later)
+                # the deposed manager's ack is refused by the database, and it stops serving
+                await ws.send(f.Ack(((ident, 1),)).to_json())
+                result = await recv_type(ws, "ack_result")
+                assert result["acked"] == [] and result["errors"][0]["code"] == "unavailable"
+                await wait_for(lambda: m.role == "standby", timeout=10, what="step down")
+                later = await insert(shard.dsn, [(t, {}) for t in tenants[1:]])
+                # as a standby now, it reads the lease (the intruder holds it) and fires nothing, for
+                # longer than it would wait before taking over from a holder that is gone
+                for _ in range(2 + math.ceil(DEAD_HOLDER_GRACE / m.config.standby_poll)):
+                    await m.signals.lease_tried.wait_for(lambda term: term is None)
+                assert all(s == ("to_be_fired", 0) for i, s in (await states(shard.dsn)).items() if i in later)
+                assert m.role == "standby"
     assert (await states(shard.dsn))[ident] == ("fired", 1)
 
 
@@ -588,9 +585,9 @@ async def test_credit_right_after_subscribe_and_a_second_subscribe(shard: Shard,
         await wait_leader(m)
         async with raw_client(m) as ws:
             # no wait for "subscribed": credit and a second subscribe arrive while the first is pending
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "ref": "a"}))
-            await ws.send(json.dumps({"type": "credit", "credit": 5, "ref": "c"}))
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "ref": "b"}))
+            await ws.send(f.Subscribe("orders", ref="a").to_json())
+            await ws.send(f.Credit(5, ref="c").to_json())
+            await ws.send(f.Subscribe("orders", ref="b").to_json())
             frames = [json.loads(await asyncio.wait_for(ws.recv(), 5)) for _ in range(3)]
             by_type = {f["type"]: f for f in frames}
             assert set(by_type) == {"credit_set", "error", "subscribed"}, frames
@@ -738,6 +735,69 @@ async def test_wake_ups_fire_without_waiting_for_a_rescan(
             await wait_for(lambda: set(ids) <= set(rec.ids()), timeout=5, what="the scheduled events")
     # one NOTIFY for the transaction -> one rescan (and perhaps a re-arm); not one per event
     assert full_scans - scans_before <= 4, f"{full_scans - scans_before} full rescans for 200 scheduled events"
+
+
+async def test_a_notice_rescans_only_what_the_cache_does_not_hold_and_refills_come_early(
+    shard: Shard, make_queue, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Behind a window larger than the cache (partitions cut short by their quota), the notice of
+    an event scheduled past what the cache holds costs no rescan, an event scheduled within it
+    does, the partitions cut short are refilled alone (not by full rescans), and every event fires
+    on time, never early."""
+    from queue_manager.manager import store
+
+    make_queue("orders", partitions=4, shuffle=1, cache_size=16)  # 4 cached events per partition
+    scans: list[tuple[int, ...] | None] = []
+    real_scan = store.scan
+
+    async def counting_scan(conn, q, future_only=False, parts=None, floors=None):  # type: ignore[no-untyped-def]
+        scans.append(None if parts is None else tuple(parts))
+        return await real_scan(conn, q, future_only, parts, floors)
+
+    monkeypatch.setattr(store, "scan", counting_scan)
+    tenants = tenants_of(shard, 8)
+    async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+        # 80 events over 1.5 s to 5.5 s from now: 20 a partition or so, far more than the cache holds
+        cur = await conn.execute(
+            "INSERT INTO orders (tenant, payload, fire_at) SELECT (%s::text[])[1 + g %% 8], '{}', "
+            "now() + make_interval(secs => 1.5 + g * 0.05) FROM generate_series(0, 79) g RETURNING id",
+            (tenants,),
+        )
+        backlog = [r[0] for r in await cur.fetchall()]
+    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m)) as (receiver, rec):
+            q = m.queues["orders"]
+            await wait_for(lambda: q.wake_state.armed and q.cache.truncated, what="the queue armed, cache cut short")
+            full_before = scans.count(None)
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                for i in range(10):  # one transaction each: ten notices
+                    await conn.execute(
+                        "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, '{}', now() + interval '1 hour')",
+                        (tenants[i % 8],),
+                    )
+                # a notice that names a time within what the cache holds: rescanned at once
+                cur = await conn.execute(
+                    "INSERT INTO orders (tenant, payload, fire_at) "
+                    "VALUES (%s, '{}', now() + interval '0.3 seconds') RETURNING id",
+                    (tenants[0],),
+                )
+                (near,) = await cur.fetchone()  # type: ignore[misc]
+            await wait_for(lambda: near in rec.ids(), timeout=5, what="the event scheduled within the cache")
+            assert scans.count(None) - full_before <= 2, f"{scans.count(None) - full_before} full rescans"
+            await wait_for(lambda: set(backlog) <= set(rec.ids()), timeout=15, what="the events past the cache")
+            await wait_for(lambda: receiver.stats.acked >= len(backlog) + 1, what="acks")
+    # the partitions cut short were refilled alone, before they ran dry
+    assert sum(1 for s in scans if s is not None) >= 4
+    async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE fired_at < fire_at), "
+            "max(extract(epoch FROM fired_at - fire_at)) FROM orders WHERE id = ANY(%s)",
+            (backlog,),
+        )
+        early, latest = await cur.fetchone()  # type: ignore[misc]
+    assert early == 0
+    assert latest < 1.0, f"an event past the cache fired {latest:.3f} s late"
 
 
 async def test_fires_are_durable_unless_configured_otherwise_and_acks_always_are(shard: Shard) -> None:

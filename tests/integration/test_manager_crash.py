@@ -9,7 +9,6 @@ every 10 s, so that a fire that does not flush by itself is lost in an immediate
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,8 @@ from queue_manager import admin
 from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.local.embedded import LocalServer
-from tests.managerkit import insert, raw_client, recv_type, running_manager, wait_leader
+from queue_manager.wire import frames as f
+from tests.managerkit import insert, raw_client, recv_type, running_manager, subscribe, wait_leader
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
@@ -50,8 +50,7 @@ async def test_after_a_postgres_crash_a_refire_gets_a_new_attempt_number(
     async with running_manager(shard.dsn, lease_ttl=30.0) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 2}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=2)
             [ident] = await insert(shard.dsn, [("acme", {"n": 1})])
             first = (await recv_type(ws, "deliver"))["events"][0]
             assert (first["id"], first["attempt"]) == (ident, 1)
@@ -62,7 +61,7 @@ async def test_after_a_postgres_crash_a_refire_gets_a_new_attempt_number(
             # its 1 s ack deadline and fires it again: as attempt 2, never as attempt 1 again
             again = (await recv_type(ws, "deliver", timeout=30))["events"][0]
             assert (again["id"], again["attempt"]) == (ident, 2), again
-            await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[ident, 2]]}))
+            await ws.send(f.Ack(((ident, 2),), ref=1).to_json())
             assert (await recv_type(ws, "ack_result", timeout=10))["acked"] == [ident]
     with psycopg.connect(shard.dsn) as conn:
         assert conn.execute("SELECT state::text, attempts FROM orders").fetchall() == [("acked", 2)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -17,7 +16,15 @@ from websockets.exceptions import ConnectionClosed
 from queue_manager.domain.topology import Shard, Topology
 from tests.conftest import tenants_of
 from tests.faultkit import TcpProxy
-from tests.managerkit import raw_client, recv_type, running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import (
+    raw_client,
+    running_manager,
+    running_receiver,
+    subscribe,
+    url,
+    wait_for,
+    wait_leader,
+)
 from tests.processkit import ManagerProcess, lease, write_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -141,8 +148,7 @@ async def test_a_leader_whose_database_link_goes_silent_closes_its_receivers_wit
         async with running_manager(proxy.proxied(shard.dsn)) as m:
             await wait_leader(m)
             async with raw_client(m) as ws:
-                await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 10}))
-                await recv_type(ws, "subscribed")
+                await subscribe(ws, "orders", credit=10)
                 stalled_at = time.monotonic()
                 proxy.stall()
                 with pytest.raises(ConnectionClosed) as closed:

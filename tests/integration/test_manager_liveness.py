@@ -31,6 +31,7 @@ from queue_manager import admin
 from queue_manager.clock import SystemClock
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.manager.maintenance import SWEEP_MARGIN
+from queue_manager.wire import frames as f
 from tests.conftest import tenants_of
 from tests.managerkit import (
     ACK_BY_SQL,
@@ -39,6 +40,7 @@ from tests.managerkit import (
     recv_type,
     running_manager,
     running_receiver,
+    subscribe,
     wait_for,
     wait_leader,
 )
@@ -175,8 +177,7 @@ async def test_an_ack_by_sql_gives_the_credit_slot_back(shards: Topology, shard:
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=1)
             [first] = await insert(shard.dsn, [(tenants[0], {"n": 1})])
             ev = (await recv_type(ws, "deliver"))["events"][0]
             assert ev["id"] == first
@@ -185,10 +186,10 @@ async def test_an_ack_by_sql_gives_the_credit_slot_back(shards: Topology, shard:
             ev2 = (await recv_type(ws, "deliver", timeout=3))["events"][0]
             assert ev2["id"] == second
             # the socket ack of the event settled by SQL changes nothing
-            await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[first, ev["attempt"]]]}))
+            await ws.send(f.Ack(((first, ev["attempt"]),), ref=1).to_json())
             result = await recv_type(ws, "ack_result")
             assert result["acked"] == [] and result["errors"][0]["id"] == first
-            await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[second, ev2["attempt"]]]}))
+            await ws.send(f.Ack(((second, ev2["attempt"]),), ref=2).to_json())
             assert (await recv_type(ws, "ack_result"))["acked"] == [second]
             await wait_for(
                 lambda: m.health()["queues"]["orders"]["in_flight"] == 0, timeout=3, what="nothing in flight"
@@ -197,8 +198,7 @@ async def test_an_ack_by_sql_gives_the_credit_slot_back(shards: Topology, shard:
         admin.alter_queue(shards, "orders", {"max_concurrency": 1})
         async with raw_client(m) as a, raw_client(m) as b:
             for ws in (a, b):
-                await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
-                await recv_type(ws, "subscribed")
+                await subscribe(ws, "orders", credit=5)
             await wait_for(
                 lambda: m.queues["orders"].settings.max_concurrency == 1, timeout=5, what="the new setting loaded"
             )
@@ -235,8 +235,7 @@ async def test_an_ack_by_sql_that_outlives_the_deadline_and_rolls_back_is_fired_
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 2}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=2)
             kept, undone = await insert(shard.dsn, [(tenants[0], {"n": 1}), (tenants[1], {"n": 2})])
             got: dict[int, Any] = {}
             while len(got) < 2:
@@ -302,8 +301,7 @@ async def test_an_ack_by_sql_committed_while_the_manager_cannot_listen_frees_the
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as a:
-            await a.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(a, "subscribed")
+            await subscribe(a, "orders", credit=1)
             [first] = await insert(shard.dsn, [(tenants[0], {"n": 1})])
             ev = (await recv_type(a, "deliver"))["events"][0]
             assert ev["id"] == first
@@ -329,8 +327,7 @@ async def test_an_ack_by_sql_committed_while_the_manager_cannot_listen_frees_the
             await wait_leader(m)
             async with raw_client(m) as b:
                 # more free credit than A, so that B is the receiver of choice once the slot is free
-                await b.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
-                await recv_type(b, "subscribed")
+                await subscribe(b, "orders", credit=5)
                 assert m.health()["queues"]["orders"]["subscribers"] == 2  # A is still there
                 [second] = await insert(shard.dsn, [(tenants[1], {"n": 2})])
                 try:
@@ -372,8 +369,7 @@ async def test_an_open_producer_transaction_does_not_delay_other_producers(shard
     async with running_manager(shard.dsn, rescan_interval=30.0) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=1)
             [e1] = await insert(shard.dsn, [(tenants[0], {"n": 1})])
             held = (await recv_type(ws, "deliver"))["events"][0]
             assert held["id"] == e1
@@ -388,10 +384,10 @@ async def test_an_open_producer_transaction_does_not_delay_other_producers(shard
                     "INSERT INTO orders (tenant, payload) VALUES (%s, '{\"long\": true}')", (tenants[2],)
                 )
                 # the manager becomes idle while that transaction is still open
-                await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[e1, held["attempt"]]]}))
+                await ws.send(f.Ack(((e1, held["attempt"]),), ref=1).to_json())
                 ev = (await recv_type(ws, "deliver"))["events"][0]
                 assert ev["id"] == e2
-                await ws.send(json.dumps({"type": "ack", "ref": 2, "events": [[e2, ev["attempt"]]]}))
+                await ws.send(f.Ack(((e2, ev["attempt"]),), ref=2).to_json())
                 await recv_type(ws, "ack_result")
                 latencies = []
                 for i in range(10):
@@ -403,7 +399,7 @@ async def test_an_open_producer_transaction_does_not_delay_other_producers(shard
                         committed_at = time.monotonic()
                     ev = (await recv_type(ws, "deliver", timeout=20))["events"][0]
                     latencies.append(time.monotonic() - committed_at)
-                    await ws.send(json.dumps({"type": "ack", "ref": 10 + i, "events": [[ev["id"], ev["attempt"]]]}))
+                    await ws.send(f.Ack(((ev["id"], ev["attempt"]),), ref=10 + i).to_json())
                     await recv_type(ws, "ack_result")
                 assert max(latencies) < 0.25, f"commit -> delivery while another transaction is open: {latencies}"
                 await long_tx.commit()
@@ -425,7 +421,7 @@ async def _burst_then_late_commit(shard: Shard, tenants: list[str], ws: Any, *, 
             frame = await recv_type(ws, "deliver", timeout=10)
             for ev in frame["events"]:
                 got[ev["id"]] = ev
-            await ws.send(json.dumps({"type": "ack", "events": [[e["id"], e["attempt"]] for e in frame["events"]]}))
+            await ws.send(f.Ack(tuple((e["id"], e["attempt"]) for e in frame["events"])).to_json())
 
     async with await psycopg.AsyncConnection.connect(shard.dsn) as late:
         if backdated:
@@ -459,16 +455,14 @@ async def test_a_late_commit_is_delivered_at_once_after_a_burst(shard: Shard, ma
     async with running_manager(shard.dsn, rescan_interval=30.0) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1000}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=1000)
             await m.signals.armed.wait_for(lambda q: q == "orders")
             for backdated in (False, True):
                 latency = await _burst_then_late_commit(shard, tenants, ws, backdated=backdated)
                 assert latency < LATE_WITHIN, f"late commit (idle manager, backdated={backdated}): {latency:.3f}s"
         # busy: due events and no free credit, so the manager gives its wake-up lock back
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=1)
             [a, b] = await insert(shard.dsn, [(tenants[1], {"a": 1}), (tenants[2], {"b": 2})])
             first = (await recv_type(ws, "deliver"))["events"][0]
             deadline = time.monotonic() + 5
@@ -483,13 +477,13 @@ async def test_a_late_commit_is_delivered_at_once_after_a_burst(shard: Shard, ma
                 )
                 late_id = int((await cur.fetchone())[0])  # type: ignore[index]
                 await asyncio.sleep(0.05)  # real time: the next picks start well after its fire_at
-                await ws.send(json.dumps({"type": "ack", "events": [[first["id"], first["attempt"]]]}))
+                await ws.send(f.Ack(((first["id"], first["attempt"]),)).to_json())
                 second = (await recv_type(ws, "deliver"))["events"][0]
                 assert {first["id"], second["id"]} == {a, b}
                 # credit is free and nothing visible is due: the next pick finds every partition
                 # empty, and every floor rises past the open transaction's row
                 m.signals.fired.clear()
-                await ws.send(json.dumps({"type": "ack", "events": [[second["id"], second["attempt"]]]}))
+                await ws.send(f.Ack(((second["id"], second["attempt"]),)).to_json())
                 await m.signals.fired.wait()
                 m.signals.idle.clear()
                 await m.signals.idle.wait()
@@ -509,8 +503,7 @@ async def test_an_event_an_application_makes_due_is_delivered_at_once(shard: Sha
     async with running_manager(shard.dsn, rescan_interval=30.0) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1000}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=1000)
             [later] = await insert(shard.dsn, [(tenants[0], {"later": True})], fire_in=3600)
             # a burst moves every floor past now
             got = 0
@@ -518,7 +511,7 @@ async def test_an_event_an_application_makes_due_is_delivered_at_once(shard: Sha
             while got < len(burst):
                 frame = await recv_type(ws, "deliver")
                 got += len(frame["events"])
-                await ws.send(json.dumps({"type": "ack", "events": [[e["id"], e["attempt"]] for e in frame["events"]]}))
+                await ws.send(f.Ack(tuple((e["id"], e["attempt"]) for e in frame["events"])).to_json())
             async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as app:
                 await app.execute("UPDATE orders SET fire_at = '2020-01-01T00:00:00Z' WHERE id = %s", (later,))
                 committed_at = time.monotonic()
@@ -555,17 +548,14 @@ async def test_a_step_of_the_managers_wall_clock_makes_no_event_late_or_early(  
     async with running_manager(shard.dsn, clock=clock) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 100}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=100)
 
             async def take(count: int) -> list[tuple[dict[str, Any], float]]:
                 got: list[tuple[dict[str, Any], float]] = []
                 while len(got) < count:
                     frame = await recv_type(ws, "deliver", timeout=10)
                     got += [(e, time.time()) for e in frame["events"]]
-                    await ws.send(
-                        json.dumps({"type": "ack", "events": [[e["id"], e["attempt"]] for e in frame["events"]]})
-                    )
+                    await ws.send(f.Ack(tuple((e["id"], e["attempt"]) for e in frame["events"])).to_json())
                 return got
 
             await insert(shard.dsn, [(t, {"warm": True}) for t in tenants])

@@ -11,17 +11,16 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from queue_manager.domain.topology import Shard
+from queue_manager.local import fleet
 from queue_manager.manager import Manager
+from queue_manager.wire import frames as f
 from tests.conftest import tenants_of
 from tests.managerkit import (
     ACK_BY_SQL,
@@ -32,6 +31,7 @@ from tests.managerkit import (
     rescanned,
     running_manager,
     running_receiver,
+    subscribe,
     url,
     wait_for,
     wait_leader,
@@ -39,7 +39,6 @@ from tests.managerkit import (
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parents[2]
 ACK_TIMEOUT = 1.0
 BACKOFF_MAX = 0.3
 #: every event is acked by a healthy receiver this long after its commit at most, a frozen one
@@ -135,13 +134,15 @@ async def test_a_frozen_receiver_gets_nothing_after_a_missed_deadline_until_it_w
     tenants = tenants_of(shard, 8)
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "queue_manager.cli.main", "receive", "--queue", "orders",
-             "--manager", f"s0={url(m)}", "--token", SECRET_ALL, "--concurrency", "8",
-             "--drain-timeout", "2", "--log-level", "WARNING", "receivers.demo:handle"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        proc = fleet.ReceiverProcess(
+            "orders",
+            "receivers.demo:handle",
+            managers={"s0": [url(m)]},
+            token=SECRET_ALL,
+            concurrency=8,
+            drain_timeout=2,
+            log_level="WARNING",
+        )
         try:
             await wait_for(
                 lambda: any(c.queue is not None and c.session.credit == 8 for c in m.connections),
@@ -183,13 +184,7 @@ async def test_a_frozen_receiver_gets_nothing_after_a_missed_deadline_until_it_w
                     await asyncio.sleep(0.05)
                 assert await until_acked(shard.dsn, more, 5), "events committed after the wake-up stayed unacked"
         finally:
-            proc.send_signal(signal.SIGCONT)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            await asyncio.to_thread(proc.stop, 10)
 
 
 async def test_a_lone_silent_receiver_gets_its_events_again_once_it_answers_a_ping(  # type: ignore[no-untyped-def]
@@ -202,8 +197,7 @@ async def test_a_lone_silent_receiver_gets_its_events_again_once_it_answers_a_pi
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 5}))
-            await recv_type(ws, "subscribed")
+            await subscribe(ws, "orders", credit=5)
             [conn] = list(m.connections)
             sent = Sent(conn, monkeypatch)
             timed_out = first_timeout(m, monkeypatch)
@@ -229,7 +223,7 @@ async def test_a_lone_silent_receiver_gets_its_events_again_once_it_answers_a_pi
                 remaining = resumed + BACK_WITHIN - time.monotonic()
                 frame = await recv_type(ws, "deliver", timeout=max(0.01, remaining))
                 got.update((e["id"], e["attempt"]) for e in frame["events"] if e["attempt"] > 1)
-            await ws.send(json.dumps({"type": "ack", "ref": "a", "events": [[i, a] for i, a in got.items()]}))
+            await ws.send(f.Ack(tuple((i, a) for (i, a) in got.items()), ref="a").to_json())
             assert sorted((await recv_type(ws, "ack_result"))["acked"]) == sorted(ids)
 
 
@@ -254,8 +248,7 @@ async def test_an_event_a_live_receiver_sits_on_goes_to_another_one_after_its_de
     async with running_manager(shard.dsn) as m:
         await wait_leader(m)
         async with raw_client(m) as a, raw_client(m) as b:
-            await a.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(a, "subscribed")
+            await subscribe(a, "orders", credit=1)
             [first] = await insert(shard.dsn, [(first_tenant, {"n": 1})])
             event = (await recv_type(a, "deliver"))["events"][0]
             async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
@@ -266,12 +259,11 @@ async def test_an_event_a_live_receiver_sits_on_goes_to_another_one_after_its_de
                 assert cur.rowcount == 1
                 await app.commit()
             await wait_for(lambda: m.health()["queues"]["orders"]["in_flight"] == 0, 3, "the SQL ack's slot freed")
-            await b.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
-            await recv_type(b, "subscribed")
+            await subscribe(b, "orders", credit=1)
             committed = time.monotonic()
             [second] = await insert(shard.dsn, [(second_tenant, {"n": 2})])
             got = (await recv_type(b, "deliver", timeout=ACKED_WITHIN))["events"][0]
             assert got["id"] == second and time.monotonic() - committed <= ACKED_WITHIN
-            await b.send(json.dumps({"type": "ack", "ref": "b", "events": [[second, got["attempt"]]]}))
+            await b.send(f.Ack(((second, got["attempt"]),), ref="b").to_json())
             assert (await recv_type(b, "ack_result"))["acked"] == [second]
             await wait_for(lambda: m.health()["queues"]["orders"]["in_flight"] == 0, 3, "the slot free again")

@@ -25,17 +25,24 @@ from queue_manager.local.embedded import pg_bin_dir
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0007_priorities_keys"
+HEAD = "0009_priorities_keys"
 #: tables the revisions after the baseline add
-ADDED_TABLES = ("qm.web_audit", "qm.archive_runs", "qm.reshard_capture", "qm.reshard_rows", "qm.key_settings")
-ADDED_SEQUENCES = ("web_audit_id_seq", "reshard_capture_seq_seq")
+ADDED_TABLES = (
+    "qm.audit",
+    "qm.archive_runs",
+    "qm.reshard_capture",
+    "qm.reshard_rows",
+    "qm.schedules",
+    "qm.key_settings",
+)
+ADDED_SEQUENCES = ("audit_id_seq", "reshard_capture_seq_seq", "schedules_id_seq")
 #: columns the revisions after the baseline add to a table, and the value every old row gets
 ADDED_COLUMNS = {
     "qm.shard": ("serving", False),
-    # 0007_priorities_keys: the queues' default priority (3), aging (30 s) and no key limits
+    # 0009_priorities_keys: the queues' default priority (3), aging (30 s) and no key limits
     "qm.queues": (3, 30.0, None, None),
     # 0006_trace_context: the trace context of every event, NULL for those enqueued before; then
-    # 0007_priorities_keys: priority 3 and no keys
+    # 0009_priorities_keys: priority 3 and no keys
     **{f"public.{q}": (None, None, None, 3, None, None) for q in ("orders", "emails", "wide")},
 }
 #: a shard at revision 0013_enqueue_lock of the squashed history, with queues and events in every
@@ -297,8 +304,8 @@ def _columns(conn: Conn, table: str) -> list[str]:
     ]
 
 
-def test_priorities_and_keys_downgrade_to_the_trace_context_revision_and_back(shards: Topology) -> None:
-    """0007_priorities_keys undone: the queue tables lose priority and the keys, the due index is
+def test_priorities_and_keys_downgrade_to_the_schedules_revision_and_back(shards: Topology) -> None:
+    """0009_priorities_keys undone: the queue tables lose priority and the keys, the due index is
     (partition, fire_at) again, the registry loses its settings and qm.key_settings goes; the events
     stay. Migrated to head again, the events are back at the queue's default priority."""
     admin.create_queue(shards, "orders", {"partitions": 4, "shuffle": 2, "default_priority": 2})
@@ -313,9 +320,9 @@ def test_priorities_and_keys_downgrade_to_the_trace_context_revision_and_back(sh
         c.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (tenant,))
         assert [p for (p,) in c.execute("SELECT priority FROM orders ORDER BY id")] == [1, 5, 2]
         c.execute("SELECT qm.set_key('orders', %s, 'k', '{\"max_in_flight\": 2}')", (tenant,))
-    downgrade(dsn, "0006_trace_context")
+    downgrade(dsn, "0008_schedules_cancel")
     with psycopg.connect(dsn, autocommit=True) as c:
-        assert c.execute("SELECT version_num FROM qm.alembic_version").fetchone() == ("0006_trace_context",)
+        assert c.execute("SELECT version_num FROM qm.alembic_version").fetchone() == ("0008_schedules_cancel",)
         assert _columns(c, "orders")[-3:] == ["traceparent", "tracestate", "baggage"]
         (index,) = c.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'orders_due'").fetchone() or ("",)
         assert "(partition, fire_at) WHERE (state = 'to_be_fired'" in index

@@ -222,6 +222,38 @@ async def test_a_keys_events_in_hand_never_exceed_its_limit_and_other_keys_are_n
     assert keys[last_cold + 1 :].count("hot") >= 20, "the cold keys waited behind the hot one"
 
 
+async def test_a_cancelled_event_in_hand_frees_its_keys_slot_as_an_ack_does(shards: Topology, make_queue: Any) -> None:
+    """key_max_in_flight 1: a receiver holds the key's first event (its handler never ends), so the
+    second waits; an operator cancels the first, and the second goes out at once, long before the
+    first's ack deadline (60 s) would have freed the slot. The database never sees two fired."""
+    shard = shards.shards[0]
+    make_queue("orders", partitions=2, shuffle=1, key_max_in_flight=1, ack_timeout_seconds=60)
+    tenant = tenants_of(shard, 1)[0]
+    audit(shard.dsn)
+    fill(shard.dsn, [{"tenant": tenant, "payload": {"i": i}, "concurrency_key": "acct"} for i in range(2)])
+    rec = Recorder()
+
+    async def hold(event: Any) -> None:
+        await rec(event)
+        await asyncio.sleep(120)  # in hand until cancelled
+
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        ledger = m.rt.queues["orders"].ledger
+        async with running_receiver(url(m), credit=5, recorder=hold) as (_, _r):
+            await wait_for(lambda: len(rec.events) == 1, 10, "the key's first event")
+            with pytest.raises(AssertionError):  # the second waits for the key's slot
+                await wait_for(lambda: len(rec.events) > 1, 0.5, "a second event of the key")
+            assert list(ledger.by_key().values()) == [1]
+            first = rec.events[0].id
+            cancel = admin.ACTIONS["cancel"]
+            out = await asyncio.to_thread(admin.run, shards, "orders", cancel, None, {"s0": [first], "s1": []})
+            assert out.total == 1
+            await wait_for(lambda: len(rec.events) == 2, 5, "the second event, once the first was cancelled")
+            assert rec.events[1].id != first and list(ledger.by_key().values()) == [1]
+    assert most_fired(shard.dsn) == {"acct": 1}
+
+
 async def test_a_new_leader_counts_the_events_its_predecessor_left_in_hand(
     tmp_path: Path, shards: Topology, make_queue: Any
 ) -> None:
@@ -335,7 +367,7 @@ def test_the_cli_sets_priorities_and_key_limits_and_a_keys_own_limits(
     assert main(["queue", "alter", "jobs", "--key-max-qps", "5", *t]) == 0
     capsys.readouterr()
     assert main(["queue", "list", *t]) == 0
-    assert "priority=2 aging=10s key_max_in_flight=3 key_max_qps=5" in capsys.readouterr().out
+    assert "priority=2 aging=10 s key_max_in_flight=3 key_max_qps=5" in capsys.readouterr().out
     assert main(["queue", "alter", "jobs", "--no-priority-aging", *t]) == 0
     capsys.readouterr()
     assert main(["queue", "list", "--json", *t]) == 0

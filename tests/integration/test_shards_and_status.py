@@ -19,6 +19,7 @@ from queue_manager.db.migrate import alembic_config
 from queue_manager.domain import routing
 from queue_manager.domain.health import Thresholds
 from queue_manager.domain.topology import Shard, Topology
+from queue_manager.local import fleet
 from queue_manager.producer import Router
 from tests.conftest import tenants_of
 
@@ -277,14 +278,12 @@ def test_cli_manager_refuses_bad_maintenance_intervals(
 ) -> None:
     topo = tmp_path / "t.toml"
     topo.write_text(shards.to_toml())
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text('[[token]]\nname = "all"\nsecret = "secret-all-queues-0001"\nqueues = ["*"]\n')
+    tokens = fleet.write_tokens(tmp_path / "tokens.toml", [fleet.Token("all", "secret-all-queues-0001")])
     shard = shards.shards[0].name
-    for flag in ("--sweep-interval", "--purge-interval", "--reconcile-interval", "--slice-interval"):
-        argv = ["manager", "--topology", str(topo), "--shard", shard, "--tokens", str(tokens), flag, "0"]
-        assert main(argv) == 2
+    for option in ("sweep_interval", "purge_interval", "reconcile_interval", "slice_interval"):
+        assert main(fleet.manager_argv(topo, shard, tokens, **{option: 0})) == 2
         err = capsys.readouterr().err
-        assert flag.lstrip("-").replace("-", "_") + " must be a positive number of seconds" in err
+        assert option + " must be a positive number of seconds" in err
 
 
 def test_cli_sets_lists_and_unsets_tenant_overrides_on_the_tenant_shard(

@@ -403,7 +403,7 @@ def test_an_old_style_delivery_without_trace_members_still_works_and_old_receive
 
     session: ClientSession[Any] = ClientSession("s0", "orders", slots=5, make_event=old_make_event, stats=Stats())
     session.connected()
-    session.receive(json.dumps({"type": "welcome", "protocol": frames.PROTOCOL, "term": 1}))
+    session.receive(frames.Welcome(frames.PROTOCOL, "s0", 1, "m", frames.limits(500)).to_json())
     effects = session.receive(frames.deliver_frame("orders", [old, new]))
     assert [type(e) for e in effects] == [Start, Start] and [m["payload"] for m in made] == [{"a": 1}, {"a": 2}]
 

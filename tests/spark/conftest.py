@@ -40,7 +40,7 @@ def _java_major() -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _missing() -> str | None:
+def spark_missing() -> str | None:
     """Why Spark cannot run here (one line), or None."""
     try:
         import pyspark  # noqa: F401
@@ -64,7 +64,7 @@ def _missing() -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     mine = [item for item in items if _HERE in Path(str(item.path)).parents]
-    reason = _missing() if mine else None
+    reason = spark_missing() if mine else None
     if reason is not None:
         for item in mine:
             item.add_marker(pytest.mark.skip(reason=reason))

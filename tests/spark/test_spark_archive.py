@@ -63,6 +63,13 @@ class Populated:
         return {(s, q, i) for (s, q), ids in self.archivable.items() if q in queues for i in ids}
 
 
+def trace_context(i: int) -> dict[str, str]:
+    """Event i's W3C trace context: every other event has one (traceparent, tracestate, baggage)."""
+    if i % 2 == 0:
+        return {}
+    return {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01", "tracestate": f"qm=t{i}", "baggage": f"i={i}"}
+
+
 def populate(shards: Topology) -> Populated:
     """Events of two queues on both shards, a fifth each acked long ago, failed long ago, acked
     recently, fired long ago (not settled), and to be fired."""
@@ -75,7 +82,10 @@ def populate(shards: Topology) -> Populated:
         tenants = tenants_of(shard, 12)
         with psycopg.connect(shard.dsn) as conn:
             for queue, count in (("orders", PER_SHARD), ("billing", PER_SHARD // 6)):
-                events = [Event(tenants[i % len(tenants)], {"i": i, "queue": queue}) for i in range(count)]
+                events = [
+                    Event(tenants[i % len(tenants)], {"i": i, "queue": queue}, trace_context=trace_context(i))
+                    for i in range(count)
+                ]
                 assert enqueue_batch(conn, queue, events) == count
                 conn.commit()
                 ids = {r[0] for r in conn.execute(f"SELECT id FROM {queue}")}
@@ -165,8 +175,14 @@ def test_archive_moves_settled_old_events_to_parquet_and_deletes_exactly_those(
         assert (r["state"], r["day"].isoformat(), r["run"]) == (state, day, "r1")
         assert r["settled_at"].astimezone(UTC) < datetime.now(UTC) - OLDER_THAN  # Spark gives local naive times
         assert json.loads(r["payload"])["queue"] == r["queue"]
+        # the trace context travels with the event into the archive
+        context = trace_context(json.loads(r["payload"])["i"])
+        assert (r["traceparent"], r["tracestate"], r["baggage"]) == tuple(
+            context.get(k) for k in ("traceparent", "tracestate", "baggage")
+        )
         assert r["tenant"] and r["partition"] in range(4)
     assert {r["state"] for r in rows} == {"acked", "failed"}
+    assert any(r["traceparent"] for r in rows) and any(r["traceparent"] is None for r in rows)
     assert len({r["day"] for r in rows}) >= 3
     # the layout: one committed directory per shard, partitioned by queue and day, staging gone
     layout = ArchiveLayout(out.resolve(), "r1")

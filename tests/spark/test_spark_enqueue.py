@@ -528,7 +528,7 @@ def test_qm_spark_enqueue_command(
     ]  # fmt: skip
     assert qm_main(args) == 0
     out = capsys.readouterr().out
-    assert "run cli-1: written * rows=0" in out  # the stage files (COPY staging, the default)
+    assert "run cli-1: written * rows=200" in out  # the stage files (COPY staging, the default), every row
     assert "run cli-1: staged" in out and "run cli-1: validated" in out and "run cli-1: published" in out
     assert count_events(shards, queue) == 200  # 200 distinct (tenant, dedup key) pairs
     with psycopg.connect(shards.shards[0].dsn) as conn:

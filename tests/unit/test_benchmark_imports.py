@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 #: what the peers' virtualenv has besides the standard library (benchmarks/peers/requirements.txt)
 PEERS_PACKAGES = {"psycopg", "psycopg_pool", "asyncpg", "uvloop", "pgqueuer", "procrastinate"}
-#: the project modules the peers' code may import (stdlib-only helpers)
-PEERS_MAY_IMPORT = ("benchmarks.peers", "benchmarks.lib.machine")
+#: the project modules the peers' code may import (helpers of the standard library and the driver only)
+PEERS_MAY_IMPORT = ("benchmarks.peers", "benchmarks.lib.machine", "benchmarks.lib.wal")
 
 
 def module_name(path: Path) -> str:

@@ -312,3 +312,33 @@ def test_a_rate_key_fired_more_than_its_rate_plus_one_in_a_second_is_flagged() -
     # a re-fire counts as a fire; a fire of another key does not
     other = [state("o1", 10.8, "to_be_fired", "fired", ckey=None, rkey="web")]
     assert check(clean() + fine + other, scenario="rate", stall_bound_s=BOUND, key_max_qps=2.0).key_over_rate == 0
+
+
+def _slot_history(slots: list[int], rows: int = 1) -> list[dict[str, Any]]:
+    """A schedule of 1 s and its slot events (at second ``s``, each delivered and acked by key)."""
+    out: list[dict[str, Any]] = [up(0.0), {"kind": "schedule", "t": 0.0, "schedule_id": "7", "interval_s": 1.0}]
+    for i, s in enumerate(slots):
+        k = f"qm:schedule:7:{s * 1_000_000}"
+        for _ in range(rows):
+            out.append(enq(k, s - 30.0, fire_at=float(s)))
+        out += [dlv(k, s + 0.001, ident=100 + i), ack(k, s + 0.01)]
+    return out
+
+
+def test_every_slot_of_a_schedule_enqueued_once_passes_a_gap_or_a_second_row_does_not() -> None:
+    from faults.schedules import relabel
+
+    report = check(_slot_history([100, 101, 102, 103]), scenario="schedules", stall_bound_s=BOUND)
+    assert (report.slots, report.slots_missing, report.slots_twice, report.passed) == (4, 0, 0, True)
+    gap = check(_slot_history([100, 101, 104]), scenario="schedules", stall_bound_s=BOUND)
+    assert (gap.slots_missing, gap.passed) == (2, False)
+    assert gap.examples["slots_missing"][0]["missing"] == 2
+    twice = check(_slot_history([100, 101], rows=2), scenario="schedules", stall_bound_s=BOUND)
+    assert (twice.slots_twice, twice.passed) == (2, False)
+    # the receivers' records of a slot event (its payload has no key) take the slot's key by (shard, id)
+    records = [
+        {"kind": "enqueued", "t": 1.0, "k": "qm:schedule:7:5", "shard": "s0", "id": 9, "op": "schedule"},
+        {"kind": "deliver", "t": 2.0, "k": None, "shard": "s0", "id": 9},
+        {"kind": "deliver", "t": 2.0, "k": "x", "shard": "s1", "id": 9},
+    ]
+    assert [r["k"] for r in relabel(records)] == ["qm:schedule:7:5", "qm:schedule:7:5", "x"]

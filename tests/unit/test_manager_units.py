@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from queue_manager.errors import ConfigurationError
 from queue_manager.manager.auth import Grant, TokenStore
-from queue_manager.manager.cache import LOOKAHEAD, Entry, WindowCache
+from queue_manager.manager.cache import LOOKAHEAD, REFILL_LEAD, Entry, WindowCache
 from queue_manager.manager.metrics import Registry
 from queue_manager.wire import frames as proto
 
@@ -164,6 +164,37 @@ def test_valid_json_that_python_cannot_hold_is_a_bad_frame_not_bad_json() -> Non
     assert nested_unknown.code == proto.BAD_FRAME
     huge = refused('{"type": "ack", "events": [[' + "9" * 5000 + ", 1]]}")
     assert (huge.code, huge.message) == (proto.BAD_FRAME, "an integer in the frame has too many digits")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"type":"ack","items":[{"id":18446744073709551616,"attempt":1}]}',  # past 64 bits
+        '{"type":"extend","seconds":NaN,"items":[]}',
+        '{"type":"ping","ref":"\\ud800"}',  # a lone surrogate
+        '{"type":"ack","items":[{"id":1,"attempt":1}],"items":[]}',  # a repeated member: the last
+        '{"type":"credit","credit":1e2}',
+        "not json",
+    ],
+)
+def test_the_fast_codec_reads_what_the_standard_library_reads(text: str) -> None:
+    """frames.loads is orjson's, with the standard library's where orjson refuses: whatever the
+    text, the frame decoded (or the error) is the standard library's."""
+    try:
+        expected: object = json.loads(text)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            proto.loads(text)
+    else:
+        got = proto.loads(text)
+        assert got == expected or (got != got and expected != expected)
+        assert proto.loads(text.encode()) == got or got != got
+
+
+def test_the_fast_codec_writes_the_standard_librarys_values() -> None:
+    obj = {"type": "pong", "time": 1764400000.123456, "ref": "é\u2028x", "n": [1, 2.5e-7, -0.0, 2**63], "z": None}
+    assert json.loads(proto.dumps(obj)) == obj
+    assert json.loads(proto.dumps({"big": 2**70, "s": "\ud800"})) == {"big": 2**70, "s": "\ud800"}  # as before
 
 
 @pytest.mark.parametrize("queue", ["*", "Orders", "qm_internal", "x" * 41, "a-b", "select"])
@@ -382,15 +413,14 @@ def test_deliver_frame_round_trips(tenant: str, fire_at: float, payload: Any) ->
 
 
 def test_error_frame_and_dumps() -> None:
-    assert json.loads(proto.error_frame("stale", "old", None)) == {"type": "error", "code": "stale", "message": "old"}
-    assert json.loads(proto.error_frame("forbidden", "no", "s1")) == {
+    assert json.loads(proto.Error("stale", "old").to_json()) == {"type": "error", "code": "stale", "message": "old"}
+    assert json.loads(proto.Error("forbidden", "no", "s1").to_json()) == {
         "type": "error",
         "code": "forbidden",
         "message": "no",
         "ref": "s1",
     }
-    assert json.loads(proto.error_frame("bad_frame", "m", 0, hint="x"))["ref"] == 0
-    assert json.loads(proto.error_frame("bad_frame", "m", None, hint="x"))["hint"] == "x"
+    assert json.loads(proto.Error("bad_frame", "m", 0).to_json())["ref"] == 0
     assert proto.dumps({"a": "é", "b": [1, 2]}) == '{"a":"é","b":[1,2]}'
 
 
@@ -696,6 +726,51 @@ def test_needs_refill_next_fire_at_due_count_clear() -> None:
     c.replace([e(1, 0, 1.0)], truncated=[0])
     c.clear()
     assert len(c) == 0 and c.next_fire_at() is None and c.truncated == set() and not c.needs_refill()
+
+
+def test_horizon_is_what_the_scans_vouch_for() -> None:
+    """The fire_at up to which a new event's notice needs no rescan: every partition's scan
+    coverage, or a truncated partition's last cached event; nothing before every partition was
+    scanned, while a scan is on its way, or once a truncated partition ran dry."""
+    c = WindowCache()
+    assert c.horizon(2) == -math.inf  # never scanned
+    c.replace([e(1, 0, 4.0), e(2, 1, 2.0), e(3, 1, 8.0)], truncated=[1])
+    c.cover([0, 1], 40.0)
+    assert c.horizon(2) == 8.0  # partition 1 was cut short at its last cached event
+    assert c.horizon(3) == -math.inf  # a partition (added by a resize) that no scan covered
+    c.replace([e(4, 1, 9.0)], truncated=[], partitions=[1])
+    c.cover([1], 41.0)
+    assert c.horizon(2) == 40.0
+    c.begin_scan()
+    assert c.horizon(2) == -math.inf  # the scan on its way may miss a row announced meanwhile
+    c.replace([e(5, 0, 5.0)], truncated=[0], partitions=[0])
+    c.cover([0], 42.0)
+    assert c.horizon(2) == 5.0
+    assert ids(c.take(5.0, 10, anyone)) == [5]
+    assert c.horizon(2) == -math.inf  # the truncated partition ran dry
+    c.clear()
+    assert c.horizon(2) == -math.inf
+
+
+def test_refills_come_before_a_truncated_partition_runs_dry() -> None:
+    c = WindowCache()
+    c.replace([e(i, 0, float(i)) for i in range(1, 5)] + [e(10, 1, 3.0)], truncated=[0])
+    assert c.refills(0.0) == ()
+    # half of partition 0's scan is gone and its last cached event is due within REFILL_LEAD
+    assert ids(c.take(2.0, 10, anyone)) == [1, 2]
+    assert c.refills(4.0 - REFILL_LEAD - 0.01) == ()  # not yet within the lead
+    assert c.refills(4.0 - REFILL_LEAD) == (0,)
+    # within the lead but most of the scan still there: a partition fired faster than its quota
+    # lasts is not rescanned every round
+    c.replace([e(i, 0, 4.0 + i / 100) for i in range(20)], truncated=[0], partitions=[0])
+    assert c.refills(4.0) == ()
+    assert len(c.take(4.2, 10, anyone)) == 10  # partition 1's event and 9 of partition 0's
+    assert c.refills(4.2) == ()
+    c.take(4.2, 1, anyone)
+    assert c.refills(4.2) == (0,)
+    # a dry truncated partition is refilled whatever the time
+    c.replace([], truncated=[1], partitions=[0, 1])
+    assert c.refills(-100.0) == (1,)
 
 
 entry_st = st.builds(

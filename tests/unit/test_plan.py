@@ -58,6 +58,12 @@ def test_a_polled_queue_fires_directly_each_round_unless_its_subscribers_filter_
 
 def test_a_refill_or_a_backlog_is_worked_on_at_once() -> None:
     assert plan.plan_round(replace(QUIET, needs_refill=True), NOW).scan is Scan.FULL
+    # partitions that run low are rescanned alone, with the safety net's slice when it is due
+    r = plan.plan_round(replace(QUIET, refill=(3, 5)), NOW)
+    assert (r.scan, r.refill, r.periodic, r.fire_direct) == (Scan.REFILL, (3, 5), False, False)
+    r = plan.plan_round(replace(QUIET, refill=(3,)), NOW + 1)
+    assert (r.scan, r.refill, r.periodic, r.fire_direct) == (Scan.REFILL, (3,), True, True)
+    assert plan.plan_round(replace(QUIET, refill=(3,), dirty=True), NOW).scan is Scan.FULL
     r = plan.plan_round(replace(QUIET, backlog=True), NOW)
     assert (r.scan, r.fire_direct) == (Scan.NONE, True)
 

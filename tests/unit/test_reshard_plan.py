@@ -81,7 +81,7 @@ def test_the_cutover_steps_in_order_then_the_other_side_serves() -> None:
     for step in CUTOVER_STEPS:
         state = step_done(state, step, "t")
     assert (state.phase, state.serving) == ("copying", "sources")
-    assert [h["to"] for h in state.history] == ["targets"] * 5 + ["sources"] * 5
+    assert [h["to"] for h in state.history] == ["targets"] * 4 + ["sources"] * 4
 
 
 def test_what_each_phase_allows() -> None:
@@ -101,7 +101,7 @@ def test_what_each_phase_allows() -> None:
         begin_cutover(cutover, "sources")
     back = rolled_back(cutover, "t", "timeout")
     assert (back.phase, back.serving, back.step) == ("copying", "sources", None)
-    served = step_done(step_done(step_done(cutover, "catch_up", "t"), "capture_back", "t"), "serve", "t")
+    served = step_done(step_done(cutover, "catch_up", "t"), "serve", "t")
     with pytest.raises(ConfigurationError, match="past its 'serve' step"):
         rolled_back(served, "t", "no")
     with pytest.raises(ConfigurationError):
@@ -110,6 +110,32 @@ def test_what_each_phase_allows() -> None:
     check_allowed(switched, "cleanup")
     with pytest.raises(ConfigurationError, match="reverse first"):
         check_allowed(switched, "cancel")
+    # after cleanup (or a cancel) there is nothing to cancel, and the message says so
+    with pytest.raises(ConfigurationError, match=r"finished.*nothing to cancel"):
+        check_allowed(replace(switched, phase="done"), "cancel")
+    with pytest.raises(ConfigurationError, match="cancelled already"):
+        check_allowed(replace(copying, phase="cancelled"), "cancel")
+    # an interrupted reverse is finished, not cancelled: cancel drops the targets' events
+    with pytest.raises(ConfigurationError, match="reverse was interrupted"):
+        check_allowed(begin_cutover(switched, "sources"), "cancel")
+
+
+def test_two_targets_naming_one_database_are_refused() -> None:
+    """Targets are compared with each other as well as with the shards, by what names their
+    database (the shell normalises DSNs; here, the database name alone)."""
+
+    def database_of(dsn: str) -> str:
+        return dsn.split("dbname=")[1].split()[0]
+
+    twins = [
+        Shard("x", "host=h dbname=n", KeyRange.parse("-20")),
+        Shard("y", "dbname=n port=5432", KeyRange.parse("20-40")),
+    ]
+    with pytest.raises(ConfigurationError, match="targets 'x' and 'y' name the same database"):
+        make_plan(FOUR, twins, database_of)
+    with pytest.raises(ConfigurationError, match="database of shard 'a'"):
+        make_plan(FOUR, [Shard("x", "host=h dbname=a", KeyRange.parse("-40"))], database_of)
+    make_plan(FOUR, twins)  # compared as written, the two DSNs differ
 
 
 def test_the_state_survives_its_json() -> None:
@@ -139,3 +165,29 @@ def test_reshard_targets_take_their_managers_from_the_command_line() -> None:
         _targets(args("ws://e:1/"))
     with pytest.raises(ConfigurationError, match="use ws://host:port/"):
         _targets(args("s2=postgresql://e/qm"))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("postgresql://u@localhost/qm", "host=127.0.0.1 port=5432 user=u dbname=qm", True),
+        ("postgresql://u@db-c:5433/qm", "host=DB-C port=5433 dbname=qm user=v", True),
+        ("postgresql://u@/qm?host=/var/run/postgresql", "postgresql://u@localhost:5432/qm", True),
+        ("postgresql://u@db-c/qm", "postgresql://u@db-d/qm", False),
+        ("postgresql://u@db-c/qm", "postgresql://u@db-c:5433/qm", False),
+        ("postgresql://u@db-c/qm", "postgresql://u@db-c/qm2", False),
+    ],
+)
+def test_dsns_are_compared_by_the_database_they_name(a: str, b: str, same: bool) -> None:
+    from queue_manager.reshard.workflow import database_of
+
+    assert (database_of(a) == database_of(b)) is same
+
+
+def test_a_range_that_starts_with_a_dash_is_read_as_a_value() -> None:
+    from queue_manager.cli.main import build_parser
+
+    args = build_parser().parse_args(
+        ["reshard", "plan", "--target", "s2", "-a0", "dbname=x", "--target", "s3", "-F0", "dbname=y"]
+    )
+    assert args.target == [["s2", "-a0", "dbname=x"], ["s3", "-F0", "dbname=y"]]

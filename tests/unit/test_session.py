@@ -78,13 +78,13 @@ class Harness:
         self.metrics = Counted()
         self.ledger = ledger if ledger is not None else Ledger()
         self.s = ReceiverSession(conn_id, scope, db_time=lambda: 1234.5, metrics=self.metrics)
-        resolve = only(self.receive(type="subscribe", queue="orders", credit=credit, ref="sub"), Resolve)
+        resolve = only(self.receive(frames.Subscribe("orders", credit=credit, ref="sub")), Resolve)
         out = self.s.subscribed(resolve, self.ledger)
         assert sent(out)[0]["type"] == "subscribed"
         assert WakeUp(Wake.SUBSCRIBED) in out
 
-    def receive(self, **body: Any) -> list[Action]:
-        return self.s.receive(msg(**body), self.clock.monotonic())
+    def receive(self, frame: frames.ClientFrame) -> list[Action]:
+        return self.s.receive(frame.to_json(), self.clock.monotonic())
 
     def deliver(self, *pairs: tuple[int, int]) -> None:
         """The dispatcher pushed these (id, attempt) to this connection."""
@@ -97,7 +97,7 @@ def test_credit_is_free_until_deliveries_use_it_and_a_credit_frame_replaces_it()
     assert h.s.free == 3
     h.deliver((1, 1), (2, 1))
     assert h.s.free == 1
-    out = h.receive(type="credit", credit=1, ref=7)
+    out = h.receive(frames.Credit(1, ref=7))
     assert sent(out) == [{"type": "credit_set", "ref": 7, "credit": 1}]
     assert WakeUp(Wake.CREDIT) in out
     assert h.s.free == -1  # lowered below what is in hand: nothing is recalled, nothing more is sent
@@ -110,13 +110,13 @@ def test_a_slot_is_free_again_once_its_ack_or_nack_comes_not_once_it_commits() -
     h = Harness(credit=3)
     h.deliver((1, 1), (2, 1), (3, 1))
     assert h.s.free == 0
-    out = h.receive(type="ack", ref="a", events=[[1, 1]])
+    out = h.receive(frames.Ack(((1, 1),), ref="a"))
     ack = only(out, Write)
     assert WakeUp(Wake.CREDIT) in out
     assert (h.s.free, h.ledger.held_by(h.s.id), len(h.ledger)) == (1, 3, 3)  # in hand and in flight until it commits
-    nack = only(h.receive(type="nack", ref="n", events=[{"id": 2, "attempt": 1}]), Write)
+    nack = only(h.receive(frames.Nack((frames.NackItem(2, 1),), ref="n")), Write)
     assert h.s.free == 2
-    h.receive(type="ack", ref="b", events=[[1, 1]])  # a duplicate claims nothing more
+    h.receive(frames.Ack(((1, 1),), ref="b"))  # a duplicate claims nothing more
     assert h.s.free == 2
     h.s.write_failed(nack, "database unreachable")
     assert h.s.free == 1
@@ -131,10 +131,10 @@ def test_acks_on_their_way_free_at_most_the_credit() -> None:
     acks on their way), however long the writes take: that bounds what a crash sends again."""
     h = Harness(credit=2)
     h.deliver((1, 1), (2, 1))
-    h.receive(type="ack", ref="a", events=[[1, 1], [2, 1]])
+    h.receive(frames.Ack(((1, 1), (2, 1)), ref="a"))
     assert h.s.free == 2
     h.deliver((3, 1), (4, 1))
-    h.receive(type="ack", ref="b", events=[[3, 1], [4, 1]])
+    h.receive(frames.Ack(((3, 1), (4, 1)), ref="b"))
     assert (h.s.free, h.ledger.held_by(h.s.id)) == (0, 4)  # the first acks have not committed yet
 
 
@@ -142,7 +142,7 @@ def test_an_ack_is_written_then_answered_with_the_latency_on_the_fake_clock() ->
     h = Harness()
     h.deliver((1, 1), (2, 1))
     h.clock.advance(0.25)
-    write = only(h.receive(type="ack", ref="a", events=[[1, 1], [2, 1]]), Write)
+    write = only(h.receive(frames.Ack(((1, 1), (2, 1)), ref="a")), Write)
     assert (write.kind, write.items, write.errors) == (WriteKind.ACK, [(1, 1), (2, 1)], [])
     assert h.ledger.get(1).settling  # type: ignore[union-attr]
     out = h.s.settled(write, {1}, h.clock.monotonic())  # the database acked 1; 2 had been re-fired
@@ -159,16 +159,16 @@ def test_unknown_foreign_stale_and_duplicate_acks_never_reach_the_database() -> 
     a.deliver((10, 1))
     b.deliver((20, 3))
     # b acks a's event (foreign), one never delivered (unknown), its own at a wrong attempt (stale)
-    out = b.receive(type="ack", ref=1, events=[[10, 1], [99, 1], [20, 2]])
+    out = b.receive(frames.Ack(((10, 1), (99, 1), (20, 2)), ref=1))
     assert not any(isinstance(x, Write) for x in out)
     (result,) = sent(out)
     assert result["acked"] == []
     assert [(e["id"], e["code"]) for e in result["errors"]] == [(10, "unknown_id"), (99, "unknown_id"), (20, "stale")]
     assert "attempt 3" in result["errors"][2]["message"]
     # a's ack twice in one frame, then again while the first is on its way: duplicates
-    write = only(a.receive(type="ack", ref=2, events=[[10, 1], [10, 1]]), Write)
+    write = only(a.receive(frames.Ack(((10, 1), (10, 1)), ref=2)), Write)
     assert write.items == [(10, 1)] and [e["code"] for e in write.errors] == ["duplicate"]
-    (again,) = sent(a.receive(type="ack", ref=3, events=[[10, 1]]))
+    (again,) = sent(a.receive(frames.Ack(((10, 1),), ref=3)))
     assert [e["code"] for e in again["errors"]] == ["duplicate"]
     assert ledger.get(10).holder == 1 and ledger.get(20).holder == 2  # type: ignore[union-attr]
 
@@ -176,22 +176,18 @@ def test_unknown_foreign_stale_and_duplicate_acks_never_reach_the_database() -> 
 def test_an_unrecorded_write_leaves_the_event_in_hand_to_retry() -> None:
     h = Harness()
     h.deliver((5, 1))
-    write = only(h.receive(type="ack", ref="x", events=[[5, 1]]), Write)
+    write = only(h.receive(frames.Ack(((5, 1),), ref="x")), Write)
     (result,) = sent(h.s.write_failed(write, "database unreachable"))
     assert result["errors"][0]["code"] == "unavailable" and "retry" in result["errors"][0]["message"]
     assert not h.ledger.get(5).settling  # type: ignore[union-attr]
-    assert isinstance(only(h.receive(type="ack", events=[[5, 1]]), Write), Write)  # the retry is accepted
+    assert isinstance(only(h.receive(frames.Ack(((5, 1),))), Write), Write)  # the retry is accepted
 
 
 def test_nack_with_delay_requeues_and_the_last_attempt_dead_letters() -> None:
     h = Harness()
     h.deliver((1, 1), (2, 3))
     write = only(
-        h.receive(
-            type="nack",
-            ref="n",
-            events=[{"id": 1, "attempt": 1, "delay": 30, "error": "later"}, {"id": 2, "attempt": 3}],
-        ),
+        h.receive(frames.Nack((frames.NackItem(1, 1, delay=30, error="later"), frames.NackItem(2, 3)), ref="n")),
         Write,
     )
     assert write.kind is WriteKind.RELEASE
@@ -208,13 +204,14 @@ def test_extend_keeps_the_event_in_hand_and_reports_stale_ones() -> None:
     h.deliver((1, 1), (2, 1))
     write = only(
         h.receive(
-            type="extend",
-            ref="e",
-            events=[
-                {"id": 1, "attempt": 1, "seconds": 60},
-                {"id": 2, "attempt": 2, "seconds": 60},
-                {"id": 3, "attempt": 1, "seconds": 5},
-            ],
+            frames.Extend(
+                (
+                    frames.ExtendItem(1, 1, seconds=60),
+                    frames.ExtendItem(2, 2, seconds=60),
+                    frames.ExtendItem(3, 1, seconds=5),
+                ),
+                ref="e",
+            )
         ),
         Write,
     )
@@ -228,7 +225,7 @@ def test_extend_keeps_the_event_in_hand_and_reports_stale_ones() -> None:
 def test_a_disconnect_gives_back_what_is_in_hand_but_not_what_is_being_settled() -> None:
     h = Harness()
     h.deliver((1, 1), (2, 1), (3, 2))
-    write = only(h.receive(type="ack", events=[[2, 1]]), Write)
+    write = only(h.receive(frames.Ack(((2, 1),))), Write)
     (release,) = [a for a in h.s.closed() if isinstance(a, Release)]
     assert sorted(release.items) == [
         (1, 1, 0.0, "receiver disconnected before acking"),
@@ -242,15 +239,15 @@ def test_a_disconnect_gives_back_what_is_in_hand_but_not_what_is_being_settled()
 def test_frames_before_subscribe_and_a_second_subscribe_are_refused() -> None:
     metrics = Counted()
     s = ReceiverSession(1, ALL, db_time=lambda: 1.0, metrics=metrics)
-    for body, code in (
-        ({"type": "credit", "credit": 1}, "not_subscribed"),
-        ({"type": "ack", "events": [[1, 1]]}, "not_subscribed"),
-        ({"type": "subscribe", "queue": "bad name"}, "bad_frame"),
+    for text, code in (
+        (frames.Credit(1).to_json(), "not_subscribed"),
+        (frames.Ack(((1, 1),)).to_json(), "not_subscribed"),
+        (msg(type="subscribe", queue="bad name"), "bad_frame"),  # malformed, written raw on purpose
     ):
-        (err,) = sent(s.receive(json.dumps(body), 0.0))
-        assert err["code"] == code, body
-    assert isinstance(only(s.receive(msg(type="subscribe", queue="orders"), 0.0), Resolve), Resolve)
-    (err,) = sent(s.receive(msg(type="subscribe", queue="other", ref="b"), 0.0))
+        (err,) = sent(s.receive(text, 0.0))
+        assert err["code"] == code, text
+    assert isinstance(only(s.receive(frames.Subscribe("orders").to_json(), 0.0), Resolve), Resolve)
+    (err,) = sent(s.receive(frames.Subscribe("other", ref="b").to_json(), 0.0))
     assert (err["code"], err["ref"]) == ("already_subscribed", "b")
     assert metrics.refused == ["not_subscribed", "not_subscribed", "bad_frame", "already_subscribed"]
 
@@ -258,22 +255,22 @@ def test_frames_before_subscribe_and_a_second_subscribe_are_refused() -> None:
 def test_scopes_are_checked_before_the_queue_is_looked_up_and_draining_refuses() -> None:
     scoped = Grant("one", frozenset({"orders"}), frozenset({"acme"}))
     s = ReceiverSession(1, scoped, db_time=lambda: 1.0, metrics=Counted())
-    (err,) = sent(s.receive(msg(type="subscribe", queue="audit", ref=1), 0.0))
+    (err,) = sent(s.receive(frames.Subscribe("audit", ref=1).to_json(), 0.0))
     assert err["code"] == "forbidden" and "audit" in err["message"]
-    (err,) = sent(s.receive(msg(type="subscribe", queue="orders", tenants=["globex"], ref=2), 0.0))
+    (err,) = sent(s.receive(frames.Subscribe("orders", ("globex",), ref=2).to_json(), 0.0))
     assert err["code"] == "forbidden" and "globex" in err["message"]
-    resolve = only(s.receive(msg(type="subscribe", queue="orders", ref=3), 0.0), Resolve)
+    resolve = only(s.receive(frames.Subscribe("orders", ref=3).to_json(), 0.0), Resolve)
     assert resolve.tenants == frozenset({"acme"})  # no tenants asked: the token's
     (err,) = sent(s.subscribe_failed(resolve, frames.UNKNOWN_QUEUE, "no queue named 'orders'"))
     assert (err["code"], err["ref"]) == ("unknown_queue", 3)
     s.draining = True
-    (err,) = sent(s.receive(msg(type="subscribe", queue="orders"), 0.0))
+    (err,) = sent(s.receive(frames.Subscribe("orders").to_json(), 0.0))
     assert err["code"] == "draining"
 
 
 def test_ping_answers_with_the_database_clock() -> None:
     h = Harness()
-    assert sent(h.receive(type="ping", ref="p")) == [{"type": "pong", "ref": "p", "time": 1234.5}]
+    assert sent(h.receive(frames.Ping(ref="p"))) == [{"type": "pong", "ref": "p", "time": 1234.5}]
 
 
 # ------------------------------------------------------------------ a connection gone silent
@@ -290,27 +287,27 @@ def test_a_connection_that_let_an_event_time_out_is_sent_nothing_until_a_frame_s
     assert h.s.timed_out() == []  # one ping per silence
     assert h.s.free == 0
     # a late ack of what was taken back is refused, but the client is there
-    out = h.receive(type="ack", ref="late", events=[[1, 1]])
+    out = h.receive(frames.Ack(((1, 1),), ref="late"))
     assert [e["code"] for e in sent(out)[0]["errors"]] == ["unknown_id"]
     assert WakeUp(Wake.ALIVE) in out
     assert (h.s.silent, h.s.free) == (False, 3)
-    assert WakeUp(Wake.ALIVE) not in h.receive(type="ping")  # not silent: no wake-up
+    assert WakeUp(Wake.ALIVE) not in h.receive(frames.Ping())  # not silent: no wake-up
 
 
 @pytest.mark.parametrize(
-    "body",
+    "text",
     [
-        {"type": "credit", "credit": 2},
-        {"type": "nack", "events": [{"id": 9, "attempt": 1}]},
-        {"type": "extend", "events": [{"id": 9, "attempt": 1, "seconds": 5}]},
-        {"type": "ping"},
-        {"type": "no_such_frame"},
+        frames.Credit(2).to_json(),
+        frames.Nack((frames.NackItem(9, 1),)).to_json(),
+        frames.Extend((frames.ExtendItem(9, 1, 5),)).to_json(),
+        frames.Ping().to_json(),
+        msg(type="no_such_frame"),  # refused (unknown_type), written raw on purpose
     ],
 )
-def test_any_frame_even_a_refused_one_shows_life(body: dict[str, Any]) -> None:
+def test_any_frame_even_a_refused_one_shows_life(text: str) -> None:
     h = Harness(credit=2)
     h.s.timed_out()
-    assert WakeUp(Wake.ALIVE) in h.s.receive(json.dumps(body), h.clock.monotonic())
+    assert WakeUp(Wake.ALIVE) in h.s.receive(text, h.clock.monotonic())
     assert not h.s.silent and h.s.free == 2
 
 
@@ -382,23 +379,23 @@ def test_events_that_timed_out_on_a_connection_are_fired_to_the_others_until_it_
     # alive, but it has settled nothing since its events timed out: the others come first
     choose = plan.chooser(q.subscribers, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed)
     assert [choose("t") for _ in range(4)] == [healthy, healthy, healthy, frozen]
-    frozen.h.receive(type="nack", events=[{"id": 99, "attempt": 1}])  # it works through its events again
+    frozen.h.receive(frames.Nack((frames.NackItem(99, 1),)))  # it works through its events again
     choose = plan.chooser(q.subscribers, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed)
     assert choose("t") is frozen  # the one with the most room again
 
 
 @pytest.mark.parametrize(
-    ("body", "settles"),
+    ("frame", "settles"),
     [
-        ({"type": "ack", "events": [[9, 1]]}, True),
-        ({"type": "nack", "events": [{"id": 9, "attempt": 1}]}, True),
-        ({"type": "extend", "events": [{"id": 9, "attempt": 1, "seconds": 5}]}, True),
-        ({"type": "credit", "credit": 2}, False),
-        ({"type": "ping"}, False),
+        (frames.Ack(((9, 1),)), True),
+        (frames.Nack((frames.NackItem(9, 1),)), True),
+        (frames.Extend((frames.ExtendItem(9, 1, 5),)), True),
+        (frames.Credit(2), False),
+        (frames.Ping(), False),
     ],
 )
 def test_a_connection_that_let_an_event_time_out_stays_lapsed_until_it_settles_something(
-    body: dict[str, Any], settles: bool
+    frame: frames.ClientFrame, settles: bool
 ) -> None:
     """A pong or a credit frame shows the client is there; an ack, a nack or an extend (even one
     refused, for an event taken back) shows it works through what it is sent."""
@@ -407,14 +404,14 @@ def test_a_connection_that_let_an_event_time_out_stays_lapsed_until_it_settles_s
     h.s.timed_out()
     h.s.answered()
     assert h.s.lapsed and not h.s.silent
-    h.s.receive(json.dumps(body), h.clock.monotonic())
+    h.receive(frame)
     assert h.s.lapsed is not settles
 
 
 def test_a_result_for_ten_thousand_errors_stays_under_the_frame_limit() -> None:
     h = Harness()
     big = 9_223_372_036_854_775_000
-    (result,) = h.receive(type="ack", ref="r", events=[[big + i % 700, 2_147_483_647] for i in range(10_000)])
+    (result,) = h.receive(frames.Ack(tuple((big + i % 700, 2147483647) for i in range(10000)), ref="r"))
     assert isinstance(result, Send)
     assert len(result.text.encode()) < 0.75 * frames.MAX_FRAME_BYTES
     errors = json.loads(result.text)["errors"]

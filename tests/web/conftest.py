@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -68,3 +72,29 @@ def login(client: TestClient, secret: str, base: str = "") -> str:
     page = client.get(f"{base}/", headers={"accept": "text/html"})
     assert page.status_code == 200, page.text
     return csrf_of(page.text)
+
+
+@contextlib.contextmanager
+def serving(config: WebConfig) -> Iterator[str]:
+    """The dashboard of ``config`` served by uvicorn in a thread, as ``qm web`` serves it; its URL."""
+    import uvicorn
+
+    from queue_manager.web.server import uvicorn_config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = create_app(config)
+    srv = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, lifespan="off", ws="none"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline, "the dashboard did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}{config.root_path}"
+    finally:
+        srv.should_exit = True
+        thread.join(20)
+        app.state.close()

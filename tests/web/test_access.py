@@ -62,3 +62,21 @@ def test_a_digest_logs_in_and_a_session_outlives_neither_its_signature_nor_its_t
     assert Sessions(tokens, "another-key").read(cookie) is None
     rotated = WebTokens.from_entries([{"name": "ops", "secret": "a-new-secret-000000", "scope": "admin"}])
     assert Sessions(rotated, "signing-key").read(cookie) is None
+
+
+def test_the_docs_token_example_runs_and_both_tokens_log_in(tmp_path: Path) -> None:
+    """docs/dashboard.md's "Running it": the lines up to the token file, run by bash as written
+    (the digest's one-liner included), make a file whose admin secret and hashed read-only secret
+    both log in."""
+    import re
+    import subprocess
+
+    block = re.search(r"## Running it\n\n```bash\n(.*?)```", (ROOT / "docs" / "dashboard.md").read_text(), re.S)
+    assert block is not None
+    lines = block.group(1).splitlines()
+    script = "\n".join(lines[1 : lines.index("TOML") + 1])  # after the pip line, up to the heredoc's end
+    subprocess.run(["bash", "-euc", script], cwd=tmp_path, check=True)
+    tokens = WebTokens.load(tmp_path / "tokens.toml")
+    admin, reader = tokens.lookup("a-long-secret-for-alice"), tokens.lookup("the-on-call-secret-0042")
+    assert admin is not None and admin.admin and reader is not None and reader.name == "oncall-readonly"
+    assert not reader.admin and "the-on-call-secret-0042" not in (tmp_path / "tokens.toml").read_text()

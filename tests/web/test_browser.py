@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from queue_manager.db.migrate import set_identity
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
 from tests.conftest import tenants_of
-from tests.web.conftest import ADMIN, READ, web_tokens
+from tests.web.conftest import ADMIN, READ, serving, web_tokens
 
 CHROMIUM = os.environ.get("QM_TEST_CHROMIUM", "/usr/bin/chromium")
 
@@ -51,9 +50,10 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def topology(pg_admin_dsn: str, template_db: str) -> Iterator[Topology]:
-    names = [f"qm_web_{os.getpid()}_{i}" for i in range(2)]
+@contextlib.contextmanager
+def _two_shards(pg_admin_dsn: str, template_db: str, prefix: str, settings: dict[str, Any]) -> Iterator[Topology]:
+    """Two shards (``s0``: ``-80``, ``s1``: ``80-``) with the queue ``orders``, dropped at the end."""
+    names = [f"{prefix}_{os.getpid()}_{i}" for i in range(2)]
     topo = Topology(
         (
             Shard("s0", pgtest.fresh_database(pg_admin_dsn, template_db, names[0]), KeyRange.parse("-80")),
@@ -62,10 +62,18 @@ def topology(pg_admin_dsn: str, template_db: str) -> Iterator[Topology]:
     )
     for s in topo.shards:
         set_identity(s.dsn, s, topo)
-    admin.create_queue(topo, "orders", {"partitions": 4, "shuffle": 2, "max_attempts": 2})
-    yield topo
-    for name in names:
-        pgtest.drop_database(pg_admin_dsn, name)
+    admin.create_queue(topo, "orders", settings)
+    try:
+        yield topo
+    finally:
+        for name in names:
+            pgtest.drop_database(pg_admin_dsn, name)
+
+
+@pytest.fixture(scope="module")
+def topology(pg_admin_dsn: str, template_db: str) -> Iterator[Topology]:
+    with _two_shards(pg_admin_dsn, template_db, "qm_web", {"partitions": 4, "shuffle": 2, "max_attempts": 2}) as topo:
+        yield topo
 
 
 class Live:
@@ -132,13 +140,8 @@ def live(topology: Topology) -> Iterator[Live]:
 
 @pytest.fixture(scope="module")
 def server(topology: Topology, live: Live) -> Iterator[str]:
-    import uvicorn
+    from queue_manager.web.app import WebConfig
 
-    from queue_manager.web.app import WebConfig, create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # a reading every 2 s even without a notice (s1 has no manager to send one): the tests wait for live changes
     config = WebConfig(
         topology=topology,
@@ -149,19 +152,8 @@ def server(topology: Topology, live: Live) -> Iterator[str]:
         managers={"s0": (live.url,)},
         manager_timeout=5.0,  # a loaded machine
     )
-    app = create_app(config)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "the dashboard did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/qm"
-    srv.should_exit = True
-    thread.join(20)
-    app.state.close()
+    with serving(config) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -304,15 +296,17 @@ def test_bulk_retry_of_dead_letters_is_confirmed_and_delivered(
     assert "5" in page.locator("#count strong").inner_text()
     _shot(page, "confirm")
     page.click("#confirm")
-    page.wait_for_url("**/queues/orders?notice=**")
-    assert "Retry: 5 dead letters" in page.locator(".notice").inner_text()
+    page.wait_for_url("**/queues/orders?done=**")
+    assert "Retry: 5 dead letters of orders changed, of 5 bound" in page.locator(".notice").inner_text()
     live.wait_for(lambda got: sum("dead" in p for p in got) >= before + 5)
     with psycopg.connect(s0.dsn) as c:
         assert c.execute("SELECT count(*) FROM orders WHERE id = ANY(%s) AND state = 'failed'", (ids,)).fetchone() == (
             0,
         )
-        row = c.execute("SELECT actor, action, affected FROM qm.web_audit WHERE action = 'retry_dead'").fetchone()
-    assert row == ("alice", "retry_dead", 5)
+        row = c.execute(
+            "SELECT actor, action, requested, affected FROM qm.audit WHERE action = 'retry_dead'"
+        ).fetchone()
+    assert row == ("alice", "retry_dead", 5, 5)
     page.context.close()
 
 
@@ -358,4 +352,141 @@ def test_a_read_only_token_finds_every_action_refused(topology: Topology, server
     assert {k: v[0] for k, v in statuses.items()} == dict.fromkeys(statuses, 403)
     assert all("read-only" in v[1] for v in statuses.values())
     assert [r["paused"] for r in admin.list_queues(topology)["s0"]] == [False]
+    page.context.close()
+
+
+#: the event browser at a million rows: s0's rows of its own tenants, s1's with one tenant's events spread among them
+MILLION = {"s0": 600_000, "s1": 400_000}
+#: every this many rows of s1 is an event of the browsed tenant (100 of them)
+SPREAD = 4_000
+
+
+@pytest.fixture(scope="module")
+def million(pg_admin_dsn: str, template_db: str) -> Iterator[tuple[Topology, str, list[int]]]:
+    """Two shards holding a million events between them, and a tenant of s1 with 100 events spread
+    evenly over s1's 400 000 (s0's 600 000 are other tenants'), all newer on s0 as on s1 as time goes:
+    the rows are inserted by generate_series with the queue's triggers off (session_replication_role
+    = replica: these rows are only browsed, no manager runs on them), about 3 s instead of a minute.
+    Returns the topology, the tenant and its event ids, newest first."""
+    with _two_shards(pg_admin_dsn, template_db, "qm_webm", {"partitions": 4, "shuffle": 2}) as topo:
+        yield (topo, *_fill_a_million(topo))
+
+
+def _fill_a_million(topo: Topology) -> tuple[str, list[int]]:
+    tenant = tenants_of(topo.shards[1], 1, "needle")[0]
+    for shard in topo.shards:
+        others = tenants_of(shard, 50, "hay")
+        rows = MILLION[shard.name]
+        with psycopg.connect(shard.dsn, autocommit=True) as c:
+            c.execute("SET session_replication_role = replica")
+            c.execute(
+                "INSERT INTO orders (tenant, partition, payload, fire_at, created_at) "
+                "SELECT CASE WHEN n.needle THEN %(needle)s::text ELSE (%(others)s::text[])[1 + i %% 50] END, "
+                "       i %% 4, jsonb_build_object('i', i, 'kind', CASE WHEN n.needle THEN 'rare' ELSE 'common' END), "
+                "       now() + interval '1 day', now() - interval '1 hour' + i * (interval '1 second' / %(rate)s) "
+                "  FROM generate_series(1, %(rows)s) i "
+                " CROSS JOIN LATERAL (SELECT %(needle)s::text IS NOT NULL AND i %% %(spread)s = 0 AS needle) n",
+                {
+                    "needle": tenant if shard.name == "s1" else None,
+                    "spread": SPREAD,
+                    "others": others,
+                    "rows": rows,
+                    "rate": rows // 1000,  # each shard's rows span the same 1000 s
+                },
+            )
+            c.execute("ANALYZE orders")
+    with psycopg.connect(topo.shards[1].dsn) as c:
+        ids = [int(r[0]) for r in c.execute("SELECT id FROM orders WHERE tenant = %s ORDER BY id DESC", (tenant,))]
+    assert len(ids) == MILLION["s1"] // SPREAD
+    return tenant, ids
+
+
+def test_a_tenants_events_at_a_million_rows_are_on_the_first_page_and_paged_once_each(
+    million: tuple[Topology, str, list[int]], browser: Any
+) -> None:
+    """A tenant filter reads the tenant's own shard only: its newest events are on the first page,
+    though s0's newest rows are other tenants' (a look there would find nothing); "older" pages
+    through all of them, each once, newest first. Without a tenant filter, a payload filter that
+    only s1's rows match still shows them on the first page: s0's empty look holds nothing back."""
+    from urllib.parse import quote
+
+    from queue_manager.web.app import WebConfig
+
+    topo, tenant, ids = million
+    with serving(WebConfig(topology=topo, tokens=web_tokens())) as url:
+        page = _page(browser, url, READ)
+        started = time.monotonic()
+        page.goto(f"{url}/queues/orders/events?tenant={quote(tenant)}")
+        first = page.locator("#events tbody tr[data-id]").evaluate_all("rows => rows.map(r => r.dataset.id)")
+        per_look = 20_000 // SPREAD  # the tenant's events among s1's newest 20 000 rows
+        assert first == [f"s1:{i}" for i in ids[:per_look]]
+        seen = list(first)
+        pages = 1
+        while page.locator("#older").count():
+            page.click("#older")
+            page.wait_for_load_state()
+            seen += page.locator("#events tbody tr[data-id]").evaluate_all("rows => rows.map(r => r.dataset.id)")
+            pages += 1
+            assert pages <= MILLION["s1"] // 20_000 + 2, "paging does not end"
+        assert seen == [f"s1:{i}" for i in ids], "every event of the tenant once, newest first"
+        paged = time.monotonic() - started
+
+        page.goto(f"{url}/queues/orders/events?{'payload=' + quote('payload.kind = rare')}")
+        rows = page.locator("#events tbody tr[data-id]").evaluate_all("rows => rows.map(r => r.dataset.id)")
+        assert rows == [f"s1:{i}" for i in ids[:per_look]], "s0's empty look held s1's matches back"
+        page.context.close()
+    print(f"paged {len(seen)} events of a tenant over {pages} pages of a million rows in {paged:.1f} s")
+
+
+@contextlib.contextmanager
+def _other_site(html: str) -> Iterator[str]:
+    """A page served from another port of this host (another origin, the same site): its URL."""
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = html.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        thread.join(10)
+        httpd.server_close()
+
+
+def test_a_page_of_another_origin_cannot_frame_the_dashboard(server: str, browser: Any) -> None:
+    """Logged in, the operator opens a page of another port of the same host that frames the
+    dashboard's queue page (its pause button) and its login page: Chromium refuses both frames
+    (Content-Security-Policy frame-ancestors 'none'), and the dashboard's own pages still work."""
+    page = _page(browser, server, ADMIN)
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "frame-ancestors" in m.text else None)
+    frames = f'<iframe id="a" src="{server}/queues/orders"></iframe><iframe id="b" src="{server}/login"></iframe>'
+    with _other_site(f"<!doctype html><title>elsewhere</title>{frames}") as elsewhere:
+        page.goto(elsewhere)
+        page.wait_for_function("() => document.readyState === 'complete'")
+        children = [f for f in page.frames if f != page.main_frame]
+        assert len(children) == 2
+        deadline = time.monotonic() + 10
+        while len(refused) < 2 and time.monotonic() < deadline:
+            page.wait_for_timeout(50)  # the console messages arrive after the load event
+        assert len(refused) == 2, refused
+        for frame in children:
+            assert not frame.url.startswith(server), frame.url  # an error page, not the dashboard
+            assert frame.locator("#pause, input[name=token]").count() == 0
+    page.goto(f"{server}/queues/orders")  # the dashboard itself, with its script, under the same policy
+    assert page.locator("#pause").is_visible()
+    page.wait_for_selector("#live[data-stream=open]")
     page.context.close()

@@ -120,34 +120,47 @@ def _rows(ids: list[int]) -> list[dict[str, object]]:
     st.lists(st.integers(1, 400), unique=True, max_size=40),
     st.integers(1, 7),
     st.integers(1, 12),
+    st.integers(0, 3),
 )
-def test_merged_pages_list_every_event_once_newest_first(a: list[int], b: list[int], limit: int, scan: int) -> None:
-    """Paging a model of two shards (ids as times) with capped scans sees every row once, in order."""
-    data = {"s0": sorted(a, reverse=True), "s1": sorted(b, reverse=True)}
+def test_merged_pages_list_every_event_once_and_never_hold_a_shard_back(
+    a: list[int], b: list[int], limit: int, scan: int, gap: int
+) -> None:
+    """Paging a model of two shards (ids as times) with capped looks: every matching row is seen
+    once; each page is newest first and so is each shard's sequence of rows; and a page holds as
+    many rows as the looks found, up to its size (a shard whose look found nothing, or less than
+    it looked for, holds no other shard's rows back). Only every ``gap + 1``-th row of s0 matches,
+    so s0's looks often find nothing while s1's find plenty."""
+    table = {"s0": sorted(a, reverse=True), "s1": sorted(b, reverse=True)}
+    matching = {"s0": set(table["s0"][:: gap + 1]), "s1": set(table["s1"])}
     cursor: dict[str, int | None] = {"s0": 0, "s1": 0}
     seen: list[tuple[str, int]] = []
     for _ in range(1000):
         pages = {}
-        for name, ids in data.items():
+        for name, ids in table.items():
             position = cursor[name]
             if position is None:
                 continue
             below = [i for i in ids if position == 0 or i < position]
-            window = below[:scan]
-            rows = window[:limit]
+            window = below[:scan]  # the look: the newest `scan` rows below the cursor, matching or not
+            rows = [i for i in window if i in matching[name]][:limit]
             if len(rows) == limit:
                 pages[name] = ShardPage(_rows(rows), False, rows[-1])
             else:
-                capped = len(window) == scan and len(below) > scan
+                capped = len(below) > scan
                 pages[name] = ShardPage(_rows(rows), not capped, window[-1] if capped else None)
         page = merge(cursor, pages, limit)
+        found = sum(len(p.rows) for p in pages.values())
+        assert len(page.rows) == min(limit, found), "a shard's rows were held back"
+        times = [int(r["id"]) for _, r in page.rows]  # type: ignore[call-overload]
+        assert times == sorted(times, reverse=True), "a page is newest first"
         seen += [(s, int(r["id"])) for s, r in page.rows]  # type: ignore[call-overload]
         cursor = page.cursor
         if not page.more:
             break
     else:
         raise AssertionError("paging never ended")
-    expected = sorted([("s0", i) for i in a] + [("s1", i) for i in b], key=lambda x: (x[1], x[0] == "s1"), reverse=True)
-    assert sorted(seen) == sorted(expected)
-    times = [i for _, i in seen]
-    assert times == sorted(times, reverse=True)
+    expected = [("s0", i) for i in matching["s0"]] + [("s1", i) for i in matching["s1"]]
+    assert len(seen) == len(set(seen)) and sorted(seen) == sorted(expected)
+    for name in table:
+        mine = [i for s, i in seen if s == name]
+        assert mine == sorted(mine, reverse=True), f"{name}'s rows are newest first across the pages"

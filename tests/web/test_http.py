@@ -9,7 +9,6 @@ import json
 import re
 import uuid
 from collections.abc import Callable
-from urllib.parse import unquote_plus
 
 import psycopg
 import pytest
@@ -17,7 +16,7 @@ from starlette.testclient import TestClient
 
 from queue_manager import admin
 from queue_manager.domain.topology import Topology
-from queue_manager.web.data import Limits
+from queue_manager.web.shards import Limits
 from tests.conftest import tenants_of
 from tests.web.conftest import ADMIN, READ, csrf_of, login
 
@@ -47,6 +46,24 @@ def registry(topology: Topology, key: str) -> list[object]:
 
 def ids_on(html: str) -> list[str]:
     return re.findall(r'<tr data-id="([^"]+)"', html)
+
+
+def confirm_form(preview: str) -> dict[str, str]:
+    """The hidden fields of a confirmation page's form (what confirming posts)."""
+    return {
+        k: html.unescape(v) for k, v in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', preview)
+    }
+
+
+def notice(client: TestClient, r: object) -> str:
+    """The notice of the page an action's 303 leads to (the queue page, telling it from the audit)."""
+    assert r.status_code == 303, r.text  # type: ignore[attr-defined]
+    location = r.headers["location"]  # type: ignore[attr-defined]
+    assert "notice" not in location and "done=" in location, location
+    page = client.get(location, headers=HTML).text
+    found = re.search(r'<p class="notice" role="status"[^>]*>([^<]*)</p>', page)
+    assert found, page[-600:]
+    return html.unescape(found.group(1))
 
 
 # ------------------------------------------------------------------------------ access
@@ -151,20 +168,26 @@ def test_limits_reach_every_shard_and_bad_values_are_refused(client: TestClient,
     assert r.status_code == 400 and "max_qps" in r.text
 
 
-def overrides_by_shard(topology: Topology) -> dict[str, list[tuple[str, float, int | None]]]:
+def per_shard(topology: Topology, statement: str) -> dict[str, list[tuple[object, ...]]]:
+    """``statement``'s rows on each shard."""
     out = {}
     for shard in topology.shards:
         with psycopg.connect(shard.dsn) as c:
-            out[shard.name] = c.execute(
-                "SELECT t.tenant, t.weight, t.max_in_flight FROM qm.tenant_settings t"
-                " JOIN qm.queues q ON q.id = t.queue_id WHERE q.name = 'orders' ORDER BY t.tenant"
-            ).fetchall()
+            out[shard.name] = c.execute(statement).fetchall()  # type: ignore[arg-type]
     return out
+
+
+def overrides_by_shard(topology: Topology) -> dict[str, list[tuple[object, ...]]]:
+    return per_shard(
+        topology,
+        "SELECT t.tenant, t.weight, t.max_in_flight FROM qm.tenant_settings t"
+        " JOIN qm.queues q ON q.id = t.queue_id WHERE q.name = 'orders' ORDER BY t.tenant",
+    )
 
 
 def web_audit(shard_dsn: str) -> list[tuple[str, str, str, dict[str, object]]]:
     with psycopg.connect(shard_dsn) as c:
-        rows = c.execute("SELECT actor, action, queue, filter FROM qm.web_audit ORDER BY id").fetchall()
+        rows = c.execute("SELECT actor, action, queue, filter FROM qm.audit ORDER BY id").fetchall()
     return [(a, b, q, json.loads(f)) for a, b, q, f in rows]
 
 
@@ -175,7 +198,7 @@ def test_tenant_overrides_are_set_and_removed_on_the_tenants_shard_and_audited(
     csrf = login(client, ADMIN)
     assert 'id="tenant-set"' in client.get("/queues/orders", headers=HTML).text
     r = client.post("/queues/orders/tenants", data={"csrf": csrf, "tenant": t0, "weight": "2.5", "max_in_flight": "7"})
-    assert r.status_code == 303 and f"tenant {t0} weight 2.5, max in flight 7" in unquote_plus(r.headers["location"])
+    assert f"tenant {t0}: max_in_flight 7, weight 2.5 (on its shard)" in notice(client, r)
     r = client.post("/queues/orders/tenants", data={"csrf": csrf, "tenant": t1, "max_in_flight": "3"})
     assert r.status_code == 303
     assert overrides_by_shard(topology) == {"s0": [(t0, 2.5, 7)], "s1": [(t1, 1.0, 3)]}
@@ -187,16 +210,16 @@ def test_tenant_overrides_are_set_and_removed_on_the_tenants_shard_and_audited(
     assert t0 in page and t1 in page and "tenants/unset" in page
 
     r = client.post("/queues/orders/tenants/unset", data={"csrf": csrf, "tenant": t0})
-    assert r.status_code == 303 and "overrides removed" in unquote_plus(r.headers["location"])
+    assert "overrides removed" in notice(client, r)
     assert overrides_by_shard(topology) == {"s0": [], "s1": [(t1, 1.0, 3)]}
     r = client.post("/queues/orders/tenants/unset", data={"csrf": csrf, "tenant": t0})
-    assert r.status_code == 303 and "none to remove" in unquote_plus(r.headers["location"])
+    assert "none to remove" in notice(client, r)
 
     assert web_audit(topology.shards[0].dsn) == [
         ("alice", "tenant_set", "orders", {"tenant": t0, "weight": 2.5, "max_in_flight": 7}),
         ("alice", "tenant_set", "orders", {"tenant": t0, "max_in_flight": None}),
-        ("alice", "tenant_unset", "orders", {"tenant": t0, "removed": True}),
-        ("alice", "tenant_unset", "orders", {"tenant": t0, "removed": False}),
+        ("alice", "tenant_unset", "orders", {"tenant": t0}),
+        ("alice", "tenant_unset", "orders", {"tenant": t0}),
     ]
     assert web_audit(topology.shards[1].dsn) == [("alice", "tenant_set", "orders", {"tenant": t1, "max_in_flight": 3})]
 
@@ -409,7 +432,34 @@ def test_keyset_pages_list_every_event_once_newest_first(
     assert payloads == [12, 10, 8, 6, 4, 2, 0]
 
 
+def test_a_tenant_filter_reads_the_tenants_shard_only_and_nothing_holds_its_events_back(
+    app_for: Callable[..., TestClient], topology: Topology
+) -> None:
+    client = app_for(limits=Limits(page_size=4, scan_rows=3))
+    t1 = tenants_of(topology.shards[1], 1)[0]
+    insert(topology, [(t1, {"n": i}) for i in range(2)])
+    # newer rows of s0's own tenants: a look at s0 would find none of t1's
+    insert(topology, [(t, {"hay": 1}) for t in tenants_of(topology.shards[0], 5)])
+    login(client, READ)
+    page = client.get("/queues/orders/events", params={"tenant": t1}, headers=HTML)
+    assert page.status_code == 200 and ids_on(page.text) == ["s1:2", "s1:1"]
+    assert 'id="older"' not in page.text  # s0 was never looked at: nothing more to page through
+    # the tenant's shard is not the one named: nothing matches, and no page looks anywhere
+    page = client.get("/queues/orders/events", params={"tenant": t1, "shard": "s0"}, headers=HTML)
+    assert page.status_code == 200 and ids_on(page.text) == [] and 'id="older"' not in page.text
+    # the same events by payload, every shard looked at: s0's capped, empty look holds none back
+    page = client.get("/queues/orders/events", params={"payload": "payload.n"}, headers=HTML)
+    assert ids_on(page.text) == ["s1:2", "s1:1"] and 'id="older"' in page.text
+
+
 # ------------------------------------------------------------------------------ bulk retry
+
+
+def audit_rows(topology: Topology) -> dict[str, list[tuple[object, ...]]]:
+    return per_shard(
+        topology,
+        "SELECT actor, via, action, filter, requested, affected, finished_at IS NOT NULL FROM qm.audit ORDER BY id",
+    )
 
 
 def test_bulk_retry_of_all_matching_is_confirmed_capped_and_audited(
@@ -423,20 +473,23 @@ def test_bulk_retry_of_all_matching_is_confirmed_capped_and_audited(
     form = {"csrf": csrf, "do": "retry_dead/all", "state": "failed", "payload": "payload.k = x"}
     preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
     assert preview.status_code == 200
-    assert "<strong>5</strong>" in preview.text and "only 5 are changed" in preview.text
-    fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', preview.text)
-    confirm = {k: html.unescape(v) for k, v in fields}
-    assert confirm["confirm"] == "5" and confirm["payload"] == 'payload.k = "x"'
+    # the count is the truth (7 match), the cap binds the newest 5: t1's 3 and t0's 2 newest
+    assert "<strong>7</strong> dead letters match" in preview.text and '<strong id="bound">5</strong>' in preview.text
+    assert "<li>s0: 4 match, 2 bound</li>" in preview.text and "<li>s1: 3 match, 3 bound</li>" in preview.text
+    confirm = confirm_form(preview.text)
+    assert confirm["bound"] == "s0:4-3;s1:3-1" and confirm["payload"] == 'payload.k = "x"'
     done = client.post("/queues/orders/bulk/confirm", data={**confirm, "csrf": csrf_of(preview.text)})
-    assert done.status_code == 303 and "Retry: 5 dead letters" in unquote_plus(done.headers["location"])
+    assert "Retry: 5 dead letters of orders changed, of 5 bound (s0 2 of 2, s1 3 of 3)" in notice(client, done)
     counts = {s["shard"]: s["queues"][0]["counts"] for s in admin.status(topology)["shards"]}
-    assert counts["s0"]["to_be_fired"] + counts["s1"]["to_be_fired"] == 5
+    assert (counts["s0"]["to_be_fired"], counts["s1"]["to_be_fired"]) == (2, 3)
     assert counts["s0"]["failed"] + counts["s1"]["failed"] == 4
-    with psycopg.connect(topology.shards[0].dsn) as c:
-        audit = c.execute(
-            "SELECT actor, action, queue, filter, affected, finished_at IS NOT NULL FROM qm.web_audit"
-        ).fetchall()
-    assert audit == [("alice", "retry_dead", "orders", 'state failed, payload payload.k = "x"', 4, True)]
+    what = 'state failed, payload payload.k = "x"'
+    assert audit_rows(topology) == {
+        "s0": [("alice", "web", "retry_dead", what, 2, 2, True)],
+        "s1": [("alice", "web", "retry_dead", what, 3, 3, True)],
+    }
+    page = client.get("/audit", headers=HTML).text  # one line for the action, its counts per shard
+    assert page.count("<tr data-action=") == 1 and "s0 2 of 2" in page and "s1 3 of 3" in page
 
 
 def test_bulk_retry_of_a_selection_moves_only_dead_letters(client: TestClient, topology: Topology) -> None:
@@ -448,11 +501,10 @@ def test_bulk_retry_of_a_selection_moves_only_dead_letters(client: TestClient, t
         "/queues/orders/bulk", data={"csrf": csrf, "do": "retry_dead/selection", "sel": ["s0:1", "s0:3"]}, headers=HTML
     )
     assert preview.status_code == 200 and "<strong>1</strong>" in preview.text
-    r = client.post(
-        "/queues/orders/bulk/confirm",
-        data={"csrf": csrf, "do": "retry_dead/selection", "sel": ["s0:1", "s0:3"], "confirm": "1"},
-    )
-    assert r.status_code == 303
+    confirm = confirm_form(preview.text)
+    assert confirm["bound"] == "s0:1"
+    r = client.post("/queues/orders/bulk/confirm", data=confirm)
+    assert "Retry: 1 dead letters of orders changed, of 1 bound" in notice(client, r)
     with psycopg.connect(topology.shards[0].dsn) as c:
         states = dict(c.execute("SELECT id, state::text FROM orders ORDER BY id").fetchall())
     assert states == {1: "to_be_fired", 2: "failed", 3: "to_be_fired"}
@@ -469,29 +521,37 @@ def test_fire_now_and_reschedule_touch_only_events_not_yet_fired(client: TestCli
             )
         c.execute("UPDATE orders SET state = 'fired', attempts = 1 WHERE id = 4")  # held by a manager
     csrf = login(client, ADMIN)
-    form = {"csrf": csrf, "do": "fire_now/all", "tenant": t0}
-    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    preview = client.post("/queues/orders/bulk", data={"csrf": csrf, "do": "fire_now/all", "tenant": t0}, headers=HTML)
     assert "<strong>3</strong>" in preview.text
-    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "2"})
-    assert r.status_code == 303 and "Fire now: 2 scheduled events" in unquote_plus(r.headers["location"])
-    with psycopg.connect(s0.dsn) as c:
+    confirm = confirm_form(preview.text)
+    with psycopg.connect(s0.dsn, autocommit=True) as c:  # id 1 is fired meanwhile: the confirmation skips it
+        c.execute("UPDATE orders SET state = 'fired', attempts = 1 WHERE id = 1")
+    r = client.post("/queues/orders/bulk/confirm", data=confirm)
+    assert "Fire now: 2 scheduled events of orders changed, of 3 bound" in notice(client, r)
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
         due = c.execute("SELECT id, fire_at <= now(), state::text FROM orders ORDER BY id").fetchall()
-    assert due == [(1, False, "to_be_fired"), (2, True, "to_be_fired"), (3, True, "to_be_fired"), (4, False, "fired")]
+        c.execute("UPDATE orders SET state = 'to_be_fired', attempts = 0 WHERE id = 1")
+    assert due == [(1, False, "fired"), (2, True, "to_be_fired"), (3, True, "to_be_fired"), (4, False, "fired")]
 
-    when = "2031-01-02T03:04:05+00:00"
+    when = "2027-01-02T03:04:05+00:00"
     form = {"csrf": csrf, "do": "reschedule/selection", "sel": ["s0:1", "s0:4"], "new_fire_at": when}
     preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
     assert "<strong>1</strong>" in preview.text and when in preview.text
-    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "1"})
+    r = client.post("/queues/orders/bulk/confirm", data=confirm_form(preview.text))
     assert r.status_code == 303
     with psycopg.connect(s0.dsn) as c:
         rows = c.execute(
             "SELECT id, to_char(fire_at AT TIME ZONE 'UTC', 'YYYY') FROM orders WHERE id IN (1, 4)"
         ).fetchall()
-        audit = c.execute("SELECT action, requested, affected FROM qm.web_audit ORDER BY id").fetchall()
+        audit = c.execute("SELECT action, requested, affected FROM qm.audit ORDER BY id").fetchall()
     years = dict(rows)
-    assert years[1] == "2031" and years[4] != "2031"
-    assert audit == [("fire_now", 2, 2), ("reschedule", 2, 1)]
+    assert years[1] == "2027" and years[4] != "2027"
+    assert audit == [("fire_now", 3, 2), ("reschedule", 1, 1)]
+    # a fire_at the queue would refuse at an insert is refused here too, before any shard
+    for bad in ("1999-12-31T00:00:00Z", "2099-01-01T00:00:00Z"):
+        form["new_fire_at"] = bad
+        r = client.post("/queues/orders/bulk", data=form)
+        assert r.status_code == 400 and "out of range" in r.text
 
 
 def loads(topology: Topology) -> dict[str, list[int]]:
@@ -505,7 +565,9 @@ def loads(topology: Topology) -> dict[str, list[int]]:
     return out
 
 
-def test_cancel_deletes_only_scheduled_events_and_counts_them_done(client: TestClient, topology: Topology) -> None:
+def test_cancel_takes_only_events_not_yet_settled_and_counts_the_scheduled_ones_done(
+    client: TestClient, topology: Topology
+) -> None:
     s0 = topology.shards[0]
     t0 = tenants_of(s0, 1)[0]
     with psycopg.connect(s0.dsn, autocommit=True) as c:
@@ -524,7 +586,7 @@ def test_cancel_deletes_only_scheduled_events_and_counts_them_done(client: TestC
 
     r = client.post(
         "/queues/orders/bulk/confirm",
-        data={"do": "cancel/selection", "sel": picked, "confirm": "6"},
+        data={"do": "cancel/selection", "sel": picked, "bound": "s0:6-1"},
         headers={"authorization": f"Bearer {READ}"},
     )
     assert r.status_code == 403 and "read-only" in r.text
@@ -532,17 +594,23 @@ def test_cancel_deletes_only_scheduled_events_and_counts_them_done(client: TestC
     csrf = login(client, ADMIN)
     form = {"csrf": csrf, "do": "cancel/selection", "sel": picked}
     preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
-    assert preview.status_code == 200 and "<strong>2</strong>" in preview.text and "<li>s0: 2</li>" in preview.text
-    assert "Cancel 2 scheduled events" in preview.text
-    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "2"})
-    assert r.status_code == 303 and "Cancel: 2 scheduled events" in unquote_plus(r.headers["location"])
+    assert (
+        preview.status_code == 200
+        and "<strong>4</strong>" in preview.text
+        and "<li>s0: 4 match, 4 bound</li>" in preview.text
+    )
+    assert "Cancel 4 events not yet settled" in preview.text
+    # a forged confirmation binding every id changes only what the action may: still 4
+    r = client.post("/queues/orders/bulk/confirm", data={**confirm_form(preview.text), "bound": "s0:6-1"})
+    assert "Cancel: 4 events not yet settled of orders changed, of 6 bound" in notice(client, r)
     with psycopg.connect(s0.dsn) as c:
         left = dict(c.execute("SELECT id, state::text FROM orders ORDER BY id").fetchall())
-        audit = c.execute("SELECT action, requested, affected, finished_at IS NOT NULL FROM qm.web_audit").fetchall()
-    assert left == {2: "to_be_fired", 3: "fired", 4: "acked", 5: "failed"}
-    assert audit == [("cancel", 6, 2, True)]
+        audit = c.execute("SELECT action, requested, affected, finished_at IS NOT NULL FROM qm.audit").fetchall()
+    assert left == {1: "cancelled", 2: "cancelled", 3: "cancelled", 4: "acked", 5: "failed", 6: "cancelled"}
+    assert audit == [("cancel", 6, 4, True)]
+    # the scheduled and due ones are counted done at once; a fired one by its manager, which hears of it
     expected = list(before["s0"])
-    for gone in (1, 6):
+    for gone in (1, 2, 6):
         expected[partition[gone]] -= 1
     assert loads(topology) == {**before, "s0": expected}
 
@@ -559,33 +627,29 @@ def test_cancel_of_all_matching_is_confirmed_capped_and_audited(
                     "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, %s, now() + interval '1 hour')",
                     (tenant, json.dumps({"n": i})),
                 )
-    insert(topology, [(t1, {"due": True})])  # due now: not a scheduled event, never cancelled
     before = loads(topology)
     csrf = login(client, ADMIN)
     form = {"csrf": csrf, "do": "cancel/all", "state": "to_be_fired"}
     preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
     assert preview.status_code == 200
-    assert "<strong>3</strong>" in preview.text and "only 3 are changed" in preview.text
-    assert "<li>s0: 3</li>" in preview.text and "<li>s1: 2</li>" in preview.text
-    fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', preview.text)
-    confirm = {k: html.unescape(v) for k, v in fields}
-    assert confirm["confirm"] == "3"
+    assert (
+        "<strong>5</strong> events not yet settled match" in preview.text
+        and '<strong id="bound">3</strong>' in preview.text
+    )
+    assert "<li>s0: 3 match, 1 bound</li>" in preview.text and "<li>s1: 2 match, 2 bound</li>" in preview.text
+    confirm = confirm_form(preview.text)
+    assert confirm["bound"] == "s0:3;s1:2-1"
     done = client.post("/queues/orders/bulk/confirm", data={**confirm, "csrf": csrf_of(preview.text)})
-    assert done.status_code == 303 and "Cancel: 3 scheduled events" in unquote_plus(done.headers["location"])
+    changed = "Cancel: 3 events not yet settled of orders changed, of 3 bound (s0 1 of 1, s1 2 of 2)"
+    assert changed in notice(client, done)
     counts = {s["shard"]: s["queues"][0]["counts"]["to_be_fired"] for s in admin.status(topology)["shards"]}
-    assert counts == {"s0": 0, "s1": 3}
-    audit = {}
-    for s in topology.shards:
-        with psycopg.connect(s.dsn) as c:
-            audit[s.name] = c.execute(
-                "SELECT actor, action, filter, affected, finished_at IS NOT NULL FROM qm.web_audit"
-            ).fetchall()
-    assert audit == {
-        "s0": [("alice", "cancel", "state to_be_fired", 3, True)],
-        "s1": [("alice", "cancel", "state to_be_fired", 0, True)],
+    assert counts == {"s0": 2, "s1": 0}
+    assert audit_rows(topology) == {
+        "s0": [("alice", "web", "cancel", "state to_be_fired", 1, 1, True)],
+        "s1": [("alice", "web", "cancel", "state to_be_fired", 2, 2, True)],
     }
     after = loads(topology)
-    assert after["s1"] == before["s1"] and sum(after["s0"]) == sum(before["s0"]) - 3
+    assert sum(after["s0"]) == sum(before["s0"]) - 1 and sum(after["s1"]) == sum(before["s1"]) - 2
 
 
 def test_the_health_page_shows_spark_runs_and_transactions_left_prepared(
@@ -638,6 +702,73 @@ def test_a_shard_down_gets_a_clear_message_never_a_500(topology: Topology) -> No
             assert "s1" in r.text or "did not answer" in r.text, (path, r.text[-500:])
 
 
+# ------------------------------------------------------------------------------ the confirmation and the notices
+
+
+def test_a_confirmation_binds_the_events_it_counted_and_newer_matches_are_not_taken(
+    app_for: Callable[..., TestClient], topology: Topology
+) -> None:
+    client = app_for()
+    t0, t1 = tenants_of(topology.shards[0], 1)[0], tenants_of(topology.shards[1], 1)[0]
+    insert(topology, [(t0, {"n": i}) for i in range(3)] + [(t1, {"n": i}) for i in range(2)])
+    kill(topology)
+    csrf = login(client, ADMIN)
+    preview = client.post("/queues/orders/bulk", data={"csrf": csrf, "do": "retry_dead/all"}, headers=HTML)
+    assert "<strong>5</strong> dead letters match" in preview.text
+    confirm = confirm_form(preview.text)
+    # after the confirmation page: two newer dead letters, one on each shard
+    insert(topology, [(t0, {"newer": 1}), (t1, {"newer": 1})])
+    kill(topology, "payload ? 'newer'")
+    r = client.post("/queues/orders/bulk/confirm", data=confirm)
+    assert "Retry: 5 dead letters of orders changed, of 5 bound" in notice(client, r)
+    for shard in topology.shards:
+        with psycopg.connect(shard.dsn) as c:
+            failed = c.execute("SELECT payload FROM orders WHERE state = 'failed'").fetchall()
+        assert failed == [({"newer": 1},)], shard.name  # the newer ones still wait for their own confirmation
+    # a count past its cap says so, rather than a number that is not the truth
+    kill(topology)
+    insert(topology, [(t0, {"more": i}) for i in range(3)])
+    kill(topology)  # 7 on s0, 3 on s1
+    client = app_for(limits=Limits(bulk_cap=3, bulk_count_cap=4))
+    csrf = login(client, ADMIN)
+    preview = client.post("/queues/orders/bulk", data={"csrf": csrf, "do": "retry_dead/all"}, headers=HTML)
+    assert "<strong>7</strong>+ dead letters match (more than 4 on a shard: the count stopped there)" in preview.text
+    assert '<strong id="bound">3</strong>' in preview.text
+    assert "<li>s0: more than 4 match, 3 bound</li>" in preview.text and "<li>s1: 3 match, 0 bound</li>" in preview.text
+
+
+def test_a_notice_is_told_from_the_audit_never_from_the_url(client: TestClient, topology: Topology) -> None:
+    csrf = login(client, ADMIN)
+    for query in ("notice=<b>forged</b>", "done=forged", f"done={uuid.uuid4()}", "done=" + "9" * 5000):
+        page = client.get(f"/queues/orders?{query}", headers=HTML)
+        assert page.status_code == 200 and "forged" not in page.text and 'class="notice"' not in page.text, query
+    r = client.post("/queues/orders/pause", data={"csrf": csrf})
+    assert notice(client, r) == "orders paused on every shard"
+    r = client.post("/queues/orders/limits", data={"csrf": csrf, "max_qps": "7.5", "max_concurrency": ""})
+    assert notice(client, r) == "orders: max_concurrency none, max_qps 7.5 on every shard"
+    # the audit says who did it, from where, and how far it got on each shard
+    page = client.get("/audit", headers=HTML).text
+    assert page.count("<tr data-action=") == 2 and 'alice <span class="hint">(web)</span>' in page
+    assert '<span class="part">s0 1 of 1</span> · <span class="part">s1 1 of 1</span>' in page
+
+
+def test_the_read_only_events_page_renders_no_bulk_form(client: TestClient, topology: Topology) -> None:
+    insert(topology, [(tenants_of(topology.shards[0], 1)[0], {"n": 1})])
+    kill(topology)
+    login(client, READ)
+    page = client.get("/queues/orders/events", headers=HTML).text
+    assert ids_on(page) == ["s0:1"]
+    assert (
+        'id="bulk"' not in page
+        and "/bulk" not in page
+        and 'name="sel"' not in page
+        and 'method="post"' not in page.split("</header>", 1)[1]
+    )
+    login(client, ADMIN)
+    page = client.get("/queues/orders/events", headers=HTML).text
+    assert 'id="bulk"' in page and 'name="sel"' in page
+
+
 def test_reschedule_moves_events_to_another_priority_and_the_queue_page_shows_keys_and_their_settings(
     client: TestClient, topology: Topology
 ) -> None:
@@ -655,7 +786,7 @@ def test_reschedule_moves_events_to_another_priority_and_the_queue_page_shows_ke
     form = {"csrf": csrf, "do": "reschedule/selection", "sel": ["s0:1", "s0:2"], "new_priority": "1"}
     preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
     assert "<strong>1</strong>" in preview.text and "at priority 1" in preview.text
-    r = client.post("/queues/orders/bulk/confirm", data={**form, "confirm": "1"})
+    r = client.post("/queues/orders/bulk/confirm", data=confirm_form(preview.text))
     assert r.status_code == 303
     with psycopg.connect(s0.dsn) as c:
         got = c.execute("SELECT id, priority, fire_at > now() FROM orders ORDER BY id").fetchall()

@@ -16,7 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from queue_manager.domain.topology import Topology
-from queue_manager.web import data
+from queue_manager.web import shards
 from queue_manager.web.monitor import Monitor
 from tests.conftest import tenants_of
 from tests.web.conftest import READ
@@ -81,7 +81,7 @@ def test_live_events_come_from_the_load_counters_not_a_count(
 def test_in_hand_dead_letters_and_due_are_counted_up_to_their_caps(
     app_for: Callable[..., TestClient], topology: Topology
 ) -> None:
-    from queue_manager.web.data import Limits
+    from queue_manager.web.shards import Limits
 
     client = app_for(idle_seconds=1.0, limits=Limits(count_cap=2, due_cap=4))
     s0 = topology.shards[0]
@@ -163,12 +163,12 @@ def test_the_listener_comes_back_after_its_connection_is_killed(
 
 
 def test_pooled_connections_are_reused_and_carry_the_statement_timeout(topology: Topology) -> None:
-    limits = data.Limits(statement_timeout_ms=1234)
-    shards = data.Shards(data.guarded(topology, limits), limits)
+    limits = shards.Limits(statement_timeout_ms=1234)
+    pools = shards.Shards(shards.guarded(topology, limits), limits)
     try:
         pids = set()
         for _ in range(3):
-            with shards.connect(topology.shards[0]) as conn:
+            with pools.connect(topology.shards[0]) as conn:
                 row = conn.execute(
                     "SELECT current_setting('statement_timeout') AS t, pg_backend_pid() AS pid"
                 ).fetchone()
@@ -176,11 +176,11 @@ def test_pooled_connections_are_reused_and_carry_the_statement_timeout(topology:
                 pids.add(row["pid"])
             time.sleep(0.2)  # the pool's first connection may still be on its way at the first call
         assert len(pids) <= 2, pids  # the pool's connection is reused
-        with shards.connect(topology.shards[0]) as conn, pytest.raises(psycopg.errors.QueryCanceled):
+        with pools.connect(topology.shards[0]) as conn, pytest.raises(psycopg.errors.QueryCanceled):
             conn.execute("SELECT pg_sleep(3)")
     finally:
-        shards.close()
-    with shards.connect(topology.shards[0]) as conn:  # closed: a connection of its own
+        pools.close()
+    with pools.connect(topology.shards[0]) as conn:  # closed: a connection of its own
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
 
 

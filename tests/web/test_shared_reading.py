@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from queue_manager.web.app import Shared
+from queue_manager.web.cache import Shared
 
 
 def test_a_stale_reading_is_served_while_the_next_one_is_taken() -> None:

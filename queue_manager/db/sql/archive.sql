@@ -14,13 +14,13 @@ SELECT name FROM qm.queues ORDER BY name
 
 -- archive_plan_queue --
 -- A run's fixed bounds for one queue, in one snapshot: the highest id (max_id: rows above it are
--- never this run's) and the candidates at or below it, settled (acked or failed) before the cut-off.
+-- never this run's) and the candidates at or below it, settled (acked, cancelled or failed) before the cut-off.
 SELECT m.max_id, c.n, c.lo, c.hi
   FROM (SELECT coalesce(max(id), 0) AS max_id FROM {queue}) m
  CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(q.id) AS lo, max(q.id) AS hi
       FROM {queue} q
-     WHERE q.id <= m.max_id AND q.state IN ('acked', 'failed')
+     WHERE q.id <= m.max_id AND q.state IN ('acked', 'cancelled', 'failed')
        AND coalesce(q.acked_at, q.fired_at, q.created_at) < %(cutoff)s) c
 
 -- archive_source --
@@ -29,10 +29,11 @@ SELECT m.max_id, c.n, c.lo, c.hi
 -- settle time is computed here as text, so that no JVM or session time zone can shift it.
 (SELECT q.id, q.tenant, q.partition, q.fire_at, q.state::text AS state, q.attempts, q.payload::text AS payload,
         q.dedup_key, q.created_at, q.fired_at, q.acked_at, q.ack_deadline, q.fired_term, q.last_error,
+        q.traceparent, q.tracestate, q.baggage,
         coalesce(q.acked_at, q.fired_at, q.created_at) AS settled_at,
         to_char(coalesce(q.acked_at, q.fired_at, q.created_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day
    FROM {queue} q
-  WHERE q.id <= {max_id} AND q.state IN ('acked', 'failed')
+  WHERE q.id <= {max_id} AND q.state IN ('acked', 'cancelled', 'failed')
     AND coalesce(q.acked_at, q.fired_at, q.created_at) < {cutoff}) AS qm_archive_source
 
 -- archive_delete --
@@ -40,7 +41,7 @@ SELECT m.max_id, c.n, c.lo, c.hi
 -- cut-off and within the run's ids. A row retried, re-fired or settled again since it was read
 -- fails the guard and stays. The state is compared as text, so the planner probes the primary key.
 DELETE FROM {queue} q
- WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id <= %(max_id)s AND q.state::text IN ('acked', 'failed')
+ WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id <= %(max_id)s AND q.state::text IN ('acked', 'cancelled', 'failed')
    AND coalesce(q.acked_at, q.fired_at, q.created_at) < %(cutoff)s
 
 -- archive_kept --

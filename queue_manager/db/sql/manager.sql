@@ -34,6 +34,20 @@ SELECT name FROM qm.shard
 -- mgr_acquire --
 SELECT qm.acquire_leadership(%(holder)s, %(ttl)s)
 
+-- mgr_lease --
+-- What a standby looks at on each poll (a plain read, no lock): the lease's term, the backend its
+-- holder renewed it from (NULL: no holder, or a reshard's), the seconds until it expires (negative
+-- once it has), and whether the holder still has a connection (its process is alive and reaches
+-- the database: qm.holder_connected).
+SELECT l.term, l.holder_pid,
+       CASE WHEN isfinite(l.expires_at) THEN extract(epoch FROM l.expires_at - clock_timestamp())::double precision
+            ELSE -1e9 END AS expires_in,
+       l.holder_pid IS NOT NULL AND qm.holder_connected(l.holder, l.holder_pid) AS connected
+  FROM qm.leader l
+
+-- mgr_take_over --
+SELECT qm.take_over_leadership(%(holder)s, %(ttl)s, %(from_term)s, %(from_pid)s)
+
 -- mgr_renew --
 SELECT qm.renew_leadership(%(holder)s, %(term)s, %(ttl)s)
 
@@ -395,29 +409,11 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
          LIMIT 1)
   FROM moved
 
--- events_retry --
--- Put dead-lettered events back: a fresh attempt budget, due now. A dead letter counted as done
--- (qm.add_done when it failed): back in the queue it counts as load again, so the enqueue counters
--- of its partition are bumped in the same statement (qm.add_load), as a bulk load's are.
-WITH moved AS (
-        UPDATE {queue} SET state = 'to_be_fired', attempts = 0, fire_at = now(), last_error = NULL,
-               fired_at = NULL, acked_at = NULL, ack_deadline = NULL
-         WHERE state = 'failed'
-           AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-           AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-        RETURNING id, partition),
-     bumped AS (
-        SELECT qm.add_load(%(queue)s, array_agg(c.part), array_agg(c.n)) AS done
-          FROM (SELECT partition::integer AS part, count(*)::integer AS n FROM moved GROUP BY partition) c
-        HAVING count(*) > 0)
-SELECT m.id FROM moved m LEFT JOIN bumped b ON true
-
--- events_wake --
-SELECT pg_notify('qm_wake', %(queue)s)
-
 -- mgr_slice_purge --
 -- A retention slice: in one partition, delete up to %(limit)s acked events acked more than
--- %(retention)s seconds ago and up to %(limit)s failed events whose last fire (their settle time,
+-- %(retention)s seconds ago, as many cancelled ones cancelled that long ago (by the <queue>_cancelled
+-- index, whose predicate says state > 'failed': cancelled is the enum's last value), and up to
+-- %(limit)s failed events whose last fire (their settle time,
 -- as in archive.sql) is more than %(failed_retention)s seconds ago (NULL: failed events are kept),
 -- oldest first, by the <queue>_acked and <queue>_failed indexes. Rows another transaction holds
 -- are skipped, not waited for. Runs on any manager's maintenance connection, leader or standby:
@@ -425,11 +421,18 @@ SELECT pg_notify('qm_wake', %(queue)s)
 -- The DELETE states its own guard: whatever the candidates, it never deletes a live event
 -- (to_be_fired or fired), however old. The state is compared as text so that the planner probes
 -- the primary key (see the top of this file).
--- Returns the acked and failed events deleted, and the larger of the two candidate counts (a full
--- page means more may wait in this partition).
+-- Returns the acked (with the cancelled) and failed events deleted, and the largest of the
+-- candidate counts (a full page means more may wait in this partition).
 WITH acked AS MATERIALIZED (
         SELECT q.id FROM {queue} q
          WHERE q.partition = %(partition)s AND q.state = 'acked'
+           AND q.acked_at < now() - make_interval(secs => %(retention)s)
+         ORDER BY q.acked_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED),
+     cancelled AS MATERIALIZED (
+        SELECT q.id FROM {queue} q
+         WHERE q.partition = %(partition)s AND q.state > 'failed'
            AND q.acked_at < now() - make_interval(secs => %(retention)s)
          ORDER BY q.acked_at
          LIMIT %(limit)s
@@ -445,11 +448,11 @@ WITH acked AS MATERIALIZED (
            FOR UPDATE SKIP LOCKED),
      gone AS (
         DELETE FROM {queue} q
-         WHERE q.id = ANY(ARRAY(SELECT id FROM acked UNION ALL SELECT id FROM failed))
-           AND q.state::text IN ('acked', 'failed')
+         WHERE q.id = ANY(ARRAY(SELECT id FROM acked UNION ALL SELECT id FROM cancelled UNION ALL SELECT id FROM failed))
+           AND q.state::text IN ('acked', 'cancelled', 'failed')
         RETURNING q.state)
-SELECT count(*) FILTER (WHERE state = 'acked'), count(*) FILTER (WHERE state = 'failed'),
-       greatest((SELECT count(*) FROM acked), (SELECT count(*) FROM failed))
+SELECT count(*) FILTER (WHERE state <> 'failed'), count(*) FILTER (WHERE state = 'failed'),
+       greatest((SELECT count(*) FROM acked), (SELECT count(*) FROM cancelled), (SELECT count(*) FROM failed))
   FROM gone
 
 -- mgr_slice_reconcile --

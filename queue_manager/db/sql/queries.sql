@@ -48,6 +48,10 @@ ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 -- truncate_staging --
 TRUNCATE qm_staging
 
+-- queue_exists --
+-- Whether the queue is registered on this shard (before a create: did it exist already?).
+SELECT EXISTS (SELECT 1 FROM qm.queues WHERE name = %(queue)s) AS existed
+
 -- create_queue --
 SELECT * FROM qm.create_queue(%(queue)s, %(settings)s, %(if_not_exists)s)
 

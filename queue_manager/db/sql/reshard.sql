@@ -13,6 +13,9 @@ SELECT q.name, (SELECT jsonb_object_agg(k, to_jsonb(q) -> k) FROM unnest(qm.sett
        q.partitions <> q.partitions_physical
   FROM qm.queues q ORDER BY q.id
 
+-- reshard_queue_names --
+SELECT name FROM qm.queues ORDER BY id
+
 -- reshard_create_queue --
 SELECT (qm.create_queue(%(name)s, %(settings)s, true)).name
 
@@ -31,8 +34,11 @@ SELECT qm.set_serving(%(state)s, %(shards)s::jsonb)
 -- reshard_set_shard_map --
 SELECT qm.set_shard_map(%(shards)s::jsonb)
 
--- reshard_lock_timeout --
-SELECT set_config('lock_timeout', %(timeout)s, false)
+-- reshard_freeze --
+-- The freeze of a cut-over: qm.set_serving('frozen'), each of its lock waits bounded by
+-- %(timeout)s (lock_timeout, set for this statement's own transaction, before the call runs: a
+-- subquery with a volatile function is not pulled up). One round trip.
+SELECT qm.set_serving('frozen', %(shards)s::jsonb) FROM (SELECT set_config('lock_timeout', %(timeout)s, true)) AS t
 
 -- reshard_snapshot --
 -- The next page of a queue's events after id %(after)s, each as the JSON qm.reshard_apply takes
@@ -80,16 +86,15 @@ SELECT q.name,
 -- reshard_sync_tenants --
 SELECT qm.reshard_sync_tenants(%(queue)s, %(range_start)s, %(range_end)s, %(rows)s::jsonb)
 
--- reshard_term --
-SELECT term FROM qm.leader
+-- reshard_origin_marks --
+-- A frozen shard's leader term, and the last id each queue's sequence gave out ({queue: id}, null:
+-- none yet): a receiving shard's term and sequences go above them (qm.reshard_finish_copy).
+SELECT (SELECT term FROM qm.leader),
+       (SELECT jsonb_object_agg(q.name, pg_sequence_last_value(pg_get_serial_sequence(format('public.%I', q.name), 'id')::regclass))
+          FROM qm.queues q)
 
 -- reshard_finish_copy --
 SELECT qm.reshard_finish_copy(%(min_term)s, %(min_ids)s::jsonb)
-
--- reshard_last_ids --
--- The last id each queue's sequence gave out on this shard (NULL: none yet).
-SELECT q.name, pg_sequence_last_value(pg_get_serial_sequence(format('public.%I', q.name), 'id')::regclass)
-  FROM qm.queues q
 
 -- reshard_reconcile --
 -- The load counters of every queue equal to its live events per partition (after a copy).

@@ -1,27 +1,7 @@
--- The web dashboard's queries (queue_manager/web/, docs/dashboard.md). Each is bounded: by a
--- primary key or index lookup, by a capped scan of the newest rows (%(scan)s), or by a LIMIT, and
--- every dashboard connection runs under a statement timeout. Filters are bound parameters; a NULL
--- parameter is no filter (unnamed statements are planned with their values, so a NULL test folds
--- away).
-
--- web_event_filters --
--- Not a statement: the event browser's filters on an event row e, which the queries below name by
--- a "filters" placeholder that queue_manager.web.data fills with this text. A NULL parameter is no
--- filter.
-(%(state)s::text IS NULL OR e.state::text = %(state)s::text)
-   AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
-   AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
-   AND (%(dedup_key)s::text IS NULL OR e.dedup_key = %(dedup_key)s::text)
-   AND (%(fire_from)s::timestamptz IS NULL OR e.fire_at >= %(fire_from)s::timestamptz)
-   AND (%(fire_to)s::timestamptz IS NULL OR e.fire_at < %(fire_to)s::timestamptz)
-   AND (%(created_from)s::timestamptz IS NULL OR e.created_at >= %(created_from)s::timestamptz)
-   AND (%(created_to)s::timestamptz IS NULL OR e.created_at < %(created_to)s::timestamptz)
-   AND (%(jop)s::text IS NULL
-        OR CASE %(jop)s::text
-             WHEN 'exists' THEN e.payload #> %(jpath)s::text[] IS NOT NULL
-             WHEN '=' THEN e.payload #> %(jpath)s::text[] = %(jvalue)s::jsonb
-             ELSE e.payload #> %(jpath)s::text[] <> %(jvalue)s::jsonb
-           END)
+-- The web dashboard's reads (queue_manager/web/, docs/dashboard.md; its actions are admin.sql's).
+-- Each is bounded: by a primary key or index lookup, by a capped scan of the newest rows
+-- (%(scan)s), or by a LIMIT, and every dashboard connection runs under a statement timeout. The
+-- event browser's filters are admin.sql's event_filters, put in where a query says {filters}.
 
 -- web_events_page --
 -- One page of a queue's events on this shard, newest first, below the keyset cursor %(before)s
@@ -56,57 +36,9 @@ SELECT count(*) AS scanned, min(id) AS floor
 -- web_event --
 -- One event, whole.
 SELECT id, tenant, partition, fire_at, state::text AS state, attempts, dedup_key, created_at, fired_at, acked_at,
-       ack_deadline, fired_term, last_error, jsonb_pretty(payload) AS payload
+       ack_deadline, fired_term, last_error, priority, concurrency_key, rate_key, jsonb_pretty(payload) AS payload
   FROM {queue}
  WHERE id = %(id)s
-
--- web_action_ids --
--- The events one slice of a bulk action may change: in state %(target)s (one no manager holds in
--- hand: failed, or to_be_fired), matching the filter and, when %(ids)s is given, among those ids;
--- with %(future)s, only those not yet due. Below id %(below)s (NULL: from the newest), newest
--- first, at most %(limit)s.
-SELECT e.id
-  FROM {queue} e
- WHERE e.state = %(target)s::qm.event_state
-   AND (NOT %(future)s OR e.fire_at > now())
-   AND (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
-   AND (%(ids)s::bigint[] IS NULL OR e.id = ANY(%(ids)s::bigint[]))
-   AND {filters}
- ORDER BY e.id DESC
- LIMIT %(limit)s
-
--- web_fire_now --
--- Scheduled events made due now. Only rows still to_be_fired and not yet due change: the manager
--- fires an event only by an UPDATE that finds it to_be_fired and due, so it fires each once; the
--- queue's qm_rescheduled trigger wakes it at commit.
-UPDATE {queue} SET fire_at = now()
- WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
-RETURNING id
-
--- web_reschedule --
--- Scheduled events moved to %(fire_at)s (earlier or later) and/or to priority %(priority)s (NULL: kept).
--- Only rows still to_be_fired change; a manager that cached one at its old time cannot fire it
--- early: its fire needs fire_at <= now(). The queue's qm_rescheduled trigger wakes it at commit.
-UPDATE {queue}
-   SET fire_at = coalesce(%(fire_at)s::timestamptz, fire_at), priority = coalesce(%(priority)s::smallint, priority)
- WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired'
-RETURNING id
-
--- web_cancel --
--- Scheduled events deleted before they fire. Only rows still to_be_fired and not yet due go: the
--- manager fires an event only by an UPDATE that finds it to_be_fired and due, so an event it
--- fired or holds in the meantime is never deleted (and the qm_settled_delete trigger, for fired
--- rows, never runs here). A deleted event never reaches an ack, so it is counted done here, one
--- entry per event in its partition (qm.add_done), in the same statement: the partitions' load
--- counters stay exact. One row: the ids deleted.
-WITH gone AS (
-        DELETE FROM {queue}
-         WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired' AND fire_at > now()
-        RETURNING id, partition)
-SELECT coalesce(array_agg(id), ARRAY[]::bigint[]) AS ids,
-       qm.add_done((SELECT q.id FROM qm.queues q WHERE q.name = %(queue)s),
-                   coalesce(array_agg(partition), ARRAY[]::smallint[]))::text AS counted
-  FROM gone
 
 -- web_leader --
 -- The shard's leadership lease: term, holder, and how fresh the lease is (expires_at is -infinity
@@ -125,25 +57,6 @@ SELECT tenant, count(*) AS live,
   FROM (SELECT tenant, state, fire_at FROM {queue} WHERE state IN ('to_be_fired', 'fired') LIMIT %(scan)s) s
  GROUP BY tenant
  ORDER BY live DESC, tenant
- LIMIT %(limit)s
-
--- web_audit_start --
--- A dashboard action begins on this shard: who, what, on which filter or selection.
-INSERT INTO qm.web_audit (actor, action, queue, filter, requested)
-VALUES (%(actor)s, %(action)s, %(queue)s, %(filter)s, %(requested)s)
-RETURNING id
-
--- web_audit_progress --
--- A slice of the action committed (in the slice's own transaction).
-UPDATE qm.web_audit SET affected = affected + %(n)s WHERE id = %(audit)s
-
--- web_audit_finish --
-UPDATE qm.web_audit SET finished_at = now() WHERE id = %(audit)s
-
--- web_audit_recent --
-SELECT id, at, actor, action, queue, filter, requested, affected, finished_at
-  FROM qm.web_audit
- ORDER BY id DESC
  LIMIT %(limit)s
 
 -- web_spark_runs --

@@ -35,14 +35,18 @@ BEGIN
     -- further back. The payload: '<queue> due|at <t>', t in epoch microseconds the earliest fire_at
     -- of the statement's rows or the transaction's start, whichever is earlier (so that the
     -- statements of one transaction send the same text, which PostgreSQL folds into one
-    -- notification), 'due' when every row is due now (a direct fire, no rescan).
+    -- notification), 'due' when every row is due now (a direct fire, no rescan). When every row is
+    -- due later, t is their earliest fire_at instead: a manager whose window cache already reaches
+    -- past it need not rescan (statements of one transaction that schedule events then send one
+    -- notification each).
     IF NOT pg_try_advisory_xact_lock_shared(qm.lock_class('wake'), %3$s)
        OR EXISTS (SELECT FROM qm_new r WHERE r.fire_at < clock_timestamp() - interval '%5$s milliseconds') THEN
         -- a two-phase publish (qm.publish_run) sends the wake-up itself after COMMIT PREPARED:
         -- PostgreSQL refuses to PREPARE a transaction that has sent a NOTIFY
         IF current_setting('qm.defer_wake', true) IS DISTINCT FROM 'on' THEN
             PERFORM pg_notify('qm_wake', %4$L || CASE WHEN bool_or(r.fire_at > clock_timestamp()) THEN ' at ' ELSE ' due ' END
-                                         || (extract(epoch FROM least(min(r.fire_at), now())) * 1000000)::bigint)
+                                         || (extract(epoch FROM CASE WHEN bool_and(r.fire_at > clock_timestamp()) THEN min(r.fire_at)
+                                                                     ELSE least(min(r.fire_at), now()) END) * 1000000)::bigint)
                FROM qm_new r;
         END IF;
     END IF;

@@ -61,12 +61,15 @@ BEGIN
           WHERE b.r->>''dedup_key'' IS NOT NULL AND e.tenant = b.r->>''tenant''
             AND e.dedup_key = b.r->>''dedup_key'' AND e.id <> b.lid', t)
       USING coalesce(upserts, '[]'), queue_name, me, origin;
+    -- (the record is built in FROM, once per row: (f(x)).* in the select list would call f once
+    -- per column, measured at 0.6 s for 951 rows instead of 0.03 s)
     EXECUTE format(
         'INSERT INTO %1$s
-         SELECT (jsonb_populate_record(NULL::%1$s, (b.r - ''home'' - ''home_id'') || jsonb_build_object(''id'', b.lid))).*
+         SELECT p.*
            FROM (SELECT coalesce(CASE WHEN r->>''home'' = $3 THEN (r->>''home_id'')::bigint END, m.local_id) AS lid, r
                    FROM jsonb_array_elements($1) r
                    LEFT JOIN qm.reshard_rows m ON m.queue = $2 AND m.origin = $4 AND m.origin_id = (r->>''id'')::bigint) b
+          CROSS JOIN LATERAL jsonb_populate_record(NULL::%1$s, (b.r - ''home'' - ''home_id'') || jsonb_build_object(''id'', b.lid)) p
          ON CONFLICT (id) DO UPDATE SET tenant = excluded.tenant, partition = excluded.partition,
              fire_at = excluded.fire_at, state = excluded.state, attempts = excluded.attempts,
              payload = excluded.payload, dedup_key = excluded.dedup_key, created_at = excluded.created_at,

@@ -14,17 +14,17 @@ BEGIN
         RAISE EXCEPTION 'this database is already shard "%" (%): a reshard target must be a new database', s.name, s.serving
             USING ERRCODE = '55000';
     END IF;
-    PERFORM 1 FROM qm.leader FOR UPDATE;
     INSERT INTO qm.shard (name, range_start, range_end, serving)
     VALUES (this_shard, reshard_prepare_target.range_start, reshard_prepare_target.range_end, 'pending')
     ON CONFLICT (singleton) DO UPDATE
        SET range_start = excluded.range_start, range_end = excluded.range_end, updated_at = now();
-    -- a manager started early on the target waits as a standby: no lease while pending
-    UPDATE qm.leader l SET term = l.term + 1, holder = 'reshard', holder_pid = NULL, expires_at = clock_timestamp()
-     WHERE l.holder IS DISTINCT FROM 'reshard';
     PERFORM qm.set_shard_map(shards);
-    FOR qid IN SELECT id FROM qm.queues LOOP
+    FOR qid IN SELECT id FROM qm.queues ORDER BY id LOOP
         PERFORM qm.apply_queue(qid);
     END LOOP;
+    -- a manager started early on the target waits as a standby: no lease while pending. The leader
+    -- row last, as in qm.set_serving (the lock order of docs/operations.md)
+    UPDATE qm.leader l SET term = l.term + 1, holder = 'reshard', holder_pid = NULL, expires_at = clock_timestamp()
+     WHERE l.holder IS DISTINCT FROM 'reshard';
 END
 $$;

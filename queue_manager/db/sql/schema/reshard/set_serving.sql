@@ -3,9 +3,17 @@
 -- errors (qm.shard_map; the JSON array of qm.set_topology). Leaving 'serving' deposes the manager
 -- at once: the term moves on and the lease is over (holder 'reshard'), and since qm.acquire_leadership
 -- grants nothing while the shard does not serve, no manager takes it until the shard serves again.
--- The leader row's FOR UPDATE waits for every fenced statement in flight, and creating qm_moved on
--- each queue waits for every open write: when this commits, the shard's events no longer change.
 -- Returns the leader term after the change.
+--
+-- Lock order (docs/operations.md, "The cut-over, and what blocks for how long"): the qm.shard row
+-- (locked by the reshard's own functions only), then the queue tables in qm.queues id order, then
+-- the qm.leader row last, as every fenced statement of the manager takes them (an UPDATE or DELETE
+-- locks its queue table when it starts, then qm.fence locks the leader row FOR KEY SHARE). Leaving 'serving' takes each queue table in
+-- SHARE ROW EXCLUSIVE mode, which waits for every open write of an event, the manager's fenced
+-- ones included, and holds new ones back until this commits; the term bump then needs no lock that
+-- a fenced statement holds (an UPDATE of the term conflicts with FOR KEY SHARE only if it changed
+-- the row's key). Once this commits, no event of the shard changes any more: other writers meet
+-- qm_moved, and the manager's next fenced statement sees the new term.
 CREATE OR REPLACE FUNCTION qm.set_serving(state text, shards jsonb DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -17,12 +25,17 @@ BEGIN
         RAISE EXCEPTION 'serving state must be serving, pending, frozen or moved, got %', quote_nullable(state)
             USING ERRCODE = '22023';
     END IF;
-    PERFORM 1 FROM qm.leader FOR UPDATE;
     UPDATE qm.shard SET serving = state, updated_at = now() RETURNING * INTO s;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'this database has no shard identity yet' USING ERRCODE = '55000',
             HINT = 'run: qm migrate --topology <file>';
     END IF;
+    FOR q IN SELECT * FROM qm.queues ORDER BY id LOOP
+        IF state <> 'serving' THEN
+            EXECUTE format('LOCK TABLE public.%I IN SHARE ROW EXCLUSIVE MODE', q.name);
+        END IF;
+        PERFORM qm.apply_reshard_triggers(q, s);
+    END LOOP;
     IF state <> 'serving' THEN
         UPDATE qm.leader l SET term = l.term + 1, holder = 'reshard', holder_pid = NULL,
                                renewed_at = clock_timestamp(), expires_at = clock_timestamp()
@@ -31,9 +44,6 @@ BEGIN
     IF shards IS NOT NULL THEN
         PERFORM qm.set_shard_map(shards);
     END IF;
-    FOR q IN SELECT * FROM qm.queues ORDER BY id LOOP
-        PERFORM qm.apply_reshard_triggers(q, s);
-    END LOOP;
     SELECT l.term INTO new_term FROM qm.leader l;
     RETURN new_term;
 END

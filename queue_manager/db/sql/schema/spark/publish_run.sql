@@ -21,7 +21,7 @@ DECLARE
     -- (staged before revision 0006_trace_context, published after)
     trace_cols text;
     -- the priority and keys; the queue's default priority and no keys for a stage table created
-    -- before they existed (staged before revision 0007_priorities_keys, published after)
+    -- before they existed (staged before revision 0009_priorities_keys, published after)
     key_cols text;
 BEGIN
     SELECT * INTO r FROM qm.spark_runs s WHERE s.run_id = run AND s.queue = queue_name FOR UPDATE;

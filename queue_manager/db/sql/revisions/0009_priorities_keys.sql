@@ -1,4 +1,4 @@
--- Revision 0007_priorities_keys: priorities with aging, and concurrency and rate limits per key
+-- Revision 0009_priorities_keys: priorities with aging, and concurrency and rate limits per key
 -- (docs/design.md, "Priorities" and "Limits per key").
 --
 -- Every queue table gets three columns, written by producers (the INSERT, the Python helpers, the

@@ -1,7 +1,7 @@
--- Undo 0007_priorities_keys: the priority and key columns leave every queue table, the due index is
+-- Undo 0009_priorities_keys: the priority and key columns leave every queue table, the due index is
 -- (partition, fire_at) again, the registry loses the settings and qm.key_settings goes, with the
 -- functions of the schema source that only this revision's code has. Run `qm migrate` with the
--- code of revision 0006_trace_context afterwards: it applies that code's functions.
+-- code of revision 0008_schedules_cancel afterwards: it applies that code's functions.
 DO $$
 DECLARE
     q record;

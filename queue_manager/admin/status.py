@@ -1,173 +1,23 @@
-"""Queue administration and status across the shards of a topology.
-
-Queues exist on every shard with the same settings: ``create_queue`` and ``alter_queue``
-apply the change shard by shard through the SQL functions ``qm.create_queue`` and
-``qm.alter_queue`` (which also work from any SQL client).
+"""Status of the queues across the shards of a topology, as plain data (``qm status --json``) and as
+text (``qm status``): counts by state, depth per partition, the oldest due event, each shard's
+database health and maintenance slices. Reads only: an operator action is in
+:mod:`queue_manager.admin.actions`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import errors as pg
 from psycopg import sql
-from psycopg.rows import dict_row
 
-from queue_manager.db.errors import translate
 from queue_manager.db.health import read_health
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain import health
+from queue_manager.domain.eventfilter import STATES
 from queue_manager.domain.health import Thresholds, format_bytes
-from queue_manager.domain.names import check_queue_name
-from queue_manager.domain.settings import check_key_settings, check_settings, check_tenant_settings
 from queue_manager.domain.topology import Shard, Topology
-from queue_manager.errors import ConfigurationError, QueueManagerError, UnknownQueueError
-
-
-def _admin_error(exc: psycopg.Error, queue: str) -> QueueManagerError | psycopg.Error:
-    if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "queues"):
-        return ConfigurationError(f"queue {queue!r}: invalid settings ({exc.diag.message_primary})")
-    if isinstance(exc, pg.CheckViolation) and (exc.diag.table_name == "tenant_settings"):
-        return ConfigurationError(f"queue {queue!r}: invalid tenant settings ({exc.diag.message_primary})")
-    if isinstance(exc, pg.UndefinedTable):
-        return UnknownQueueError(exc.diag.message_primary or f"no queue named {queue!r}")
-    if isinstance(exc, pg.InvalidParameterValue | pg.InvalidTextRepresentation | pg.NumericValueOutOfRange):
-        return ConfigurationError(f"queue {queue!r}: {exc.diag.message_primary}")
-    if isinstance(exc, pg.DuplicateTable):
-        return ConfigurationError(exc.diag.message_primary or str(exc))
-    return translate(exc, queue=queue)
-
-
-def _on_every_shard(topology: Topology, queue: str, name: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    results = {}
-    for shard in topology.shards:
-        try:
-            with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
-                row = conn.execute(query(name), params).fetchone()
-        except psycopg.Error as exc:
-            raise _admin_error(exc, queue) from exc
-        assert row is not None
-        results[shard.name] = dict(row)
-    return results
-
-
-def create_queue(
-    topology: Topology, queue: str, settings: Mapping[str, Any], *, if_not_exists: bool = False
-) -> dict[str, dict[str, Any]]:
-    """Create the queue on every shard; returns each shard's registry row."""
-    check_queue_name(queue)
-    params = {"queue": queue, "settings": json.dumps(check_settings(settings)), "if_not_exists": if_not_exists}
-    return _on_every_shard(topology, queue, "create_queue", params)
-
-
-def alter_queue(topology: Topology, queue: str, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Change settings on every shard (a shrink of N completes later, see ``qm.finish_resize``)."""
-    check_queue_name(queue)
-    if not settings:
-        raise ConfigurationError("nothing to change: give at least one setting")
-    params = {"queue": queue, "settings": json.dumps(check_settings(settings))}
-    return _on_every_shard(topology, queue, "alter_queue", params)
-
-
-def set_tenant(topology: Topology, queue: str, tenant: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Set a tenant's overrides of a queue (weight, max_in_flight) on the tenant's shard, the only
-    one that dispatches its events; returns the stored row. The change reaches the shard's manager
-    at once (a NOTIFY from qm.tenant_settings makes it reload its settings)."""
-    check_queue_name(queue)
-    if not tenant:
-        raise ConfigurationError("give a non-empty tenant")
-    if not settings:
-        raise ConfigurationError("nothing to change: give --weight and/or --max-in-flight")
-    shard = topology.shard_for(tenant)
-    params = {"queue": queue, "tenant": tenant, "settings": json.dumps(check_tenant_settings(settings))}
-    try:
-        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
-            row = conn.execute(query("set_tenant"), params).fetchone()
-    except psycopg.Error as exc:
-        raise _admin_error(exc, queue) from exc
-    assert row is not None
-    return {"shard": shard.name, **dict(row)}
-
-
-def unset_tenant(topology: Topology, queue: str, tenant: str) -> bool:
-    """Drop a tenant's overrides of a queue (it goes back to weight 1 and the queue's default cap);
-    True when it had some."""
-    check_queue_name(queue)
-    shard = topology.shard_for(tenant)
-    try:
-        with psycopg.connect(shard.dsn) as conn:
-            row = conn.execute(query("unset_tenant"), {"queue": queue, "tenant": tenant}).fetchone()
-    except psycopg.Error as exc:
-        raise _admin_error(exc, queue) from exc
-    return bool(row and row[0])
-
-
-def set_key(topology: Topology, queue: str, tenant: str, key: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Set the limits of one key of a tenant (max_in_flight for its concurrency_key, max_qps for its
-    rate_key) on the tenant's shard, the only one that dispatches its events; returns the stored
-    row. The change reaches the shard's manager at once (a NOTIFY from qm.key_settings)."""
-    check_queue_name(queue)
-    if not tenant or not key:
-        raise ConfigurationError("give a non-empty tenant and key")
-    if not settings:
-        raise ConfigurationError("nothing to change: give --max-in-flight and/or --max-qps")
-    shard = topology.shard_for(tenant)
-    params = {"queue": queue, "tenant": tenant, "key": key, "settings": json.dumps(check_key_settings(settings))}
-    try:
-        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
-            row = conn.execute(query("set_key"), params).fetchone()
-    except psycopg.Error as exc:
-        raise _admin_error(exc, queue) from exc
-    assert row is not None
-    return {"shard": shard.name, **dict(row)}
-
-
-def unset_key(topology: Topology, queue: str, tenant: str, key: str) -> bool:
-    """Drop a key's own limits (the queue's key_max_in_flight and key_max_qps apply); True when it had some."""
-    check_queue_name(queue)
-    shard = topology.shard_for(tenant)
-    try:
-        with psycopg.connect(shard.dsn) as conn:
-            row = conn.execute(query("unset_key"), {"queue": queue, "tenant": tenant, "key": key}).fetchone()
-    except psycopg.Error as exc:
-        raise _admin_error(exc, queue) from exc
-    return bool(row and row[0])
-
-
-def list_keys(topology: Topology, queue: str | None = None) -> list[dict[str, Any]]:
-    """Every key's own limits of a queue (or of every queue), with the shard that holds them."""
-    if queue is not None:
-        check_queue_name(queue)
-    out = []
-    for shard in topology.shards:
-        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
-            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query("list_keys"), {"queue": queue})]
-    return out
-
-
-def list_tenants(topology: Topology, queue: str | None = None) -> list[dict[str, Any]]:
-    """Every tenant override of a queue (or of every queue), with the shard that holds it."""
-    if queue is not None:
-        check_queue_name(queue)
-    out = []
-    for shard in topology.shards:
-        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
-            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query("list_tenants"), {"queue": queue})]
-    return out
-
-
-def list_queues(topology: Topology) -> dict[str, list[dict[str, Any]]]:
-    """Every shard's queue registry."""
-    out = {}
-    for shard in topology.shards:
-        with psycopg.connect(shard.dsn, row_factory=dict_row) as conn:
-            out[shard.name] = [dict(r) for r in conn.execute(query("list_queues")).fetchall()]
-    return out
-
 
 #: ``qm status`` lists this many concurrency keys by events in hand, from at most KEYS_READ_CAP fired events
 TOP_KEYS = 10
@@ -218,9 +68,7 @@ def shard_status(shard: Shard) -> list[QueueStatus]:
                 remaining = conn.execute(query("finish_resize"), {"queue": name}).fetchone()
                 if remaining is not None and remaining[0] == 0:
                     physical = n
-            st = QueueStatus(
-                name, n, physical, k, paused, counts={s: 0 for s in ("to_be_fired", "fired", "acked", "failed")}
-            )
+            st = QueueStatus(name, n, physical, k, paused, counts=dict.fromkeys(STATES, 0))
             depth = [0] * max(physical, n)
             table = sql.Identifier(name)
             for part, state, cnt in conn.execute(sql.SQL(query("queue_state_counts")).format(queue=table)):
@@ -297,32 +145,6 @@ def status(topology: Topology, thresholds: Thresholds | None = None, *, queue: s
     return {"shards": shards}
 
 
-def retry_failed(topology: Topology, queue: str, ids: list[int] | None = None, tenant: str | None = None) -> int:
-    """Put dead-lettered (``failed``) events back to ``to_be_fired``, due now, with a fresh attempt
-    budget; on every shard, optionally only some ids or one tenant. Returns how many moved.
-
-    The running manager is woken at once (NOTIFY ``qm_wake``), so the events fire without waiting
-    for its next rescan.
-    """
-    table = sql.Identifier(check_queue_name(queue))
-    total = 0
-    for shard in topology.shards:
-        with psycopg.connect(shard.dsn) as conn:
-            try:
-                rows = conn.execute(
-                    sql.SQL(query("events_retry", "manager.sql")).format(queue=table),
-                    {"ids": ids, "tenant": tenant, "queue": queue},
-                ).fetchall()
-            except pg.UndefinedTable:
-                raise UnknownQueueError(f"no queue named {queue!r} on shard {shard.name!r}") from None
-            except psycopg.Error as exc:
-                raise QueueManagerError(f"retry on shard {shard.name!r} failed: {str(exc).strip()}") from None
-            if rows:
-                conn.execute(query("events_wake", "manager.sql"), {"queue": queue})
-            total += len(rows)
-    return total
-
-
 def render_status(data: dict[str, Any]) -> str:
     """Human-readable form of ``admin.status``."""
     lines = []
@@ -357,7 +179,7 @@ def render_status(data: dict[str, Any]) -> str:
             age = q["oldest_due_age_seconds"]
             lines.append(
                 f"  {q['queue']}: length {q['length']}  to_be_fired {c['to_be_fired']}  fired {c['fired']}  "
-                f"acked {c['acked']}  failed {c['failed']}  due {q['due_now']}"
+                f"acked {c['acked']}  cancelled {c['cancelled']}  failed {c['failed']}  due {q['due_now']}"
                 f"  oldest due {'-' if age is None else f'{age:.1f}s'}{'  PAUSED' if q['paused'] else ''}"
             )
             lines.append(f"    depth by partition: {q['depth']}")
