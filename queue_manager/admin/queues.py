@@ -66,25 +66,23 @@ def queue_row(db: Topology | Connector, queue: str) -> dict[str, Any]:
     raise UnknownQueueError(f"no queue named {queue!r} on any shard")
 
 
-def list_tenants(db: Topology | Connector, queue: str | None = None) -> list[dict[str, Any]]:
-    """Every tenant override of a queue (or of every queue), with the shard that holds it."""
+def _overrides(db: Topology | Connector, name: str, queue: str | None) -> list[dict[str, Any]]:
+    """The rows of the query ``name`` of one queue (or of every queue) on every shard, each with its shard."""
     if queue is not None:
         check_queue(queue)
     shards = connector(db)
     out = []
     for shard in shards.shards:
         with shards.connect(shard) as conn:
-            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query("list_tenants"), {"queue": queue})]
+            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query(name), {"queue": queue})]
     return out
+
+
+def list_tenants(db: Topology | Connector, queue: str | None = None) -> list[dict[str, Any]]:
+    """Every tenant override of a queue (or of every queue), with the shard that holds it."""
+    return _overrides(db, "list_tenants", queue)
 
 
 def list_keys(db: Topology | Connector, queue: str | None = None) -> list[dict[str, Any]]:
     """Every key's own limits of a queue (or of every queue), with the shard that holds them."""
-    if queue is not None:
-        check_queue(queue)
-    shards = connector(db)
-    out = []
-    for shard in shards.shards:
-        with shards.connect(shard) as conn:
-            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query("list_keys"), {"queue": queue})]
-    return out
+    return _overrides(db, "list_keys", queue)
