@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -71,42 +69,24 @@ def add_schedules(topology: Topology, count: int, every: float) -> None:
             conn.commit()
 
 
-def start_managers(topology: Topology, workdir: Path) -> tuple[list[subprocess.Popen[str]], dict[str, str]]:
+def start_managers(topology: Topology, workdir: Path) -> list[fleet.ManagerProcess]:
+    """A ``qm manager`` per shard, its log in ``workdir``."""
     topo = workdir / "topology.toml"
     topo.write_text(topology.to_toml())
     tokens = workdir / "tokens.toml"
     fleet.write_tokens(tokens, [fleet.Token("bench", procs.SECRET, (QUEUE,))])
-    managers, urls = [], {}
-    for shard in topology.shards:
-        log = (workdir / f"manager-{shard.name}.log").open("ab")
-        p = subprocess.Popen(
-            [sys.executable, "-m", "queue_manager.cli.main", *fleet.manager_argv(topo, shard.name, tokens)],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        match = re.search(r"ws://127\.0\.0\.1:(\d+)/", line)
-        if match is None:
-            raise RuntimeError(f"unexpected first line from qm manager: {line!r} (see {log.name})")
-        managers.append(p)
-        urls[shard.name] = f"ws://127.0.0.1:{match.group(1)}/"
-    return managers, urls
+    return [
+        fleet.ManagerProcess(topo, tokens, shard.name, log=workdir / f"manager-{shard.name}.log")
+        for shard in topology.shards
+    ]
 
 
-def stop(managers: list[subprocess.Popen[str]]) -> None:
-    for p in managers:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in managers:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+def stop(managers: list[fleet.ManagerProcess]) -> None:
+    """All asked to stop at once, then each waited for (killed after 20 s)."""
+    for m in managers:
+        m.signal(signal.SIGTERM)
+    for m in managers:
+        m.stop(20.0)
 
 
 def slots_enqueued(topology: Topology, start: float, end: float) -> int:
@@ -151,9 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stack.callback(_drop, admin_dsn, topology.shards[1].dsn)
         admin.create_queue(topology, QUEUE, settings)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qm-bench-schedules-")))
-        managers, urls = start_managers(topology, workdir)
+        managers = start_managers(topology, workdir)
         stack.callback(stop, managers)
-        receivers = [start_receivers(1, urls[s.name], "fire", args.credit, args.credit) for s in topology.shards]
+        receivers = [start_receivers(1, m.url, "fire", args.credit, args.credit) for m in managers]
         for r in receivers:
             r.wait_ready()
             r.go.set()

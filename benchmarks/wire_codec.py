@@ -22,9 +22,8 @@ import argparse
 import json
 import statistics
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.lib.report import emit, header
@@ -33,6 +32,7 @@ from queue_manager.wire import frames
 from queue_manager.wire.client import ACK, ClientSession, Start
 from queue_manager.wire.ledger import Ledger
 from queue_manager.wire.session import ReceiverSession, Resolve, Send, Write
+from receivers import ReceiverStats
 
 LIMITS = {
     "max_frame_bytes": 1 << 20,
@@ -66,19 +66,6 @@ class _Metrics:
 
     def nacked(self, queue: str, requeued: int, failed: int) -> None:
         pass
-
-
-@dataclass
-class _Stats:
-    delivered: int = 0
-    acked: int = 0
-    nacked: int = 0
-    dead_lettered: int = 0
-    settled_by_sql: int = 0
-    extended: int = 0
-    dropped: int = 0
-    connects: int = 0
-    errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100))
 
 
 @dataclass(slots=True)
@@ -119,7 +106,9 @@ def server_side(events: int, batch: int) -> float:
 
 def client_side(events: int, batch: int) -> float:
     """Seconds for ``events`` events delivered in frames of ``batch``, each acked and confirmed."""
-    session: ClientSession[_Event] = ClientSession("s0", "orders", slots=batch, make_event=_make_event, stats=_Stats())
+    session: ClientSession[_Event] = ClientSession(
+        "s0", "orders", slots=batch, make_event=_make_event, stats=ReceiverStats()
+    )
     session.connected()
     welcome = {"type": "welcome", "protocol": "qm.v1", "shard": "s0", "term": 1, "manager": "m", "limits": LIMITS}
     session.receive(json.dumps(welcome))

@@ -30,7 +30,6 @@ import random
 import re
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -42,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 import psycopg
 
@@ -88,75 +87,28 @@ def _answers(url: str, timeout: float) -> bool:
     return False
 
 
-class _Child:
-    """One ``qm`` command in a child process (its own session: Ctrl-C reaches only the demo)."""
+class _Child(fleet.Child):
+    """One ``qm`` command in a child process (its own session: Ctrl-C reaches only the demo), its
+    output in ``log_dir/NAME.log``."""
 
     def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> None:
         self.name = name
-        self.argv = argv
         self.log_path = log_dir / f"{name}.log"
-        self._env = env
-        self._log: IO[bytes] | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        self.log_path.write_bytes(b"")  # this run's log only
+        super().__init__(fleet.qm(*argv), log=self.log_path, env=env, new_session=True)
 
     def start(self) -> None:
-        self.close_log()
         # a restart appends to the killed process's log (its last lines tell why it was replaced)
-        restart = self.proc is not None
-        self._log = self.log_path.open("ab" if restart else "wb")
-        if restart:
-            self._log.write(f"==== restarted by the demo at {datetime.now().astimezone():%H:%M:%S}\n".encode())
-            self._log.flush()
-        self.proc = subprocess.Popen(
-            fleet.qm(*self.argv),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self._env,
-            cwd=_ROOT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc else -1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        if self.proc is not None:
+            with self.log_path.open("a") as log:
+                log.write(f"==== restarted by the demo at {datetime.now().astimezone():%H:%M:%S}\n")
+        super().start()
 
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.alive() and self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
-
-    def wait(self, timeout: float) -> bool:
-        """True when the process has ended within `timeout` seconds."""
-        if self.proc is None:
-            return True
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-
-    def stop(self, timeout: float) -> None:
-        self.signal(signal.SIGTERM)
-        if not self.wait(timeout):
-            self.signal(signal.SIGKILL)
-            self.wait(10)
-        self.close_log()
-
-    def close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 class _Manager(_Child):

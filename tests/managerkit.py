@@ -154,9 +154,10 @@ async def subscribe(
     credit: int | None = None,
     ref: str | int | None = None,
     timeout: float = 5.0,
+    features: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Subscribe ``ws`` (a :func:`raw_client`) and wait for its ``subscribed``, which is returned."""
-    await ws.send(f.Subscribe(queue, tenants, credit, ref).to_json())
+    await ws.send(f.Subscribe(queue, tenants, credit, ref, features).to_json())
     return await recv_type(ws, "subscribed", timeout)
 
 

@@ -179,10 +179,11 @@ class Ledger:
         self._settling[holder] = self._settling.get(holder, 0) + 1
         return Claim.OK, d
 
-    def unclaim(self, ident: int) -> None:
-        """The write of a claimed ack or nack was not recorded: it may be tried again."""
+    def unclaim(self, ident: int, attempt: int) -> None:
+        """The write of a claimed ack or nack of (ident, attempt) was not recorded: it may be tried
+        again. A later delivery of the event (re-fired meanwhile) keeps its own claim."""
         d = self._events.get(ident)
-        if d is not None and d.settling:
+        if d is not None and d.attempt == attempt and d.settling:
             d.settling = False
             self._unsettle(d.holder)
 
@@ -193,11 +194,14 @@ class Ledger:
         else:
             del self._settling[holder]
 
-    def settle(self, ident: int) -> Delivery | None:
-        """The database answered a claimed ack or nack: the event leaves the ledger."""
+    def settle(self, ident: int, attempt: int) -> Delivery | None:
+        """The database answered a claimed ack or nack of (ident, attempt): that delivery leaves the
+        ledger. A later one stays: a nack's release commits before its answer reaches the session,
+        and the dispatcher may fire and push the event again in between."""
         d = self._events.get(ident)
-        if d is not None:
-            self._forget(d)
+        if d is None or d.attempt != attempt:
+            return None
+        self._forget(d)
         return d
 
     def drop(self, ident: int, attempt: int | None = None) -> Delivery | None:

@@ -324,7 +324,7 @@ class ReceiverSession:
             acked: list[int] = []
             latencies = []
             for ident, attempt in op.items:
-                d = ledger.settle(ident)
+                d = ledger.settle(ident, attempt)
                 if ident in done:
                     acked.append(ident)
                     if d is not None:
@@ -348,7 +348,7 @@ class ReceiverSession:
             requeued: list[int] = []
             failed: list[int] = []
             for ident, attempt, _, _ in op.items:
-                ledger.settle(ident)
+                ledger.settle(ident, attempt)
                 if ident in dead:
                     failed.append(ident)
                 elif ident in moved:
@@ -374,7 +374,7 @@ class ReceiverSession:
         for item in op.items:
             ident, attempt = item[0], item[1]
             if op.kind is not WriteKind.EXTEND and ledger is not None:
-                ledger.unclaim(ident)
+                ledger.unclaim(ident, attempt)
             errors.append(f.item_error(ident, attempt, f.UNAVAILABLE, f"not recorded, retry: {reason}"))
         if op.kind is WriteKind.ACK:
             return [Send(f.AckResult([], errors, op.ref).to_json())]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import psycopg
 import pytest
 
 from queue_manager.domain.topology import Shard
@@ -69,7 +70,7 @@ async def test_every_frame_both_sides_send_is_checked_against_the_schema(
             more = await insert(shard.dsn, [(tenants[0], {"more": True})])
             await acked(shard.dsn, more)
         async with raw_client(m) as ws:
-            sub = await subscribe(ws, "orders", tenants=(tenants[0],), credit=2, ref="s")
+            sub = await subscribe(ws, "orders", tenants=(tenants[0],), credit=2, ref="s", features=("cancel",))
             assert sub["tenants"] == [tenants[0]]
             [ident] = await insert(shard.dsn, [(tenants[0], {"raw": True})])
             ev = (await recv_type(ws, "deliver"))["events"][0]
@@ -84,9 +85,14 @@ async def test_every_frame_both_sides_send_is_checked_against_the_schema(
             assert result["acked"] == [ident] and result["errors"][0]["code"] == "duplicate"
             await ws.send(f.Nack((f.NackItem(ident, 1, 0, "late"),), ref=4).to_json())
             assert (await recv_type(ws, "nack_result"))["errors"][0]["code"] == "unknown_id"
+            [doomed] = await insert(shard.dsn, [(tenants[0], {"cancelled": True})])
+            assert (await recv_type(ws, "deliver"))["events"][0]["id"] == doomed
+            async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+                await conn.execute("SELECT qm.cancel('orders', ARRAY[%s]::bigint[])", (doomed,))
+            assert (await recv_type(ws, "cancel"))["events"][0]["id"] == doomed
             await ws.send(json.dumps({"type": "credit", "credit": -1}))  # malformed on purpose: refused, not checked
             assert (await recv_type(ws, "error"))["code"] == f.BAD_FRAME
-    assert all(state == "acked" for state, _ in (await states(shard.dsn)).values())
+    assert {state for state, _ in (await states(shard.dsn)).values()} == {"acked", "cancelled"}
     assert check.verify() == []
     assert check.types["client"] == {c.TYPE for c in f.CLIENT_FRAMES}
     assert check.types["server"] == {c.TYPE for c in f.SERVER_FRAMES}

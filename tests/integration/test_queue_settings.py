@@ -8,6 +8,7 @@ as soon as the two drift: another settable column, another default, another boun
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -62,6 +63,25 @@ async def test_the_manager_loads_rows_by_column_name_into_every_field(shard: Sha
     )
 
 
+def _python_accepts(check: Callable[[dict[str, Any]], object], settings: dict[str, Any]) -> bool:
+    try:
+        check(settings)
+    except ConfigurationError:
+        return False
+    return True
+
+
+def _sql_accepts(conn: psycopg.Connection[Any], statement: str, settings: dict[str, Any]) -> bool:
+    """True when ``statement`` (settings as its one JSON parameter) passes the tables' CHECKs; rolled back."""
+    try:
+        conn.execute(statement, (json.dumps(settings),))
+    except psycopg.errors.CheckViolation:
+        return False
+    finally:
+        conn.rollback()
+    return True
+
+
 def _boundaries() -> list[tuple[str, Any, bool]]:
     """(setting, value, valid) at and just beyond every bound the metadata states."""
     out: list[tuple[str, Any, bool]] = []
@@ -96,17 +116,8 @@ def test_python_and_sql_accept_and_refuse_the_same_bounds(shard: Shard) -> None:
             if SETTINGS[key].kind is int and value is not None:
                 value = int(value)
             settings = {**companions.get(key, {}), key: value}
-            try:
-                check_settings(settings)
-                python_ok = True
-            except ConfigurationError:
-                python_ok = False
-            try:
-                conn.execute("SELECT qm.create_queue('bounds', %s::jsonb)", (json.dumps(settings),))
-                sql_ok = True
-            except psycopg.errors.CheckViolation:
-                sql_ok = False
-            conn.rollback()
+            python_ok = _python_accepts(check_settings, settings)
+            sql_ok = _sql_accepts(conn, "SELECT qm.create_queue('bounds', %s::jsonb)", settings)
             if (python_ok, sql_ok) != (valid, valid):
                 wrong.append(f"{key}={value!r}: python {python_ok}, sql {sql_ok}, expected {valid}")
     assert not wrong, wrong
@@ -134,17 +145,8 @@ def test_tenant_settings_bounds_agree_between_python_and_sql(shard: Shard, make_
         for key, value, valid in cases:
             if TENANT_SETTINGS[key].kind is int and value is not None:
                 value = int(value)
-            try:
-                check_tenant_settings({key: value})
-                python_ok = True
-            except ConfigurationError:
-                python_ok = False
-            try:
-                conn.execute("SELECT qm.set_tenant('tq', 'acme', %s::jsonb)", (json.dumps({key: value}),))
-                sql_ok = True
-            except psycopg.errors.CheckViolation:
-                sql_ok = False
-            conn.rollback()
+            python_ok = _python_accepts(check_tenant_settings, {key: value})
+            sql_ok = _sql_accepts(conn, "SELECT qm.set_tenant('tq', 'acme', %s::jsonb)", {key: value})
             if (python_ok, sql_ok) != (valid, valid):
                 wrong.append(f"{key}={value!r}: python {python_ok}, sql {sql_ok}, expected {valid}")
         row = conn.execute("SELECT weight, max_in_flight FROM qm.set_tenant('tq', 'fresh', '{}')").fetchone()

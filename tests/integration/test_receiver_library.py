@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,17 @@ from receivers import (
     ack_in_transaction_async,
 )
 from tests.conftest import tenants_of
-from tests.managerkit import SECRET_ALL, SECRET_OTHER, insert, rescanned, running_manager, url, wait_for, wait_leader
+from tests.managerkit import (
+    SECRET_ALL,
+    SECRET_OTHER,
+    Recorder,
+    insert,
+    rescanned,
+    running_manager,
+    url,
+    wait_for,
+    wait_leader,
+)
 from tests.processkit import ManagerProcess, lease, write_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -452,8 +462,10 @@ async def test_qm_receive_finds_the_managers_in_the_topology_file(  # type: igno
 
 
 @pytest.fixture
-def two_managers(tmp_path: Path, shards: Topology) -> Iterator[list[ManagerProcess]]:
-    """Two ``qm manager`` processes for shard s0 (lease TTL 2 s): one leads, one stands by."""
+def two_managers(tmp_path: Path, shards: Topology, make_queue: Callable[..., str]) -> Iterator[list[ManagerProcess]]:
+    """Two ``qm manager`` processes for shard s0 (lease TTL 2 s): one leads, one stands by. They
+    serve the queue ``orders`` (ack timeout 2 s, so that a lost receiver's events come back soon)."""
+    make_queue("orders", partitions=2, shuffle=1, ack_timeout_seconds=2, backoff_min_seconds=0.05)
     topo, tokens = write_config(tmp_path, shards)
     procs = [ManagerProcess(topo, tokens, "s0", 2.0) for _ in range(2)]
     yield procs
@@ -461,29 +473,32 @@ def two_managers(tmp_path: Path, shards: Topology) -> Iterator[list[ManagerProce
         p.stop()
 
 
+async def leader_and_standby(
+    dsn: str, managers: list[ManagerProcess], timeout: float = 15.0
+) -> tuple[ManagerProcess, ManagerProcess]:
+    """The manager that holds the lease and says so on /health/leader, and the other one."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        assert asyncio.get_running_loop().time() < deadline, "no manager took the lease"
+        _, pid = await lease(dsn)
+        leader = next((p for p in managers if p.pid == pid and p.health("/health/leader")[0] == 200), None)
+        if leader is not None:
+            [standby] = [p for p in managers if p is not leader]
+            return leader, standby
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-async def test_a_receiver_follows_a_failover_by_itself(  # type: ignore[no-untyped-def]
-    shard: Shard, make_queue, two_managers: list[ManagerProcess], how: str
+async def test_a_receiver_follows_a_failover_by_itself(
+    shard: Shard, two_managers: list[ManagerProcess], how: str
 ) -> None:
     """The receiver knows both managers of s0 and finds the leader by /health/leader. The leader is
     stopped (drained by SIGTERM, or killed): the receiver moves to the new leader with no help,
     and events committed before, during and after the failover are all handled and acked."""
-    make_queue("orders", partitions=2, shuffle=1, ack_timeout_seconds=2, backoff_min_seconds=0.05)
     tenants = tenants_of(shard, 4)
-    handled: list[tuple[int, int]] = []
-
-    async def handle(event: Event) -> None:
-        handled.append((event.id, event.attempt))
-
-    deadline = asyncio.get_running_loop().time() + 15
-    leader = None
-    while leader is None:
-        assert asyncio.get_running_loop().time() < deadline, "no manager took the lease"
-        _, pid = await lease(shard.dsn)
-        leader = next((p for p in two_managers if p.pid == pid and p.health("/health/leader")[0] == 200), None)
-        await asyncio.sleep(0.05)
-    [standby] = [p for p in two_managers if p is not leader]
-    async with receiving({"s0": [p.url for p in two_managers]}, handle, concurrency=4) as r:
+    handled = Recorder()
+    leader, standby = await leader_and_standby(shard.dsn, two_managers)
+    async with receiving({"s0": [p.url for p in two_managers]}, handled, concurrency=4) as r:
         assert r.leader("s0") == leader.url
         before = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(10)])
         await wait_for(lambda: r.stats.acked == 10, what="the first 10 acked")
@@ -497,34 +512,22 @@ async def test_a_receiver_follows_a_failover_by_itself(  # type: ignore[no-untyp
         after = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(20, 30)])
         await wait_for(lambda: r.stats.acked == 30, 20, "all 30 acked")
         assert r.stats.connects == 2
-    assert sorted(handled) == sorted((i, 1) for i in before + during + after)
+    assert sorted((e.id, e.attempt) for e in handled.events) == sorted((i, 1) for i in before + during + after)
     assert {v[:2] for v in (await rows(shard.dsn)).values()} == {("acked", 1)}
 
 
-async def test_a_receiver_leaves_a_frozen_leader_once_a_standby_leads(  # type: ignore[no-untyped-def]
-    shard: Shard, make_queue, two_managers: list[ManagerProcess]
+async def test_a_receiver_leaves_a_frozen_leader_once_a_standby_leads(
+    shard: Shard, two_managers: list[ManagerProcess]
 ) -> None:
     """The leader is frozen (SIGSTOP) with its sockets open: it cannot close its receivers, and
     the websocket pings would take tens of seconds. The standby takes the lease once it expires;
     the receiver, whose probe the standby holds until it leads, moves to it at once (it probed
     every second before), and events committed meanwhile are handled (found by the fault suite's
     manager-pause-active scenario, docs/faults.md)."""
-    make_queue("orders", partitions=2, shuffle=1, ack_timeout_seconds=2, backoff_min_seconds=0.05)
     tenants = tenants_of(shard, 4)
-    handled: list[tuple[int, int]] = []
-
-    async def handle(event: Event) -> None:
-        handled.append((event.id, event.attempt))
-
-    deadline = asyncio.get_running_loop().time() + 15
-    leader = None
-    while leader is None:
-        assert asyncio.get_running_loop().time() < deadline, "no manager took the lease"
-        _, pid = await lease(shard.dsn)
-        leader = next((p for p in two_managers if p.pid == pid and p.health("/health/leader")[0] == 200), None)
-        await asyncio.sleep(0.05)
-    [standby] = [p for p in two_managers if p is not leader]
-    async with receiving({"s0": [p.url for p in two_managers]}, handle, concurrency=4) as r:
+    handled = Recorder()
+    leader, standby = await leader_and_standby(shard.dsn, two_managers)
+    async with receiving({"s0": [p.url for p in two_managers]}, handled, concurrency=4) as r:
         assert r.leader("s0") == leader.url
         os.kill(leader.pid, signal.SIGSTOP)
         try:
@@ -533,7 +536,7 @@ async def test_a_receiver_leaves_a_frozen_leader_once_a_standby_leads(  # type: 
             await wait_for(lambda: r.leader("s0") == standby.url, 20, "the receiver on the new leader")
             moved = asyncio.get_running_loop().time() - frozen_at
             moved_at = time.time()
-            await wait_for(lambda: {i for i, _ in handled} >= set(during), 20, "the events committed meanwhile")
+            await wait_for(lambda: set(handled.ids()) >= set(during), 20, "the events committed meanwhile")
             # the lease TTL (2 s) and the standby's poll; then within 0.5 s of the takeover (a margin for load)
             assert moved <= 2.0 + 2.0, f"the receiver left the frozen leader after {moved:.1f} s"
             async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:

@@ -127,7 +127,7 @@ def test_status_counts_depth_and_oldest_due(shards: Topology, make_queue: Any) -
         c.execute("UPDATE orders SET state = 'acked', attempts = 1 WHERE id = 3")
     data = admin.status(shards)
     (q,) = data["shards"][0]["queues"]
-    assert q["counts"] == {"to_be_fired": 2, "fired": 0, "acked": 1, "failed": 0}
+    assert q["counts"] == {"to_be_fired": 2, "fired": 0, "acked": 1, "failed": 0, "cancelled": 0}
     assert q["length"] == 2 and sum(q["depth"]) == 2 and len(q["depth"]) == 4
     assert q["due_now"] == 1
     assert 89 <= q["oldest_due_age_seconds"] < 150

@@ -4,9 +4,8 @@ codec (frames.parse), so the two sides cannot drift apart."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from queue_manager.wire.client import (
     Start,
     Subscribed,
 )
+from receivers import ReceiverStats as Stats
 
 
 @dataclass(frozen=True)
@@ -32,19 +32,6 @@ class Ev:
     id: int
     attempt: int
     tenant: str
-
-
-@dataclass
-class Stats:
-    delivered: int = 0
-    acked: int = 0
-    nacked: int = 0
-    dead_lettered: int = 0
-    settled_by_sql: int = 0
-    extended: int = 0
-    dropped: int = 0
-    connects: int = 0
-    errors: deque[dict[str, Any]] = field(default_factory=deque)
 
 
 def make_event(queue: str, raw: Mapping[str, Any]) -> Ev:

@@ -199,6 +199,47 @@ def test_nack_with_delay_requeues_and_the_last_attempt_dead_letters() -> None:
     assert h.metrics.nacks == [("orders", 1, 1)] and len(h.ledger) == 0
 
 
+def test_a_re_fire_pushed_before_its_nack_is_answered_stays_in_hand() -> None:
+    """A nack with delay 0 commits, and the dispatcher's next pick (on a connection of its own) may
+    fire the event again and push attempt 2 before the nack's answer reaches the session. That
+    answer settles attempt 1 only: attempt 2 stays in hand and its ack is written. (Settled by id,
+    attempt 2 left the ledger, its ack was refused as unknown_id, and the event waited for its ack
+    deadline.)"""
+    h = Harness()
+    h.deliver((1, 1))
+    nack = only(h.receive(frames.Nack((frames.NackItem(1, 1, delay=0),), ref="n")), Write)
+    h.deliver((1, 2))  # the re-fire, pushed while the nack's answer is on its way
+    (result,) = sent(h.s.settled(nack, ({1}, set(), 1_750_000_000.5), h.clock.monotonic()))
+    assert (result["requeued"], result["errors"]) == ([1], [])
+    assert h.ledger.get(1).attempt == 2 and h.s.free == 9  # type: ignore[union-attr]
+    h.ledger.check()
+    ack = only(h.receive(frames.Ack(((1, 2),), ref="a")), Write)
+    (acked,) = sent(h.s.settled(ack, {1}, h.clock.monotonic()))
+    assert acked["acked"] == [1] and len(h.ledger) == 0 and h.s.free == 10
+
+
+def test_an_answer_for_an_older_attempt_leaves_the_re_fire_on_another_connection_alone() -> None:
+    """The collector re-fired events to another connection while the first one's acks were on their
+    way: the first acks' answers (a failed write, a stale ack) leave the new deliveries, and the
+    claims of their own acks, as they are."""
+    ledger = Ledger()
+    a, b = Harness(1, ledger), Harness(2, ledger)
+    a.deliver((7, 1), (8, 1))
+    failing = only(a.receive(frames.Ack(((7, 1),), ref="a7")), Write)
+    stale = only(a.receive(frames.Ack(((8, 1),), ref="a8")), Write)
+    b.deliver((7, 2), (8, 2))  # re-fired past their ack deadline, to b
+    b_ack = only(b.receive(frames.Ack(((7, 2), (8, 2)), ref="b")), Write)
+    a.s.write_failed(failing, "database unreachable")
+    (result,) = sent(a.s.settled(stale, set(), a.clock.monotonic()))
+    assert [e["code"] for e in result["errors"]] == ["stale"]
+    assert [(d.id, d.attempt, d.settling) for d in ledger.deliveries_of(2)] == [(7, 2, True), (8, 2, True)]
+    ledger.check()
+    (dup,) = sent(b.receive(frames.Ack(((7, 2),), ref="b2")))  # b's first ack is still on its way
+    assert [e["code"] for e in dup["errors"]] == ["duplicate"]
+    (acked,) = sent(b.s.settled(b_ack, {7, 8}, b.clock.monotonic()))
+    assert acked["acked"] == [7, 8] and len(ledger) == 0 and b.s.free == 10
+
+
 def test_extend_keeps_the_event_in_hand_and_reports_stale_ones() -> None:
     h = Harness()
     h.deliver((1, 1), (2, 1))
@@ -424,8 +465,8 @@ ops = st.lists(
     st.one_of(
         st.tuples(st.just("hold"), st.integers(1, 3), st.integers(1, 8), st.integers(1, 3)),
         st.tuples(st.just("claim"), st.integers(1, 3), st.integers(1, 8), st.integers(1, 3)),
-        st.tuples(st.just("unclaim"), st.integers(1, 8)),
-        st.tuples(st.just("settle"), st.integers(1, 8)),
+        st.tuples(st.just("unclaim"), st.integers(1, 8), st.integers(1, 3)),
+        st.tuples(st.just("settle"), st.integers(1, 8), st.integers(1, 3)),
         st.tuples(st.just("drop"), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 3))),
         st.tuples(st.just("release"), st.integers(1, 3)),
     ),
@@ -437,8 +478,9 @@ ops = st.lists(
 @given(ops)
 def test_the_ledger_keeps_one_holder_per_event_and_counts_that_agree(steps: list[tuple[Any, ...]]) -> None:
     """Against a model: each event is held by at most one connection at one attempt; per-holder
-    counts sum to the queue's in-flight count; a claim succeeds once per delivery; a release keeps
-    exactly the deliveries being settled."""
+    counts sum to the queue's in-flight count; a claim succeeds once per delivery; a settle or an
+    unclaim touches only the delivery at its attempt; a release keeps exactly the deliveries being
+    settled."""
     ledger = Ledger()
     model: dict[int, list[Any]] = {}  # id -> [holder, attempt, settling]
     for step in steps:
@@ -461,12 +503,16 @@ def test_the_ledger_keeps_one_holder_per_event_and_counts_that_agree(steps: list
                 assert found is Claim.OK
                 m[2] = True
         elif kind == "unclaim":
-            ledger.unclaim(step[1])
-            if step[1] in model:
-                model[step[1]][2] = False
+            _, ident, attempt = step
+            ledger.unclaim(ident, attempt)
+            if ident in model and model[ident][1] == attempt:
+                model[ident][2] = False
         elif kind == "settle":
-            assert (ledger.settle(step[1]) is not None) == (step[1] in model)
-            model.pop(step[1], None)
+            _, ident, attempt = step
+            hit = ident in model and model[ident][1] == attempt
+            assert (ledger.settle(ident, attempt) is not None) == hit
+            if hit:
+                del model[ident]
         elif kind == "drop":
             _, ident, attempt = step
             m = model.get(ident)
