@@ -353,7 +353,7 @@ def test_random_ledger_operations_keep_every_key_count_exact() -> None:
         else:
             _, d = ledger.claim(rng.randrange(4), ident, rng.randrange(1, 3))
             if d is not None and rng.random() < 0.5:
-                ledger.settle(ident)
+                ledger.settle(ident, d.attempt)
         if step % 97 == 0:
             ledger.check()
     ledger.check()
