@@ -18,7 +18,7 @@ TEST_WORKERS ?= 3
 ARGS ?=
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=10
 
-.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-scheduled bench-fire bench-schedules bench-held-snapshot bench-churn bench-fairness bench-archive bench-spark test-spark-cluster bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local schema conformance bench-ts-receiver
+.PHONY: help setup system demo test test-fast test-reshard-faults lint faults bench-peers-setup bench-enqueue bench-e2e bench-scheduled bench-fire bench-schedules bench-held-snapshot bench-churn bench-fairness bench-priority bench-archive bench-spark test-spark-cluster bench-adopt bench-maintenance bench-ratelimit bench-reshard bench-web bench-trigger-cost bench-cli bench-first-run clean-local schema conformance bench-ts-receiver
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -114,6 +114,9 @@ bench-churn: $(STAMP) ## 10 min of churn with retention on, clean and with a sna
 
 bench-fairness: $(STAMP) ## a quiet tenant's pickup delay alone and beside a 100k-event noisy tenant, ~8 min (JSON on stdout)
 	$(BIN)/python -m benchmarks.fairness $(ARGS)
+
+bench-priority: $(STAMP) ## a priority-1 stream alone and beside a 100k backlog of priority 3, a priority-5 event's wait vs the aging bound, the drain vs OTHER=<checkout> without priorities, ~10 min (JSON on stdout)
+	$(BIN)/python -m benchmarks.priority $(if $(OTHER),--other $(OTHER)) $(ARGS)
 
 bench-spark: setup ## Spark bulk enqueue of 1M events into two shards vs Spark's JDBC writer and COPY (JSON on stdout)
 	$(BIN)/python -m benchmarks.spark_load $(ARGS)

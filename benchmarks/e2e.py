@@ -387,10 +387,20 @@ def _drain_summary(cfg: DrainConfig, samples: list[dict[str, Any]], n: int) -> d
     }
 
 
-def bench_drain(dsn: str, configs: list[DrainConfig], n: int, reps: int, other: Other | None = None) -> dict[str, Any]:
+def bench_drain(
+    dsn: str,
+    configs: list[DrainConfig],
+    n: int,
+    reps: int,
+    other: Other | None = None,
+    priorities: Sequence[int] = (),
+) -> dict[str, Any]:
     """Each configuration ``reps`` times; with ``other``, each run of ours beside one of the other
-    checkout, which goes first in every second pair."""
+    checkout, which goes first in every second pair. ``priorities``: our events take them in turn
+    (none: the queue's default)."""
     events = make_events(n, 4242)
+    if priorities:
+        events = [replace(ev, priority=priorities[i % len(priorities)]) for i, ev in enumerate(events)]
     tried = []
     tried_other = []
     for cfg in configs:
@@ -900,6 +910,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--drain-only", action="store_true", help="only the drain (and the peers unless --no-peers): no latency runs"
     )
+    parser.add_argument(
+        "--event-priorities",
+        default="",
+        help="the drain's events take these priorities in turn, e.g. 1,3,5 (default: the queue's)",
+    )
     args = parser.parse_args(argv)
     if args.tracing_only:
         args.tracing, args.library, args.peers = True, False, False
@@ -926,6 +941,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.receivers = _ints(args.receivers, "--receivers", parser)
     args.credit = _ints(args.credit, "--credit", parser)
     args.pgq_batch_sizes = _ints(args.pgq_batch_sizes, "--pgq-batch-sizes", parser)
+    args.event_priorities = _ints(args.event_priorities, "--event-priorities", parser) if args.event_priorities else []
     if args.pgq_events is None:
         args.pgq_events = args.events
     if (
@@ -956,7 +972,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         count_server(dsn)
         other = None if args.other is None else Other.set_up(args.other.resolve(), admin_dsn, QUEUE_SETTINGS)
         try:
-            drain = bench_drain(dsn, configs, args.events, args.reps, other)
+            drain = bench_drain(dsn, configs, args.events, args.reps, other, args.event_priorities)
         finally:
             if other is not None:
                 other.drop(admin_dsn)
@@ -1092,6 +1108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "manager_overrides": MANAGER_OVERRIDES,
             "other": None if args.other is None else str(args.other),
             "drain_only": args.drain_only,
+            "event_priorities": args.event_priorities,
         },
         "drain": drain,
         "latency": latency,

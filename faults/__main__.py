@@ -34,6 +34,7 @@ from faults import schedules as sched
 from faults.cluster import NAMES, QUEUE, RANGES, Deployment, Failover, Servers, plain_tenants, vip_tenants
 from faults.scenarios import SCENARIOS, Ctx, Scenario
 from faults.workload import producers
+from queue_manager import admin
 from queue_manager.domain.topology import Topology
 
 #: seconds of workload before the first round, and between rounds
@@ -75,6 +76,60 @@ async def drain(dep: Deployment, timeout: float) -> None:
         await asyncio.sleep(0.25)
 
 
+#: the key scenarios' record of every change of an event's state, as the database sees it (the
+#: checker's key limits count events fired and unsettled from it)
+KEY_AUDIT = f"""
+CREATE TABLE faults_key_audit (t timestamptz NOT NULL DEFAULT clock_timestamp(), k text, tenant text, ckey text,
+                               rkey text, attempt integer, old text, new text);
+CREATE FUNCTION faults_key_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO faults_key_audit (k, tenant, ckey, rkey, attempt, old, new)
+        VALUES (OLD.payload->>'k', OLD.tenant, OLD.concurrency_key, OLD.rate_key, OLD.attempts, OLD.state::text,
+                'deleted');
+    ELSE
+        INSERT INTO faults_key_audit (k, tenant, ckey, rkey, attempt, old, new)
+        VALUES (NEW.payload->>'k', NEW.tenant, NEW.concurrency_key, NEW.rate_key, NEW.attempts, OLD.state::text,
+                NEW.state::text);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER faults_key_audit AFTER UPDATE OF state ON {QUEUE} FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION faults_key_audit();
+CREATE TRIGGER faults_key_audit_delete AFTER DELETE ON {QUEUE} FOR EACH ROW
+    WHEN (OLD.state = 'fired') EXECUTE FUNCTION faults_key_audit();
+"""
+
+
+async def key_audit(topology: Topology) -> None:
+    for shard in topology.shards:
+        async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+            await conn.execute(KEY_AUDIT)
+
+
+async def key_states(dep: Deployment) -> None:
+    """The recorded changes of state, as ``state`` records of the history."""
+    for shard in dep.topology.shards:
+        async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+            cur = await conn.execute(
+                "SELECT extract(epoch FROM t)::float8, k, tenant, ckey, rkey, attempt, old, new "
+                "FROM faults_key_audit ORDER BY t"
+            )
+            for t, k, tenant, ckey, rkey, attempt, old, new in await cur.fetchall():
+                dep.history.write(
+                    "state",
+                    t=t,
+                    k=k,
+                    shard=shard.name,
+                    tenant=tenant,
+                    ckey=ckey,
+                    rkey=rkey,
+                    attempt=attempt,
+                    old=old,
+                    new=new,
+                )
+
+
 async def final_states(dep: Deployment) -> None:
     for shard in dep.topology.shards:
         async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
@@ -99,6 +154,10 @@ async def run_scenario(
         if failover is not None:
             await failover.close()
         raise
+    if scenario.queue_settings:
+        await asyncio.to_thread(admin.alter_queue, topology, QUEUE, scenario.queue_settings)
+    if scenario.keys is not None:
+        await key_audit(topology)
     if failover is not None:  # shard s0 reached at the address that follows its primary
         topology = Topology(
             tuple(replace(s, dsn=failover.dsn(s.dsn)) if s.name == NAMES[0] else s for s in topology.shards)
@@ -142,7 +201,7 @@ async def run_scenario(
             key_range = by_name[shard].key_range
             return plain_tenants(str(key_range)) + [t for t in vip_tenants() if key_range.contains(t)]
 
-        procs = producers(dsns, tenants, dep.history, seed)
+        procs = producers(dsns, tenants, dep.history, seed, keys=scenario.keys)
         tasks = [asyncio.create_task(p.run(stop_produce)) for p in procs]
         await asyncio.sleep(WARMUP)
         for number in range(1, rounds + 1):
@@ -154,6 +213,8 @@ async def run_scenario(
             await sched.remove(dep)
         await drain(dep, DRAIN_TIMEOUT)
         await final_states(dep)
+        if scenario.keys is not None:
+            await key_states(dep)
         if scenario.schedules:
             await sched.record_slots(dep)
     finally:
@@ -166,13 +227,18 @@ async def run_scenario(
         if failover is not None:
             await failover.close()
     records = sched.relabel(history.read(history.files_in(work)))
-    report = checker.check(records, scenario=scenario.name, stall_bound_s=scenario.bound_s)
+    report = check(records, scenario)
     (work / "report.json").write_text(
         json.dumps(
             {
                 **report.line(),
                 "bound_s": scenario.bound_s,
                 "stall_by_round": report.stall_by_round,
+                "keys": {
+                    "most_in_hand": report.key_most_in_hand,
+                    "fires_at_limit": report.key_fires_at_limit,
+                    "most_fired_in_1s": report.key_most_per_second,
+                },
                 "examples": report.examples,
             },
             indent=1,
@@ -180,6 +246,16 @@ async def run_scenario(
         )
     )
     return report
+
+
+def check(records: list[history.Record], scenario: Scenario) -> checker.Report:
+    return checker.check(
+        records,
+        scenario=scenario.name,
+        stall_bound_s=scenario.bound_s,
+        key_max_in_flight=scenario.queue_settings.get("key_max_in_flight"),
+        key_max_qps=scenario.queue_settings.get("key_max_qps"),
+    )
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -249,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario = next((s for s in SCENARIOS if s.name == name), None)
         if scenario is None or not run.is_dir():
             parser.error(f"{run} is not the run directory of a scenario (runs/NN-<scenario>)")
-        records = sched.relabel(history.read(history.files_in(run)))
-        report = checker.check(records, scenario=name, stall_bound_s=scenario.bound_s)
+        report = check(sched.relabel(history.read(history.files_in(run))), scenario)
         print(json.dumps(report.line()))
         return 0 if report.passed else 1
     if args.list:

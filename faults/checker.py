@@ -32,7 +32,16 @@ Pure: records in, a :class:`Report` out; no clock, no I/O. The definitions (docs
   that many seconds of its start (before or after): those a fault is expected to hold, such as
   the events in hand of a receiver frozen at the start;
 * **recovery_s_p99**: per round, the time from the fault's start to the first delivery, on a
-  shard the fault hit, of an event committed after the fault started; the p99 over rounds.
+  shard the fault hit, of an event committed after the fault started; the p99 over rounds;
+* **key_over_limit** (with ``key_max_in_flight``): fires of an event of a concurrency key that
+  made more of that key's events in hand than the limit. An event is in hand from its fire to its
+  settle or its return to the queue, as the shard's database recorded each change of its state
+  (``state`` records, from the fault suite's trigger on the queue table): exactly what the limit
+  bounds, "fired and unsettled". (A receiver's handler runs within that interval unless the event
+  outlives its ack deadline, which the key scenarios' receivers do not);
+* **key_over_rate** (with ``key_max_qps``): the 1 s windows in which a rate key was fired more than
+  its rate plus one (the burst of one token), less RATE_JITTER of slack for the moment a fire's
+  statement records it after the manager admitted it; counted once per fire that ends such a window.
 * **slots**, **slots_missing**, **slots_twice** (periodic schedules, ``schedule`` records): the
   slot events enqueued (``enqueued`` records whose key is a slot's dedup key,
   ``qm:schedule:<id>:<microseconds>``), the slots of each schedule's interval grid between its first
@@ -66,6 +75,8 @@ FIELDS = (
     "after_ack",
     "cross_tenant",
     "deposed_deliveries",
+    "key_over_limit",
+    "key_over_rate",
     "duplicates",
     "max_stall_s",
     "recovery_s_p99",
@@ -76,14 +87,25 @@ FIELDS = (
 )
 #: the counts that must be 0
 SAFETY = (
-    "lost", "unexpected", "early", "after_ack", "cross_tenant", "deposed_deliveries", "slots_missing", "slots_twice",
-)  # fmt: skip
+    "lost",
+    "unexpected",
+    "early",
+    "after_ack",
+    "cross_tenant",
+    "deposed_deliveries",
+    "slots_missing",
+    "slots_twice",
+    "key_over_limit",
+    "key_over_rate",
+)
 #: the dedup key of a schedule's slot event (queue_manager/domain/schedules.py)
 SLOT_PREFIX = "qm:schedule:"
 #: two readings of one clock, each rounded to a microsecond, may disagree by this much
 EARLY_TOLERANCE = 0.002
 #: violations kept per kind in Report.examples
 EXAMPLES = 5
+#: how much later than its admission a fire's statement may record it (the rate check's slack)
+RATE_JITTER = 0.05
 
 
 @dataclass
@@ -108,6 +130,14 @@ class Report:
     stall_by_round: dict[int, float] = field(default_factory=dict)
     #: a few offending records per violated check
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    key_over_limit: int = 0
+    key_over_rate: int = 0
+    #: per key limit check: the most events of one key ever in hand at once, and of one rate key
+    #: fired in one second
+    key_most_in_hand: int = 0
+    key_most_per_second: int = 0
+    #: fires that found their key at its limit (the limit bound then)
+    key_fires_at_limit: int = 0
 
     @property
     def passed(self) -> bool:
@@ -145,7 +175,57 @@ def p99(values: Sequence[float]) -> float | None:
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> Report:
+def key_limits(
+    states: Sequence[Record], key_max_in_flight: int | None, key_max_qps: float | None
+) -> tuple[int, int, int, int, int, dict[str, list[dict[str, Any]]]]:
+    """(fires over the in-flight limit, windows over the rate, most in hand at once, most fired in
+    a second, fires that reached the limit, examples) from the ``state`` records: each a change of
+    an event's state as its shard's database recorded it (k, shard, tenant, ckey, rkey, attempt,
+    old, new), in time order."""
+    over_limit = over_rate = most = fastest = at_limit = 0
+    examples: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    in_hand: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+    fires: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in states:
+        event = (str(r["shard"]), str(r["k"]))
+        if r.get("ckey") is not None:
+            key = (str(r["tenant"]), str(r["ckey"]))
+            held = in_hand[key]
+            if r["new"] == "fired":
+                held.add(event)
+                most = max(most, len(held))
+                if key_max_in_flight is not None and len(held) == key_max_in_flight:
+                    at_limit += 1
+                if key_max_in_flight is not None and len(held) > key_max_in_flight:
+                    over_limit += 1
+                    if len(examples["key_over_limit"]) < EXAMPLES:
+                        examples["key_over_limit"].append({**r, "in_hand": sorted(held)})
+            elif r["old"] == "fired":
+                held.discard(event)
+        if r.get("rkey") is not None and r["new"] == "fired":
+            fires[(str(r["tenant"]), str(r["rkey"]))].append(float(r["t"]))
+    for key, times in fires.items():
+        start = 0
+        for end, t in enumerate(times):
+            while times[start] <= t - 1.0:
+                start += 1
+            n = end - start + 1
+            fastest = max(fastest, n)
+            if key_max_qps is not None and n > math.floor(key_max_qps * (1.0 + RATE_JITTER)) + 1:
+                over_rate += 1
+                if len(examples["key_over_rate"]) < EXAMPLES:
+                    examples["key_over_rate"].append({"tenant": key[0], "rkey": key[1], "t": t, "fires_in_1s": n})
+    return over_limit, over_rate, most, fastest, at_limit, dict(examples)
+
+
+def check(
+    records: Iterable[Record],
+    *,
+    scenario: str,
+    stall_bound_s: float,
+    key_max_in_flight: int | None = None,
+    key_max_qps: float | None = None,
+) -> Report:
     """Check a history (records in any order; they are sorted by ``t``)."""
     recs = sorted(records, key=lambda r: float(r["t"]))
     end = float(recs[-1]["t"]) if recs else 0.0
@@ -169,6 +249,7 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
     rounds: list[tuple[int, float, frozenset[str]]] = []  # (round, start, shards)
     exempt: list[tuple[float, float]] = []
     due_again: list[tuple[str, float, int]] = []  # (k, due again at, attempt rolled back)
+    states: list[Record] = []
     intervals: dict[str, float] = {}  # schedule id -> its interval (seconds)
     slot_rows: dict[str, int] = defaultdict(int)  # slot key -> enqueued records
 
@@ -196,6 +277,8 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
             due_again.append((r["k"], float(r["due_again"]), int(r.get("attempt") or 0)))
         elif kind == "final":
             final[r["k"]] = r["state"]
+        elif kind == "state":
+            states.append(r)
         elif kind == "receiver":
             name = r["r"]
             if r["state"] == "up":
@@ -328,6 +411,8 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
         if firsts:
             recoveries.append(min(firsts) - start)
 
+    over_limit, over_rate, most, fastest, at_limit, key_examples = key_limits(states, key_max_in_flight, key_max_qps)
+    examples.update(key_examples)
     slots_missing, slots_twice = _slots(slot_rows, intervals, flag)
 
     return Report(
@@ -349,6 +434,11 @@ def check(records: Iterable[Record], *, scenario: str, stall_bound_s: float) -> 
         slots_twice=slots_twice,
         stall_by_round=stall_by_round,
         examples=dict(examples),
+        key_over_limit=over_limit,
+        key_over_rate=over_rate,
+        key_most_in_hand=most,
+        key_most_per_second=fastest,
+        key_fires_at_limit=at_limit,
     )
 
 

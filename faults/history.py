@@ -12,7 +12,8 @@ that an insert that rolled back (and has no id) or a row of a COPY batch is trac
 Kinds (fields besides ``t`` and ``kind``):
 
 ``enqueued``  k, tenant, shard, via, outcome (commit | rollback | unknown | skipped), fire_at
-              (epoch seconds, or null for "now"): written once the transaction's outcome is
+              (epoch seconds, or null for "now"), and in the key scenarios ckey and rkey (the
+              event's concurrency_key and rate_key): written once the transaction's outcome is
               known; ``t`` is when the commit (or rollback) returned. ``unknown``: the connection
               died during COMMIT. ``skipped``: a duplicate dedup key, no row inserted.
 ``deliver``   r (receiver), shard, term (of the connection's manager), id, attempt, k, tenant, fire_at
@@ -28,6 +29,10 @@ Kinds (fields besides ``t`` and ``kind``):
 ``standby``   shard, rebuilt_s: a new synchronous standby copied from the promoted primary
 ``term``      shard, term: a new leadership term observed on the shard
 ``final``     k, shard, state: the event's state read from the database at the end of the run
+``state``     k, shard, tenant, ckey, rkey, attempt, old, new: in the key scenarios, a change of an
+              event's state (``deleted`` for a delete of a fired event), as a trigger of the suite
+              recorded it in the shard's database during the run (``t``: its clock_timestamp(),
+              the same host clock), read at the end
 """
 
 from __future__ import annotations

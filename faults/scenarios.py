@@ -74,6 +74,11 @@ class Scenario:
     opt_in: bool = False
     #: shard s0's server gets a synchronous streaming standby, and its address follows the primary
     replica: bool = False
+    #: the queue's settings beyond faults.cluster.QUEUE_SETTINGS (key limits)
+    queue_settings: dict[str, Any] = field(default_factory=dict)
+    #: the producers' events name a concurrency key or a rate key (faults.workload); the queue's
+    #: state changes are recorded for the checker's key limits
+    keys: str | None = None
     #: periodic schedules of 1 s on the shards during the rounds (faults/schedules.py)
     schedules: int = 0
 
@@ -418,6 +423,16 @@ def rotate(*injects: Inject) -> Inject:
     return inject
 
 
+#: a key's events in hand at a manager fault keep its slots until the collector takes them back
+KEY_BOUND = FROZEN_LEADER_BOUND + ACK_TIMEOUT + BACKOFF_MAX
+#: the limits of the key scenarios: two in hand at once, 2 fires a second (faults.workload sends
+#: about 0.75 a second per key, in bursts: a batch's events of one key wait for their tokens)
+KEY_MAX_IN_FLIGHT = 2
+KEY_MAX_QPS = 2.0
+#: what a key gathers while a fault holds it, then served at its rate beside its new events
+KEY_RATE_BOUND = FROZEN_LEADER_BOUND + 5.0
+
+
 def both(a: Inject, b: Inject) -> Inject:
     async def inject(ctx: Ctx) -> None:
         await asyncio.gather(a(ctx), b(Ctx(ctx.dep, ctx.servers, ctx.rng, ctx.round)))
@@ -532,5 +547,22 @@ SCENARIOS: tuple[Scenario, ...] = (
         both(manager_pause("active"), pg_terminate()),
         FROZEN_LEADER_BOUND,
         "lease TTL + 1 s + the receivers' leader check (1 s)",
+    ),
+    Scenario(
+        "key-concurrency-kill-and-pause",
+        rotate(manager_kill("active"), manager_pause("active")),
+        KEY_BOUND,
+        "lease TTL + 1 s + the receivers' leader check (1 s) + ack timeout + back-off max: a killed or paused "
+        "leader's events in hand hold their keys' slots until the collector takes them back",
+        queue_settings={"key_max_in_flight": KEY_MAX_IN_FLIGHT},
+        keys="concurrency",
+    ),
+    Scenario(
+        "key-rate-kill-and-pause",
+        rotate(manager_kill("active"), manager_pause("active")),
+        KEY_RATE_BOUND,
+        "lease TTL + 1 s + the receivers' leader check + 5 s: what a key gathers during the fault, served at its rate",
+        queue_settings={"key_max_qps": KEY_MAX_QPS},
+        keys="rate",
     ),
 )

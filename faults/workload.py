@@ -10,6 +10,11 @@ Per shard, one loop draws an operation at a time (seeded):
 
 An operation that fails before COMMIT records its keys as ``rollback``; a COMMIT that fails with a
 broken connection records them as ``unknown`` (it may have committed).
+
+With ``keys`` (``concurrency`` or ``rate``), every event goes to one of the first HOT_TENANTS
+tenants and names one of KEYS_PER_TENANT keys of its tenant as its ``concurrency_key`` or its
+``rate_key``, recorded with it (``ckey``, ``rkey``): about 0.75 events/s a key, in bursts (a batch
+puts several into one key at once), so that the limits bind now and then.
 """
 
 from __future__ import annotations
@@ -29,16 +34,30 @@ from faults.history import HistoryWriter, now
 from queue_manager.producer import Event, aenqueue, enqueue_batch
 
 OPS = ("sql", "sql", "sql", "helper", "sched", "dedup", "batch")
-INSERT = f"INSERT INTO {QUEUE} (tenant, payload, fire_at) VALUES (%s, %s, coalesce(%s, now()))"
+INSERT = (
+    f"INSERT INTO {QUEUE} (tenant, payload, fire_at, concurrency_key, rate_key) "
+    "VALUES (%s, %s, coalesce(%s, now()), %s, %s)"
+)
+#: the keys of a tenant's events, with ``keys``: few, of few tenants, so that each key is busy
+KEYS_PER_TENANT = 8
+HOT_TENANTS = 2
 
 
 class Producer:
     def __init__(
-        self, shard: str, dsn: str, tenants: list[str], history: HistoryWriter, seed: int, pace: float = 0.08
+        self,
+        shard: str,
+        dsn: str,
+        tenants: list[str],
+        history: HistoryWriter,
+        seed: int,
+        pace: float = 0.08,
+        keys: str | None = None,
     ) -> None:
+        self.keys = keys
         self.shard = shard
         self.dsn = dsn
-        self.tenants = tenants
+        self.tenants = tenants if keys is None else tenants[:HOT_TENANTS]
         self.h = history
         self.rng = random.Random(seed)
         self.pace = pace
@@ -50,11 +69,28 @@ class Producer:
         self.n += 1
         return f"{self.shard}-{self.n}"
 
+    def key_of(self, k: str) -> tuple[str | None, str | None]:
+        """The concurrency_key and rate_key of event ``k`` (both None without ``keys``)."""
+        name = f"key-{int(k.rsplit('-', 1)[1]) % KEYS_PER_TENANT}"
+        return (name if self.keys == "concurrency" else None, name if self.keys == "rate" else None)
+
     def record(self, keys: list[tuple[str, str, float | None]], outcome: str, via: str) -> None:
         t = now()
         for k, tenant, fire_at in keys:
+            extra = {}
+            if self.keys is not None:
+                ckey, rkey = self.key_of(k)
+                extra = {"ckey": ckey, "rkey": rkey}
             self.h.write(
-                "enqueued", t=t, k=k, tenant=tenant, shard=self.shard, via=via, outcome=outcome, fire_at=fire_at
+                "enqueued",
+                t=t,
+                k=k,
+                tenant=tenant,
+                shard=self.shard,
+                via=via,
+                outcome=outcome,
+                fire_at=fire_at,
+                **extra,
             )
         if outcome == "commit":
             self.committed += len(keys)
@@ -89,15 +125,22 @@ class Producer:
                 if op == "sql":
                     for _ in range(self.rng.randint(1, 3)):
                         keys.append((self.key(), self.rng.choice(self.tenants), None))
-                        await conn.execute(INSERT, (keys[-1][1], json.dumps({"k": keys[-1][0]}), None))
+                        await conn.execute(INSERT, self.row(keys[-1], None))
                 elif op == "sched":
                     fire_at = now() + 0.5 + self.rng.random() * 2.5
                     keys.append((self.key(), self.rng.choice(self.tenants), fire_at))
                     at = datetime.fromtimestamp(fire_at, UTC)
-                    await conn.execute(INSERT, (keys[-1][1], json.dumps({"k": keys[-1][0]}), at))
+                    await conn.execute(INSERT, self.row(keys[-1], at))
                 elif op == "helper":
                     keys.append((self.key(), self.rng.choice(self.tenants), None))
-                    await aenqueue(conn, QUEUE, keys[-1][1], {"k": keys[-1][0]})
+                    await aenqueue(
+                        conn,
+                        QUEUE,
+                        keys[-1][1],
+                        {"k": keys[-1][0]},
+                        concurrency_key=self.key_of(keys[-1][0])[0],
+                        rate_key=self.key_of(keys[-1][0])[1],
+                    )
                 else:  # dedup: a new key, or the second try of a pending one
                     if self.dedup_pending and self.rng.random() < 0.5:
                         tenant, dkey = self.dedup_pending.pop(0)
@@ -105,7 +148,15 @@ class Producer:
                         tenant, dkey = self.rng.choice(self.tenants), f"d-{self.key()}"
                         self.dedup_pending.append((tenant, dkey))
                     item = (self.key(), tenant, None)
-                    got = await aenqueue(conn, QUEUE, tenant, {"k": item[0]}, dedup_key=dkey)
+                    got = await aenqueue(
+                        conn,
+                        QUEUE,
+                        tenant,
+                        {"k": item[0]},
+                        dedup_key=dkey,
+                        concurrency_key=self.key_of(item[0])[0],
+                        rate_key=self.key_of(item[0])[1],
+                    )
                     (keys if got is not None else skipped).append(item)
                 if rollback:
                     raise psycopg.Rollback(tx)
@@ -120,6 +171,10 @@ class Producer:
         self.record(keys, "rollback" if rollback else "commit", op)
         self.record(skipped, "skipped", op)
 
+    def row(self, item: tuple[str, str, float | None], fire_at: datetime | None) -> tuple[Any, ...]:
+        """The parameters of INSERT for one event."""
+        return (item[1], json.dumps({"k": item[0]}), fire_at, *self.key_of(item[0]))
+
     async def batch(self) -> None:
         items: list[tuple[str, str, float | None]] = [
             (self.key(), self.rng.choice(self.tenants), None) for _ in range(10)
@@ -133,7 +188,14 @@ class Producer:
         stage = "before"
         try:
             with psycopg.connect(self.dsn, connect_timeout=3) as conn:
-                enqueue_batch(conn, QUEUE, [Event(tenant, {"k": k}) for k, tenant, _ in items])
+                enqueue_batch(
+                    conn,
+                    QUEUE,
+                    [
+                        Event(tenant, {"k": k}, concurrency_key=self.key_of(k)[0], rate_key=self.key_of(k)[1])
+                        for k, tenant, _ in items
+                    ],
+                )
                 stage = "commit"
                 conn.commit()
             return "commit"
@@ -142,8 +204,13 @@ class Producer:
 
 
 def producers(
-    dsns: dict[str, str], tenants: Callable[[str], list[str]], history: HistoryWriter, seed: int
+    dsns: dict[str, str],
+    tenants: Callable[[str], list[str]],
+    history: HistoryWriter,
+    seed: int,
+    keys: str | None = None,
 ) -> list[Producer]:
     return [
-        Producer(shard, dsn, tenants(shard), history, seed + i) for i, (shard, dsn) in enumerate(sorted(dsns.items()))
+        Producer(shard, dsn, tenants(shard), history, seed + i, keys=keys)
+        for i, (shard, dsn) in enumerate(sorted(dsns.items()))
     ]

@@ -70,14 +70,38 @@ class Event:
     #: the W3C trace context to store with the event (``traceparent``, optionally ``tracestate`` and
     #: ``baggage``); None: the batch's (its ``send`` span's, when OpenTelemetry is in use); {}: none
     trace_context: Mapping[str, str] | None = None
+    #: 1 (highest) to 5; None = the queue's default_priority
+    priority: int | None = None
+    #: a key of the tenant whose events fired and unsettled at once the queue's key_max_in_flight bounds
+    concurrency_key: str | None = None
+    #: a key of the tenant whose fires per second the queue's key_max_qps bounds
+    rate_key: str | None = None
 
 
 def _statement(name: str, queue: str) -> sql.Composed:
     return sql.SQL(query(name)).format(queue=sql.Identifier(check_queue_name(queue)))
 
 
+@dataclass(frozen=True)
+class _Keys:
+    """An event's priority and keys, as ``enqueue`` takes them."""
+
+    priority: int | None = None
+    concurrency_key: str | None = None
+    rate_key: str | None = None
+
+    def statement(self) -> str:
+        """The enqueue statement: the column default gives the queue's priority when none is named."""
+        return "enqueue" if self.priority is None else "enqueue_priority"
+
+
 def _params(
-    tenant: str, payload: Any, fire_at: datetime | None, dedup_key: str | None, context: tracing.Context
+    tenant: str,
+    payload: Any,
+    fire_at: datetime | None,
+    dedup_key: str | None,
+    context: tracing.Context,
+    keys: _Keys,
 ) -> dict[str, Any]:
     if fire_at is not None and fire_at.tzinfo is None:
         raise InvalidEventError("fire_at must be timezone-aware (a naive datetime is ambiguous)")
@@ -90,6 +114,9 @@ def _params(
         "traceparent": traceparent,
         "tracestate": tracestate,
         "baggage": baggage,
+        "priority": keys.priority,
+        "concurrency_key": keys.concurrency_key,
+        "rate_key": keys.rate_key,
     }
 
 
@@ -102,6 +129,9 @@ def enqueue(
     dedup_key: str | None = None,
     *,
     trace_context: Mapping[str, str] | None = None,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
+    rate_key: str | None = None,
 ) -> int | None:
     """Insert one event in the caller's current transaction.
 
@@ -112,11 +142,14 @@ def enqueue(
 
     ``trace_context``: the W3C context to store (``traceparent``, ``tracestate``, ``baggage``);
     None: a ``send`` span's in the current context when OpenTelemetry is in use; {}: none.
+    ``priority``: 1 (highest) to 5, None: the queue's default_priority. ``concurrency_key`` and
+    ``rate_key``: keys of the tenant that the queue's key limits count (docs/sql.md).
     """
-    stmt = _statement("enqueue", queue)
+    keys = _Keys(priority, concurrency_key, rate_key)
+    stmt = _statement(keys.statement(), queue)
     context = tracing.given(trace_context)
     with tracing.send(queue) if context is None else _given(context) as ctx:
-        params = _params(tenant, payload, fire_at, dedup_key, ctx)
+        params = _params(tenant, payload, fire_at, dedup_key, ctx, keys)
         if isinstance(conn, psycopg.Connection):
             try:
                 row = conn.execute(stmt, params).fetchone()
@@ -163,13 +196,17 @@ async def aenqueue(
     dedup_key: str | None = None,
     *,
     trace_context: Mapping[str, str] | None = None,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
+    rate_key: str | None = None,
 ) -> int | None:
     """``enqueue`` for a psycopg AsyncConnection, in the caller's current transaction."""
-    stmt = _statement("enqueue", queue)
+    keys = _Keys(priority, concurrency_key, rate_key)
+    stmt = _statement(keys.statement(), queue)
     context = tracing.given(trace_context)
     with tracing.send(queue) if context is None else _given(context) as ctx:
         try:
-            cur = await conn.execute(stmt, _params(tenant, payload, fire_at, dedup_key, ctx))
+            cur = await conn.execute(stmt, _params(tenant, payload, fire_at, dedup_key, ctx, keys))
             row = await cur.fetchone()
         except psycopg.Error as exc:
             raise translate(exc, queue=queue) from exc
@@ -185,16 +222,18 @@ class _Placement:
     loads: list[int]
     #: the time the placement was read: the fire_at of events that give none, in a batch where others do
     now: datetime
+    #: the queue's default_priority: the priority of events that give none, in a batch where others do
+    priority: int
 
 
 def _placement(conn: psycopg.Connection[Any], queue: str) -> _Placement:
     row = conn.execute(query("queue_routing_info"), {"queue": queue}).fetchone()
     if row is None:
         raise UnknownQueueError(f"queue {queue!r} does not exist on this shard: create it with 'qm queue create'")
-    n, k, _limit, shard, start, end, loads, now = row
+    n, k, _limit, shard, start, end, loads, now, priority = row
     if shard is None:
         raise UnknownQueueError("this database has no shard identity yet: run 'qm migrate --topology <file>'")
-    return _Placement(n, k, shard, KeyRange(start, end), list(loads), now)
+    return _Placement(n, k, shard, KeyRange(start, end), list(loads), now, priority)
 
 
 def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Event]) -> int:
@@ -206,7 +245,8 @@ def enqueue_batch(conn: psycopg.Connection[Any], queue: str, events: Iterable[Ev
     ``fire_at`` only when some event sets it (the others then get the current time, as the column
     default would give them), ``dedup_key`` only when some event has one, the trace context when
     some event has one: its own ``trace_context``, or else the batch's ``send`` span's (when
-    OpenTelemetry is in use).
+    OpenTelemetry is in use), ``priority`` only when some event sets it (the others then get the
+    queue's default_priority), the keys only when some event has one.
     """
     check_queue_name(queue)
     events = events if isinstance(events, list | tuple) else list(events)
@@ -225,6 +265,8 @@ def _enqueue_batch(
     sets: dict[str, tuple[int, ...]] = {}
     with_fire_at = any(ev.fire_at is not None for ev in events)
     staged = any(ev.dedup_key is not None for ev in events)
+    with_priority = any(ev.priority is not None for ev in events)
+    with_keys = any(ev.concurrency_key is not None or ev.rate_key is not None for ev in events)
 
     columns = ["tenant", "partition", "payload"]
     if with_fire_at:
@@ -233,7 +275,12 @@ def _enqueue_batch(
         columns.append("dedup_key")
     if traced:
         columns.extend(tracing.TRACE_KEYS)
+    if with_priority:
+        columns.append("priority")
+    if with_keys:
+        columns.extend(("concurrency_key", "rate_key"))
     simple = len(columns) == 3
+    default_priority = place.priority
     now = place.now
     dumps = json.dumps
 
@@ -279,10 +326,14 @@ def _enqueue_batch(
             if traced:
                 context = batch_context if ev.trace_context is None else given(ev.trace_context)
                 row += context or tracing.NO_CONTEXT
+            if with_priority:
+                row += (default_priority if ev.priority is None else ev.priority,)
+            if with_keys:
+                row += (ev.concurrency_key, ev.rate_key)
             yield row
 
     try:
-        inserted = _copy_rows(conn, queue, rows(), columns, staged=staged)
+        inserted = _copy_rows(conn, queue, rows(), columns, staged=staged, default_priority=default_priority)
     except psycopg.Error as exc:
         raise translate(exc, queue=queue) from exc
     if inserted:
@@ -292,7 +343,13 @@ def _enqueue_batch(
 
 
 def _copy_rows(
-    conn: psycopg.Connection[Any], queue: str, rows: Iterator[tuple[Any, ...]], columns: list[str], *, staged: bool
+    conn: psycopg.Connection[Any],
+    queue: str,
+    rows: Iterator[tuple[Any, ...]],
+    columns: list[str],
+    *,
+    staged: bool,
+    default_priority: int,
 ) -> int:
     """Stream rows into COPY as they are placed, so placement (client) and COPY (server) overlap.
 
@@ -312,7 +369,7 @@ def _copy_rows(
             written += 1
     if not staged:
         return written
-    return conn.execute(_statement("insert_from_staging", queue)).rowcount
+    return conn.execute(_statement("insert_from_staging", queue), {"default_priority": default_priority}).rowcount
 
 
 _T = TypeVar("_T")
@@ -450,14 +507,28 @@ class Router:
         dedup_key: str | None = None,
         *,
         trace_context: Mapping[str, str] | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        rate_key: str | None = None,
     ) -> int | None:
         """Enqueue one event in its own transaction on the tenant's shard (retried once on the
-        shard the topology file names after a reshard moved the tenant). ``trace_context`` as for
-        :func:`enqueue`."""
+        shard the topology file names after a reshard moved the tenant). ``trace_context``,
+        ``priority`` and the keys as for :func:`enqueue`."""
 
         def attempt(shard: Shard) -> int | None:
             with self.pool(shard).connection() as conn, conn.transaction():
-                return enqueue(conn, queue, tenant, payload, fire_at, dedup_key, trace_context=trace_context)
+                return enqueue(
+                    conn,
+                    queue,
+                    tenant,
+                    payload,
+                    fire_at,
+                    dedup_key,
+                    trace_context=trace_context,
+                    priority=priority,
+                    concurrency_key=concurrency_key,
+                    rate_key=rate_key,
+                )
 
         return self._routed(tenant, attempt)
 

@@ -117,6 +117,8 @@ class Event:
     traceparent: str | None = field(default=None, repr=False)
     tracestate: str | None = field(default=None, repr=False)
     baggage: str | None = field(default=None, repr=False)
+    #: its priority, 1 (highest) to 5 (docs/protocol.md, "deliver"; 3 from a manager that sends none)
+    priority: int = 3
     #: when it arrived, by this process's monotonic clock
     received_at: float = field(default_factory=time.monotonic, repr=False)
     _settled_by_sql: bool = field(default=False, repr=False)
@@ -292,7 +294,8 @@ class _Link:
     def _event(self, queue: str, raw: Mapping[str, Any]) -> Event:
         r = raw
         event = Event(queue, self.shard, r["id"], r["attempt"], r["tenant"], r["partition"], r["fire_at"], r["payload"])
-        if len(r) > 6:  # the optional trace context members (docs/protocol.md, "deliver")
+        event.priority = r.get("priority", 3)
+        if len(r) > 7:  # the optional trace context members (docs/protocol.md, "deliver")
             event.traceparent = r.get("traceparent")
             event.tracestate = r.get("tracestate")
             event.baggage = r.get("baggage")

@@ -43,6 +43,7 @@ class Delivery:
     partition: int
     fire_at: float  # epoch seconds, database clock
     payload: Any
+    priority: int = 3  # 1 (highest) to 5
 
 
 @dataclass
@@ -174,7 +175,14 @@ class MinimalClient:
                         self.stats.delivered += 1
                         work.put_nowait(
                             Delivery(
-                                queue, e["id"], e["attempt"], e["tenant"], e["partition"], e["fire_at"], e["payload"]
+                                queue,
+                                e["id"],
+                                e["attempt"],
+                                e["tenant"],
+                                e["partition"],
+                                e["fire_at"],
+                                e["payload"],
+                                e.get("priority", 3),
                             )
                         )
                 elif isinstance(frame, f.AckResult):

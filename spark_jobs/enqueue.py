@@ -86,7 +86,7 @@ GID_PREFIX = "qm-run:"
 #: the earliest fire_at any queue accepts (the database's rule)
 EARLIEST_FIRE_AT = "2000-01-01 00:00:00+00"
 #: the queue columns a row carries as they are, text, NULL when the source has none (Columns.carried)
-CARRIED = ("dedup_key", "traceparent", "tracestate", "baggage")
+CARRIED = ("dedup_key", "traceparent", "tracestate", "baggage", "concurrency_key", "rate_key")
 #: the columns of a stage table, in the order Spark writes them (the order of copy_stage in spark.sql)
 STAGE_COLUMNS = (
     "row_key",
@@ -99,6 +99,9 @@ STAGE_COLUMNS = (
     "traceparent",
     "tracestate",
     "baggage",
+    "priority",
+    "concurrency_key",
+    "rate_key",
 )
 #: the forms of the trace context columns, as the queue tables' triggers test them (qm.rule_trace): a
 #: row breaking one is rejected with a reason
@@ -177,7 +180,10 @@ class Columns:
     columns. ``fire_at`` (optional) a timestamp, date or string column (NULL: now); ``dedup_key``
     optional. ``traceparent``, ``tracestate`` and ``baggage`` (optional): string columns holding
     each row's W3C trace context (NULL: none), stored with the event and carried to its receiver
-    (docs/observability.md); a malformed value rejects the row.
+    (docs/observability.md); a malformed value rejects the row. ``priority`` (optional): an integer
+    column, 1 (highest) to 5 (NULL: the queue's default_priority); ``concurrency_key`` and
+    ``rate_key`` (optional): string columns of the keys the queue's key limits count (NULL: none;
+    docs/sql.md); a value out of range rejects the row.
     """
 
     tenant: str = "tenant"
@@ -188,6 +194,9 @@ class Columns:
     traceparent: str | None = None
     tracestate: str | None = None
     baggage: str | None = None
+    priority: str | None = None
+    concurrency_key: str | None = None
+    rate_key: str | None = None
 
     def carried(self) -> tuple[tuple[str, str | None], ...]:
         """The columns carried to the queue table as they are (as text, NULL when not given): each
@@ -396,6 +405,7 @@ def _fire_at(df: DataFrame, name: str) -> Column:
 def _check_columns(df: DataFrame, columns: Columns) -> None:
     named = [("tenant", columns.tenant), ("fire_at", columns.fire_at)]
     named += [(key.replace("_", " "), name) for key, name in columns.carried()]
+    named += [("priority", columns.priority)]
     named += [("payload", c) for c in columns.payload_cols] if columns.payload_cols else [("payload", columns.payload)]
     for what, name in named:
         if name is not None and name not in df.columns:
@@ -413,7 +423,8 @@ def route_and_check(
     """The source rows with their row key, shard and partition, and a ``reason`` (NULL: good).
 
     Columns: row_key, tenant, payload (JSON text), fire_at (timestamp or NULL), shard, partition,
-    reason, then the carried columns (:data:`CARRIED`: dedup_key and the trace context). A row with
+    reason, then the carried columns (:data:`CARRIED`: dedup_key, the trace context and the keys)
+    and the priority. A row with
     no shard (no tenant) is given the topology's first shard, where it is staged as a reject. The
     row key is ``monotonically_increasing_id()`` over ``df`` (or ``df``'s
     own ``row_key`` column when it has one). ``only_shards``: keep those shards' rows only, before
@@ -434,6 +445,7 @@ def route_and_check(
             (F.col(name).cast("string") if name else F.lit(None).cast("string")).alias(key)
             for key, name in columns.carried()
         ),
+        (F.col(columns.priority).cast("int") if columns.priority else F.lit(None).cast("int")).alias("priority"),
     )
     t = F.col("tenant")
     # the keyspace id once per row, whatever the number of shards
@@ -472,6 +484,9 @@ def route_and_check(
             (F.length("tracestate") > 512) | ~F.col("tracestate").rlike(PRINTABLE_ASCII_RE), F.lit("invalid tracestate")
         )
         .when((F.length("baggage") > 8192) | ~F.col("baggage").rlike(PRINTABLE_ASCII_RE), F.lit("invalid baggage"))
+        .when(~F.col("priority").between(1, 5), F.lit("invalid priority"))
+        .when(~F.length("concurrency_key").between(1, 256), F.lit("invalid concurrency_key"))
+        .when(~F.length("rate_key").between(1, 256), F.lit("invalid rate_key"))
     )
     partition = _per_shard(s, shapes, lambda q: _partition(t, F.col("row_key"), q))
     return routed.select(
@@ -483,6 +498,7 @@ def route_and_check(
         partition.cast("short").alias("partition"),
         reason.alias("reason"),
         *CARRIED,
+        F.col("priority").cast("short").alias("priority"),
     )
 
 
@@ -1135,6 +1151,9 @@ def run_cli(args: Any, topology: Topology, emit: Callable[[str], None]) -> int:
         traceparent=args.traceparent_col,
         tracestate=args.tracestate_col,
         baggage=args.baggage_col,
+        priority=args.priority_col,
+        concurrency_key=args.concurrency_key_col,
+        rate_key=args.rate_key_col,
     )
     with job_session("qm-spark-enqueue", args.jdbc_jar) as spark:
         require_jdbc_driver(spark)

@@ -248,6 +248,7 @@ def start_producer(
     seed: int = 0,
     tenant: str | None = None,
     name: str = "bench-producer",
+    priority: int | None = None,
 ) -> Producer:
     """An open-loop producer process (see :func:`procs.produce`): ``warmup`` + ``n`` events at
     ``rate``/s over ``conns`` connections, one transaction each, from when ``go`` is set (an
@@ -256,7 +257,7 @@ def start_producer(
     go = CTX.Event() if go is None else go
     proc = CTX.Process(
         target=procs.spawned,
-        args=(procs.produce, out_q, {}, dsn, n, warmup, float(rate), conns, seed, ready, go, out_q, tenant),
+        args=(procs.produce, out_q, {}, dsn, n, warmup, float(rate), conns, seed, ready, go, out_q, tenant, priority),
         name=name,
         daemon=True,
     )

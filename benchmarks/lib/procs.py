@@ -411,6 +411,7 @@ async def receiver(
 # --------------------------------------------------------------------------- producer
 
 INSERT = f"INSERT INTO {QUEUE} (tenant, payload) VALUES (%s, %s)"
+INSERT_PRIORITY = f"INSERT INTO {QUEUE} (tenant, payload, priority) VALUES (%s, %s, %s)"
 
 
 async def produce(
@@ -424,12 +425,14 @@ async def produce(
     go_ev: Any,
     out_q: Any,
     tenant: str | None = None,
+    priority: int | None = None,
 ) -> None:
     """Open-loop pacing: event k is due at t0 + k/rate; ``conns`` connections take turns (k mod conns).
 
     Each event is one autocommit INSERT (one transaction) for a random tenant of TENANTS, or for
-    ``tenant`` when given; its payload carries the sequence number (negative for warm-up events) and
-    the time.time() the call started. Reports seq -> (call start, commit returned) for every event.
+    ``tenant`` when given, at ``priority`` when given; its payload carries the sequence number
+    (negative for warm-up events) and the time.time() the call started. Reports seq -> (call start,
+    commit returned) for every event.
     """
     import psycopg
 
@@ -451,7 +454,11 @@ async def produce(
                 await asyncio.sleep(delay)
             seq = k - warmup
             t_call = now()
-            await cur.execute(INSERT, (tenants[k], json.dumps({"seq": seq, "t": t_call})), prepare=True)
+            payload = json.dumps({"seq": seq, "t": t_call})
+            if priority is None:
+                await cur.execute(INSERT, (tenants[k], payload), prepare=True)
+            else:
+                await cur.execute(INSERT_PRIORITY, (tenants[k], payload, priority), prepare=True)
             sent[seq] = (t_call, now())
 
     await asyncio.gather(*(worker(j, c) for j, c in enumerate(connections)))

@@ -6,7 +6,8 @@ Operator actions, each state-guarded in SQL (db/sql/admin.sql, queries.sql), sli
 touches many events, and writing its audit row (``qm.audit``) in the transaction of its change:
 
 - on a queue's settings (:mod:`.settings`): :func:`alter_queue`, :func:`pause`, :func:`resume`,
-  a tenant's overrides :func:`set_tenant` and :func:`unset_tenant`;
+  a tenant's overrides :func:`set_tenant` and :func:`unset_tenant`, a key's limits :func:`set_key`
+  and :func:`unset_key`;
 - on events (:mod:`.events`): :func:`retry_failed` (``qm events retry``), and every action of
   :data:`ACTIONS` (retry dead letters, fire now, reschedule, cancel) by :func:`bind` (what a
   confirmation binds) and :func:`run`.
@@ -27,8 +28,8 @@ from __future__ import annotations
 from queue_manager.admin import browse, schedules
 from queue_manager.admin.audit import Action, find, recent
 from queue_manager.admin.events import ACTIONS, Binding, EventAction, Outcome, action_named, bind, retry_failed, run
-from queue_manager.admin.queues import create_queue, list_queues, list_tenants, queue_row
-from queue_manager.admin.settings import alter_queue, pause, resume, set_tenant, unset_tenant
+from queue_manager.admin.queues import create_queue, list_keys, list_queues, list_tenants, queue_row
+from queue_manager.admin.settings import alter_queue, pause, resume, set_key, set_tenant, unset_key, unset_tenant
 from queue_manager.admin.shards import Connector, Direct, check_tenant
 from queue_manager.admin.status import (
     QueueStatus,
@@ -55,6 +56,7 @@ __all__ = [
     "check_tenant",
     "create_queue",
     "find",
+    "list_keys",
     "list_queues",
     "list_tenants",
     "maintenance_counts",
@@ -67,8 +69,10 @@ __all__ = [
     "retry_failed",
     "run",
     "schedules",
+    "set_key",
     "set_tenant",
     "shard_status",
     "status",
+    "unset_key",
     "unset_tenant",
 ]

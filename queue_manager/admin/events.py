@@ -40,6 +40,7 @@ from queue_manager.admin.queues import queue_row
 from queue_manager.admin.shards import Conn, Connector, check_ids, check_queue, check_tenant, connector, db_error
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.eventfilter import EventFilter
+from queue_manager.domain.settings import PRIORITY_LEVELS
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import InvalidInputError
 
@@ -82,7 +83,7 @@ ACTIONS: dict[str, EventAction] = {
         ),
         EventAction(
             "reschedule", ("to_be_fired",), False, "events_reschedule", "Reschedule", "events not yet fired",
-            "due at the new time (never fired before it)",
+            "due at the new time (never fired before it) and/or at the new priority",
         ),
         # cancel: the dashboard's bulk action, and qm events cancel by id or by filter
         EventAction(
@@ -164,12 +165,24 @@ def _params(action: EventAction, flt: EventFilter, ids: Sequence[int] | None, **
             "future": action.future, **more}  # fmt: skip
 
 
-def _check(db: Connector, queue: str, action: EventAction, fire_at: datetime | None) -> None:
+def _check(
+    db: Connector, queue: str, action: EventAction, fire_at: datetime | None, priority: int | None = None
+) -> None:
     check_queue(queue)
     if action.name != "reschedule":
         return
+    if fire_at is None and priority is None:
+        raise InvalidInputError(
+            "reschedule: give the new fire_at (ISO 8601, e.g. 2026-11-28T09:00:00Z) and/or the new priority"
+        )
+    if priority is not None and (
+        isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= PRIORITY_LEVELS
+    ):
+        raise InvalidInputError(
+            f"reschedule: the new priority must be 1 (highest) to {PRIORITY_LEVELS}, got {priority!r}"
+        )
     if fire_at is None:
-        raise InvalidInputError("reschedule: give the new fire_at (ISO 8601, e.g. 2026-11-28T09:00:00Z)")
+        return
     if fire_at.tzinfo is None:
         raise InvalidInputError("reschedule: give the new fire_at with its offset (e.g. +00:00)")
     latest = datetime.now(UTC) + timedelta(seconds=float(queue_row(db, queue)["max_delay_seconds"]))
@@ -190,12 +203,13 @@ def bind(
     cap: int,
     count_cap: int,
     fire_at: datetime | None = None,
+    priority: int | None = None,
 ) -> Binding:
     """What the action would change now, to be confirmed: on each shard the events matching
     (``flt``, among ``selection`` when given) counted up to ``count_cap``, and the ids of the
     newest ``cap`` across the shards (by creation time), which :func:`run` then acts on."""
     shards = connector(db)
-    _check(shards, queue, action, fire_at)
+    _check(shards, queue, action, fire_at, priority)
     table = sql.Identifier(queue)
     matched: dict[str, int] = {}
     found: list[list[tuple[datetime, int, str]]] = []
@@ -220,11 +234,17 @@ def bind(
 
 
 def _change(
-    conn: Conn, queue: str, action: EventAction, ids: list[int], fire_at: datetime | None, reason: str | None = None
+    conn: Conn,
+    queue: str,
+    action: EventAction,
+    ids: list[int],
+    fire_at: datetime | None,
+    reason: str | None = None,
+    priority: int | None = None,
 ) -> int:
     """One slice's change, in the caller's transaction; how many events changed."""
     statement = sql.SQL(query(action.statement, ADMIN_SQL)).format(queue=sql.Identifier(queue))
-    params = {"ids": ids, "queue": queue, "fire_at": fire_at, "reason": reason}
+    params = {"ids": ids, "queue": queue, "fire_at": fire_at, "reason": reason, "priority": priority}
     rows = conn.execute(statement, params).fetchall()
     if action.name == "cancel":
         return len(rows[0]["ids"])
@@ -244,6 +264,7 @@ def run(
     via: Via = "api",
     description: str | None = None,
     fire_at: datetime | None = None,
+    priority: int | None = None,
     cap: int | None = None,
     slice_size: int = 500,
     action_id: uuid.UUID | None = None,
@@ -254,13 +275,15 @@ def run(
     action's audit row on its shard."""
     shards = connector(db)
     flt = flt or EventFilter()
-    _check(shards, queue, action, fire_at)
+    _check(shards, queue, action, fire_at, priority)
     targets = _targets(shards, flt, ids)
     bound = {s.name: sorted(set(check_ids(ids[s.name])), reverse=True) for s in targets} if ids is not None else None
     plan: dict[str, int | None] = {s.name: (len(bound[s.name]) if bound else None) for s in targets}
     what = description or (flt.describe() if bound is None else f"{sum(map(len, bound.values()))} events by id")
     if fire_at is not None:
         what = f"{what}; fire_at {fire_at.isoformat()}"
+    if priority is not None:
+        what = f"{what}; priority {priority}"
     record = audit.new(action.name, queue, actor=actor, via=via, detail=what, plan=plan, action_id=action_id)
     why = f"cancelled by {record.actor} ({via})"
     pick = _filled("events_pick").format(queue=sql.Identifier(queue))
@@ -279,7 +302,7 @@ def run(
                     with conn.transaction():
                         params = _params(action, flt, chunk, below=below, limit=limit)
                         found = [r["id"] for r in conn.execute(pick, params)] if limit > 0 else []
-                        n = _change(conn, queue, action, found, fire_at, why) if found else 0
+                        n = _change(conn, queue, action, found, fire_at, why, priority) if found else 0
                         if mine is None:
                             last = len(found) < limit or limit == 0
                             looked = len(found)

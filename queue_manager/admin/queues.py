@@ -1,5 +1,5 @@
 """Queues across the shards: created on every shard with the same settings (``qm.create_queue``,
-which also works from any SQL client), and the registry and tenant overrides read back. Changing
+which also works from any SQL client), and the registry, tenant overrides and key limits read back. Changing
 a queue is an operator action: :mod:`queue_manager.admin.settings`.
 """
 
@@ -66,13 +66,23 @@ def queue_row(db: Topology | Connector, queue: str) -> dict[str, Any]:
     raise UnknownQueueError(f"no queue named {queue!r} on any shard")
 
 
-def list_tenants(db: Topology | Connector, queue: str | None = None) -> list[dict[str, Any]]:
-    """Every tenant override of a queue (or of every queue), with the shard that holds it."""
+def _overrides(db: Topology | Connector, name: str, queue: str | None) -> list[dict[str, Any]]:
+    """The rows of the query ``name`` of one queue (or of every queue) on every shard, each with its shard."""
     if queue is not None:
         check_queue(queue)
     shards = connector(db)
     out = []
     for shard in shards.shards:
         with shards.connect(shard) as conn:
-            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query("list_tenants"), {"queue": queue})]
+            out += [{"shard": shard.name, **dict(r)} for r in conn.execute(query(name), {"queue": queue})]
     return out
+
+
+def list_tenants(db: Topology | Connector, queue: str | None = None) -> list[dict[str, Any]]:
+    """Every tenant override of a queue (or of every queue), with the shard that holds it."""
+    return _overrides(db, "list_tenants", queue)
+
+
+def list_keys(db: Topology | Connector, queue: str | None = None) -> list[dict[str, Any]]:
+    """Every key's own limits of a queue (or of every queue), with the shard that holds them."""
+    return _overrides(db, "list_keys", queue)

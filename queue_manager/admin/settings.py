@@ -1,8 +1,9 @@
 """Operator actions on a queue's settings: alter (limits, attempts, windows... any setting of
-``qm queue alter``), pause and resume on every shard, and a tenant's overrides on its shard.
+``qm queue alter``), pause and resume on every shard, and a tenant's overrides and a key's limits on the tenant's shard.
 
 Each shard's change runs in one transaction with its audit row (:mod:`queue_manager.admin.audit`),
-through the SQL functions ``qm.alter_queue``, ``qm.set_tenant`` and ``qm.unset_tenant`` (which
+through the SQL functions ``qm.alter_queue``, ``qm.set_tenant``, ``qm.unset_tenant``, ``qm.set_key`` and
+``qm.unset_key`` (which
 check the values again, and whose NOTIFY makes the shard's managers apply the change at its
 commit).
 """
@@ -20,7 +21,7 @@ from queue_manager.admin import audit
 from queue_manager.admin.audit import Via
 from queue_manager.admin.shards import Connector, check_queue, check_tenant, connector, db_error
 from queue_manager.db.sqlfiles import query
-from queue_manager.domain.settings import check_settings, check_tenant_settings
+from queue_manager.domain.settings import check_key_settings, check_settings, check_tenant_settings
 from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import ConfigurationError
 
@@ -105,4 +106,41 @@ def unset_tenant(db: Topology | Connector, queue: str, tenant: str, **who: Any) 
     """Drop a tenant's overrides of a queue (it goes back to weight 1 and the queue's default cap),
     audited on the tenant's shard (``who`` as for :func:`set_tenant`); True when it had some."""
     _, row = _tenant_action(db, "unset", queue, tenant, {}, **who)
+    return bool(next(iter(row.values())))
+
+
+def _key_action(
+    db: Topology | Connector, name: str, queue: str, tenant: str, key: str, detail: dict[str, Any], **who: Any
+) -> tuple[Shard, dict[str, Any]]:
+    """A key's limits changed by the query ``name`` on its tenant's shard, audited there."""
+    check_queue(queue)
+    check_tenant(tenant)
+    if not key:
+        raise ConfigurationError("give a non-empty key")
+    shards = connector(db)
+    shard = shards.shard_for(tenant)
+    record = audit.new(
+        f"key_{name}", queue, detail={"tenant": tenant, "key": key, **detail}, plan={shard.name: None}, **who
+    )
+    params = {"queue": queue, "tenant": tenant, "key": key, "settings": json.dumps(detail)}
+    return shard, _audited(shards, shard, queue, f"{name}_key", params, record)
+
+
+def set_key(
+    db: Topology | Connector, queue: str, tenant: str, key: str, settings: Mapping[str, Any], **who: Any
+) -> dict[str, Any]:
+    """Set the limits of one key of a tenant (max_in_flight for its concurrency_key, max_qps for its
+    rate_key) on the tenant's shard, the only one that dispatches its events, audited there (``who``
+    as for :func:`set_tenant`); returns the stored row with ``shard``. The shard's manager reloads
+    its settings at the commit (a NOTIFY from ``qm.key_settings``)."""
+    if not settings:
+        raise ConfigurationError("nothing to change: give a max in flight and/or a max qps")
+    shard, row = _key_action(db, "set", queue, tenant, key, check_key_settings(settings), **who)
+    return {"shard": shard.name, **row}
+
+
+def unset_key(db: Topology | Connector, queue: str, tenant: str, key: str, **who: Any) -> bool:
+    """Drop a key's own limits (the queue's key_max_in_flight and key_max_qps apply), audited on
+    the tenant's shard (``who`` as for :func:`set_tenant`); True when it had some."""
+    _, row = _key_action(db, "unset", queue, tenant, key, {}, **who)
     return bool(next(iter(row.values())))

@@ -65,8 +65,8 @@ def db_error(exc: psycopg.Error, queue: str | None, shard: Shard | None = None) 
     message = exc.diag.message_primary or str(exc).strip()
     if isinstance(exc, pg.UndefinedTable):
         return UnknownQueueError(f"{message}{on}" if exc.diag.message_primary else f"no queue named {queue!r}{on}")
-    if isinstance(exc, pg.CheckViolation) and exc.diag.table_name in ("queues", "tenant_settings"):
-        kind = "settings" if exc.diag.table_name == "queues" else "tenant settings"
+    if isinstance(exc, pg.CheckViolation) and exc.diag.table_name in ("queues", "tenant_settings", "key_settings"):
+        kind = {"queues": "settings", "tenant_settings": "tenant settings"}.get(exc.diag.table_name, "key settings")
         return ConfigurationError(f"{what}: invalid {kind} ({message})")
     if isinstance(exc, pg.DuplicateTable):
         return ConfigurationError(message)

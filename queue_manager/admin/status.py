@@ -19,6 +19,10 @@ from queue_manager.domain.eventfilter import STATES
 from queue_manager.domain.health import Thresholds, format_bytes
 from queue_manager.domain.topology import Shard, Topology
 
+#: ``qm status`` lists this many concurrency keys by events in hand, from at most KEYS_READ_CAP fired events
+TOP_KEYS = 10
+KEYS_READ_CAP = 100_000
+
 
 @dataclass
 class QueueStatus:
@@ -41,6 +45,10 @@ class QueueStatus:
     oldest_due_age_seconds: float | None = None
     #: live events still in partitions being dropped; the shrink completes when this is 0
     draining: int = 0
+    #: the concurrency keys with the most events in hand: tenant, key, in_hand, max_in_flight
+    top_keys: list[dict[str, Any]] = field(default_factory=list)
+    #: concurrency keys whose events in hand reached their limit
+    keys_at_limit: int = 0
 
     @property
     def length(self) -> int:
@@ -73,6 +81,12 @@ def shard_status(shard: Shard) -> list[QueueStatus]:
             st.draining = sum(depth[n:])
             age, due = conn.execute(sql.SQL(query("queue_oldest_due")).format(queue=table)).fetchone() or (None, 0)
             st.oldest_due_age_seconds, st.due_now = age, due
+            keys = conn.execute(
+                sql.SQL(query("queue_keys_in_hand")).format(queue=table),
+                {"queue": name, "cap": KEYS_READ_CAP, "top": TOP_KEYS},
+            ).fetchall()
+            st.top_keys = [{"tenant": t, "key": k, "in_hand": n, "max_in_flight": cap} for t, k, n, cap, _ in keys]
+            st.keys_at_limit = int(keys[0][4]) if keys else 0
             out.append(st)
     return out
 
@@ -169,6 +183,13 @@ def render_status(data: dict[str, Any]) -> str:
                 f"  oldest due {'-' if age is None else f'{age:.1f}s'}{'  PAUSED' if q['paused'] else ''}"
             )
             lines.append(f"    depth by partition: {q['depth']}")
+            if q.get("top_keys"):
+                keys = ", ".join(
+                    f"{k['tenant']}/{k['key']} {k['in_hand']}"
+                    + ("" if k["max_in_flight"] is None else f"/{k['max_in_flight']}")
+                    for k in q["top_keys"]
+                )
+                lines.append(f"    keys in hand: {keys}; {q['keys_at_limit']} at their limit")
             table = tables.get(q["queue"])
             if table is not None:
                 lines.extend(f"    {line}" for line in _render_table(table))

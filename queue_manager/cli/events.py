@@ -25,6 +25,7 @@ def register_enqueue(sub: Subparsers) -> None:
             example=(
                 "qm enqueue orders acme '{\"order\": 42}'",
                 "qm enqueue orders acme '{\"remind\": 42}' --fire-at 2026-01-01T12:00:00+00:00 --dedup-key remind-42",
+                "qm enqueue orders acme '{\"sync\": 7}' --priority 1 --concurrency-key account-7",
             ),
         )
     )
@@ -35,6 +36,13 @@ def register_enqueue(sub: Subparsers) -> None:
         "--fire-at", metavar="TIME", help="fire at this ISO-8601 time with offset, e.g. 2026-01-01T12:00:00+00:00"
     )
     p.add_argument("--dedup-key", metavar="KEY", help="no second event with this key while the first is in the queue")
+    p.add_argument(
+        "--priority", type=int, metavar="N", help="1 (highest) to 5 (default: the queue's default_priority)"
+    )
+    p.add_argument(
+        "--concurrency-key", metavar="KEY", help="a key of the tenant, limited by the queue's key_max_in_flight"
+    )
+    p.add_argument("--rate-key", metavar="KEY", help="a key of the tenant, limited by the queue's key_max_qps")
     p.set_defaults(func=cmd_enqueue)
 
 
@@ -143,7 +151,16 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     fire_at = datetime.fromisoformat(args.fire_at) if args.fire_at else None
     with Router(topology(args)) as router:
         shard = router.shard_for(args.tenant)
-        event_id = router.enqueue(args.queue, args.tenant, payload, fire_at=fire_at, dedup_key=args.dedup_key)
+        event_id = router.enqueue(
+            args.queue,
+            args.tenant,
+            payload,
+            fire_at=fire_at,
+            dedup_key=args.dedup_key,
+            priority=args.priority,
+            concurrency_key=args.concurrency_key,
+            rate_key=args.rate_key,
+        )
     if event_id is None:
         print(f"duplicate: an event with dedup key {args.dedup_key!r} exists on shard {shard.name}")
     else:

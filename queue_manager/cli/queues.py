@@ -1,5 +1,5 @@
-"""``qm queue create|alter|list|pause|resume`` and ``qm queue tenant set|unset|list``
-(``qm queue adopt``: :mod:`.adopt`)."""
+"""``qm queue create|alter|list|pause|resume``, ``qm queue tenant set|unset|list`` and
+``qm queue key set|unset|list`` (``qm queue adopt``: :mod:`.adopt`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from queue_manager.cli import adopt
 from queue_manager.cli.common import Subparsers, command, duration, group, print_json, topology, with_topology
 from queue_manager.domain.durations import format_duration
-from queue_manager.domain.settings import SETTINGS, TENANT_SETTINGS, Setting
+from queue_manager.domain.settings import KEY_SETTINGS, SETTINGS, TENANT_SETTINGS, Setting
 
 
 def register(sub: Subparsers) -> None:
@@ -139,6 +139,59 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_queue_tenant_list)
 
+    key = group(
+        queue,
+        "key",
+        help="limits of one key of a tenant in a queue (on the tenant's shard)",
+        description="Per-key limits of a queue: at most N events of a concurrency_key fired and unsettled at once "
+        "(--max-in-flight), at most R fires a second of a rate_key (--max-qps). A key belongs to its tenant and "
+        "is stored on the tenant's shard, which alone dispatches its events; a key without limits of its own "
+        "has the queue's key_max_in_flight and key_max_qps.",
+        example=("qm queue key set orders acme account-7 --max-in-flight 1", "qm queue key list orders"),
+    )
+    p = with_topology(
+        command(
+            key,
+            "set",
+            help="set a key's in-flight and/or rate limit",
+            example=(
+                "qm queue key set orders acme account-7 --max-in-flight 1",
+                "qm queue key set orders acme api --max-qps 5",
+            ),
+        )
+    )
+    p.add_argument("name", help="the queue")
+    p.add_argument("tenant", help="the tenant")
+    p.add_argument("key", help="the concurrency_key and/or rate_key the events name")
+    for name, spec in KEY_SETTINGS.items():
+        assert spec.flag is not None
+        p.add_argument(spec.flag, dest=name, type=spec.kind, metavar="N", help=spec.help)
+    p.add_argument(
+        "--default-max-in-flight", action="store_true", help="drop the key's own in-flight limit (the queue's applies)"
+    )
+    p.add_argument("--default-max-qps", action="store_true", help="drop the key's own rate (the queue's applies)")
+    p.set_defaults(func=cmd_queue_key_set)
+    p = with_topology(
+        command(
+            key,
+            "unset",
+            help="drop a key's own limits (the queue's apply)",
+            example="qm queue key unset orders acme account-7",
+        )
+    )
+    p.add_argument("name", help="the queue")
+    p.add_argument("tenant", help="the tenant")
+    p.add_argument("key", help="the key")
+    p.set_defaults(func=cmd_queue_key_unset)
+    p = with_topology(
+        command(
+            key, "list", help="list the keys' own limits", example=("qm queue key list", "qm queue key list orders")
+        )
+    )
+    p.add_argument("name", nargs="?", help="the queue (default: every queue)")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.set_defaults(func=cmd_queue_key_list)
+
     adopt.register(queue)
 
 
@@ -177,12 +230,15 @@ def _setting_options(p: argparse.ArgumentParser, *, alter: bool) -> None:
             metavar="DURATION" if _is_duration(key) else "N",
             help=f"{text} {tail}",
         )
+    p.add_argument("--no-priority-aging", action="store_true", help="no aging: a priority level never counts higher")
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     out = {key: getattr(args, key) for key, spec in SETTINGS.items() if spec.flag and getattr(args, key) is not None}
     if getattr(args, "paused", None) is not None:
         out["paused"] = args.paused
+    if getattr(args, "no_priority_aging", False):
+        out["priority_aging_seconds"] = None
     return out
 
 
@@ -234,8 +290,64 @@ def cmd_queue_list(args: argparse.Namespace) -> int:
                 f"  {q['name']:<24} N={q['partitions']:<4} k={q['shuffle']:<3} "
                 f"window={format_duration(q['window_seconds'])} cache={q['cache_size']} "
                 f"ack_timeout={format_duration(q['ack_timeout_seconds'])} max_attempts={q['max_attempts']}"
+                f" priority={q['default_priority']} aging={_opt_duration(q['priority_aging_seconds'])}"
+                f" key_max_in_flight={_opt(q['key_max_in_flight'])} key_max_qps={_opt(q['key_max_qps'])}"
                 f"{' PAUSED' if q['paused'] else ''}"
             )
+    return 0
+
+
+def _opt(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _opt_duration(value: float | None) -> str:
+    return "-" if value is None else format_duration(value)
+
+
+def cmd_queue_key_set(args: argparse.Namespace) -> int:
+    from queue_manager import admin
+
+    settings = {name: getattr(args, name) for name in KEY_SETTINGS if getattr(args, name) is not None}
+    if args.default_max_in_flight:
+        settings["max_in_flight"] = None
+    if args.default_max_qps:
+        settings["max_qps"] = None
+    row = admin.set_key(topology(args), args.name, args.tenant, args.key, settings, via="cli")
+    print(
+        f"{row['shard']}: queue {args.name} tenant {args.tenant} key {args.key}: "
+        f"max_in_flight={_opt(row['max_in_flight']) if row['max_in_flight'] is not None else 'queue default'} "
+        f"max_qps={_opt(row['max_qps']) if row['max_qps'] is not None else 'queue default'}"
+    )
+    return 0
+
+
+def cmd_queue_key_unset(args: argparse.Namespace) -> int:
+    from queue_manager import admin
+
+    removed = admin.unset_key(topology(args), args.name, args.tenant, args.key, via="cli")
+    what = "removed" if removed else "had none"
+    print(f"queue {args.name} tenant {args.tenant} key {args.key}: limits {what} (the queue's key limits apply)")
+    return 0
+
+
+def cmd_queue_key_list(args: argparse.Namespace) -> int:
+    from queue_manager import admin
+
+    rows = admin.list_keys(topology(args), args.name)
+    if args.json:
+        print_json(rows)
+        return 0
+    for r in rows:
+        cap = (
+            _opt(r["max_in_flight"])
+            if r["max_in_flight"] is not None
+            else f"default ({_opt(r['queue_default_max_in_flight'])})"
+        )
+        qps = _opt(r["max_qps"]) if r["max_qps"] is not None else f"default ({_opt(r['queue_default_max_qps'])})"
+        print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<24} {r['key']:<24} max_in_flight={cap} max_qps={qps}")
+    if not rows:
+        print("no key limits of their own")
     return 0
 
 

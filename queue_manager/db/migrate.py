@@ -44,6 +44,17 @@ def upgrade(dsn: str, revision: str = "head") -> None:
     logger.info("migrated", extra={"action": "migrate", "revision": revision})
 
 
+def downgrade(dsn: str, revision: str) -> None:
+    """Take one database back to ``revision`` in one transaction: the revisions' downgrades undo their
+    tables, columns and indexes. The functions stay those of this code until ``qm migrate`` of the
+    code of ``revision`` applies its own (only a migration to head applies the schema source)."""
+    cfg = alembic_config()
+    with engine_for(dsn).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+    logger.info("downgraded", extra={"action": "migrate", "revision": revision})
+
+
 def topology_json(topology: Topology) -> str:
     """The topology as the JSON array ``qm.set_topology`` takes."""
     return json.dumps(

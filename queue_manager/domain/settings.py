@@ -17,6 +17,9 @@ from typing import Any
 
 from queue_manager.errors import ConfigurationError
 
+#: priorities run from 1 (highest) to this; each level is one range of the due index per partition
+PRIORITY_LEVELS = 5
+
 
 @dataclass(frozen=True, slots=True)
 class Setting:
@@ -143,6 +146,42 @@ class QueueSettings:
         nullable=True,
         minimum=1,
     )
+    default_priority: int = _setting(
+        3,
+        "--default-priority",
+        f"priority of an event that gives none: 1 (highest) to {PRIORITY_LEVELS}",
+        int,
+        minimum=1,
+        maximum=PRIORITY_LEVELS,
+    )
+    #: an event waiting this long counts one level higher, per interval (None: no aging)
+    priority_aging_seconds: float | None = _setting(
+        30.0,
+        "--priority-aging",
+        "seconds its oldest event waits that make a priority level count one level higher (null, "
+        "--no-priority-aging: no aging)",
+        float,
+        nullable=True,
+        minimum=0,
+        exclusive_minimum=True,
+    )
+    key_max_in_flight: int | None = _setting(
+        None,
+        "--key-max-in-flight",
+        "most events of one concurrency_key of a tenant fired and unsettled at once (a key's own max_in_flight wins)",
+        int,
+        nullable=True,
+        minimum=1,
+    )
+    key_max_qps: float | None = _setting(
+        None,
+        "--key-max-qps",
+        "most events of one rate_key of a tenant fired per second (a key's own max_qps wins)",
+        float,
+        nullable=True,
+        minimum=0,
+        exclusive_minimum=True,
+    )
 
 
 #: the settable fields, in registry order: key -> Setting
@@ -181,6 +220,50 @@ class TenantSettings:
     tenant: str
     weight: float = 1.0
     max_in_flight: int | None = None
+
+
+#: one key's limits (``qm.key_settings``; ``qm queue key set``): a concurrency_key's and a rate_key's
+KEY_SETTINGS: Mapping[str, Setting] = {
+    "max_in_flight": Setting(
+        int,
+        None,
+        "--max-in-flight",
+        "most events of the key fired and unsettled at once (unset: the queue's key_max_in_flight)",
+        nullable=True,
+        minimum=1,
+    ),
+    "max_qps": Setting(
+        float,
+        None,
+        "--max-qps",
+        "most events of the key fired per second (unset: the queue's key_max_qps)",
+        nullable=True,
+        minimum=0,
+        exclusive_minimum=True,
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KeySettings:
+    """One row of ``qm.key_settings`` as the manager loads it: the limits of one key of one tenant."""
+
+    queue_id: int
+    tenant: str
+    key: str
+    max_in_flight: int | None = None
+    max_qps: float | None = None
+
+
+def check_key_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """As :func:`check_settings`, for a key's limits (``qm.set_key`` checks them again)."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        spec = KEY_SETTINGS.get(key)
+        if spec is None:
+            raise ConfigurationError(f"unknown key setting {key!r}; known settings: {', '.join(KEY_SETTINGS)}")
+        out[key] = spec.check(key, value, "key setting")
+    return out
 
 
 def check_tenant_settings(settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -262,7 +262,7 @@ class Budget:
         for q in queues:
             s, lim = q.settings, q.limits
             lim.measure(started)
-            more_due = q.backlog or q.due_hint or q.cache.has_due(db_now)
+            more_due = q.pick.backlog or q.pick.due_hint or q.cache.has_due(db_now)
             dispatching = leading and not s.paused and bool(q.subscribers)
             want_rate, want_slots = lim.wants(started, more_due, q.in_flight, dispatching)
             peers_rate, peers_conc = self._peers(q.name)

@@ -1,13 +1,14 @@
-"""The window cache of one queue: upcoming to_be_fired events held in memory, per partition.
+"""The window cache of one queue: upcoming to_be_fired events held in memory, per partition and
+priority level (a *stream*, as the due index orders them).
 
 The database stays the truth: the cache is rebuilt from every scan, and a fire that the
 database refuses just drops (or puts back) the entry. The cache holds only what firing needs
-(id, tenant, partition, fire_at); payloads come back from the fire UPDATE itself, so memory
-is bounded by the queue's cache size whatever the payload sizes or the backlog.
+(id, tenant, partition, fire_at, priority and keys); payloads come back from the fire UPDATE itself,
+so memory is bounded by the queue's cache size whatever the payload sizes or the backlog.
 
-Reads are fair: :meth:`WindowCache.take` visits partitions round-robin, one event per
-partition per turn, starting from a position kept across calls, so a full partition cannot
-starve the others.
+Reads are fair: :meth:`WindowCache.take` takes level by level (priority.py), then round-robin over
+partitions, one event per partition per turn, starting from a position kept across
+calls, so a full partition cannot starve the others of its level.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from queue_manager.manager.priority import PRIORITY_LEVELS, level_counts, level_ties
+
 R = TypeVar("R")
 
-#: how far into a partition take() looks for an event a receiver will accept
+#: how far into a stream take() looks for an event a receiver will accept
 LOOKAHEAD = 16
 #: a partition cut short by its quota is rescanned (alone) once its last cached event is due
 #: within this many seconds and half of what its scan found is gone: the refill then comes
@@ -35,13 +38,24 @@ class Entry:
     partition: int
     fire_at: float  # database epoch seconds
     refusals: int = 0  # fires the database refused (a hair early by its clock)
+    priority: int = 3
+    #: its concurrency and rate keys, scoped by its tenant (keys.py); None: none
+    ckey: str | None = None
+    rkey: str | None = None
+
+
+Stream = tuple[int, int]  # (partition, priority)
+
+
+def _stream(e: Entry) -> Stream:
+    return (e.partition, e.priority)
 
 
 class WindowCache:
-    """Due-soon events of one queue, ordered by fire_at within each partition."""
+    """Due-soon events of one queue, ordered by fire_at within each stream."""
 
     def __init__(self) -> None:
-        self._parts: dict[int, deque[Entry]] = {}
+        self._streams: dict[Stream, deque[Entry]] = {}
         self._cursor = 0
         #: partitions whose last scan hit its quota: more events may wait beyond the cached ones
         self.truncated: set[int] = set()
@@ -61,11 +75,11 @@ class WindowCache:
     ) -> None:
         """Install a scan's result. With ``partitions``, only those partitions are replaced."""
         self._scanning = False
-        fresh: dict[int, deque[Entry]] = {}
+        fresh: dict[Stream, deque[Entry]] = {}
         for e in entries:
-            d = fresh.get(e.partition)
+            d = fresh.get(_stream(e))
             if d is None:
-                d = fresh[e.partition] = deque()
+                d = fresh[_stream(e)] = deque()
             d.append(e)
         for d in fresh.values():
             if any(d[i].fire_at > d[i + 1].fire_at for i in range(len(d) - 1)):
@@ -73,21 +87,23 @@ class WindowCache:
                 d.clear()
                 d.extend(fresh_sorted)
         if partitions is None:
-            self._parts = fresh
+            self._streams = fresh
             self.truncated = set(truncated)
             self._covered.clear()
             self._scanned.clear()
         else:
-            for p in partitions:
-                self._parts.pop(p, None)
-                self.truncated.discard(p)
+            dropped = set(partitions)
+            for s in [s for s in self._streams if s[0] in dropped]:
+                del self._streams[s]
+            self.truncated -= dropped
+            for p in dropped:
                 self._covered.pop(p, None)
                 self._scanned.pop(p, None)
-            self._parts.update(fresh)
+            self._streams.update(fresh)
             self.truncated.update(truncated)
-        for p, d in fresh.items():
-            self._scanned[p] = len(d)
-        self._size = sum(len(d) for d in self._parts.values())
+        for (p, _), d in fresh.items():
+            self._scanned[p] = self._scanned.get(p, 0) + len(d)
+        self._size = sum(len(d) for d in self._streams.values())
 
     def begin_scan(self) -> None:
         """A scan was sent: until its result is installed, :meth:`horizon` vouches for nothing (a
@@ -114,26 +130,38 @@ class WindowCache:
             if until is None:
                 return -math.inf
             if p in self.truncated:
-                d = self._parts.get(p)
-                until = d[-1].fire_at if d else -math.inf
+                n, last = self._held(p)
+                until = last if n else -math.inf
             h = min(h, until)
         return h
 
+    def _held(self, p: int) -> tuple[int, float]:
+        """How many events of partition ``p`` the cache holds, and the latest fire_at among them
+        (its scan kept the partition's earliest events across its levels: everything of ``p`` due
+        up to that time was cached, unless fired since)."""
+        n, last = 0, -math.inf
+        for level in range(1, PRIORITY_LEVELS + 1):
+            d = self._streams.get((p, level))
+            if d:
+                n += len(d)
+                last = max(last, d[-1].fire_at)
+        return n, last
+
     def next_fire_at(self) -> float | None:
         """The earliest fire_at in the cache, or None when it is empty."""
-        heads = [d[0].fire_at for d in self._parts.values() if d]
+        heads = [d[0].fire_at for d in self._streams.values() if d]
         return min(heads) if heads else None
 
     def has_due(self, now: float) -> bool:
-        """True when some cached event is due (cheap: looks at partition heads only)."""
-        return any(d and d[0].fire_at <= now for d in self._parts.values())
+        """True when some cached event is due (cheap: looks at stream heads only)."""
+        return any(d and d[0].fire_at <= now for d in self._streams.values())
 
     def due_count(self, now: float) -> int:
-        return sum(1 for d in self._parts.values() for e in d if e.fire_at <= now)
+        return sum(1 for d in self._streams.values() for e in d if e.fire_at <= now)
 
     def needs_refill(self) -> bool:
         """True when a partition cut short by its quota has run dry: rescan to see what follows."""
-        return any(not self._parts.get(p) for p in self.truncated)
+        return any(not self._held(p)[0] for p in self.truncated)
 
     def refills(self, now: float) -> tuple[int, ...]:
         """The partitions cut short by their quota to rescan now: those that ran dry, and those
@@ -142,55 +170,87 @@ class WindowCache:
         lasts is not rescanned on every round)."""
         out = []
         for p in sorted(self.truncated):
-            d = self._parts.get(p)
-            if not d or (d[-1].fire_at <= now + REFILL_LEAD and 2 * len(d) <= self._scanned.get(p, 0)):
+            n, last = self._held(p)
+            if not n or (last <= now + REFILL_LEAD and 2 * n <= self._scanned.get(p, 0)):
                 out.append(p)
         return tuple(out)
 
-    def take(self, now: float, limit: int, choose: Callable[[Entry], R | None]) -> list[tuple[Entry, R]]:
-        """Remove and return up to ``limit`` due events (fire_at <= now), round-robin by partition.
+    def _candidates(self, now: float, limit: int) -> dict[int, list[Entry]]:
+        """Per partition, the due entries at the head of each of its streams: LOOKAHEAD of each, or
+        its share of ``limit`` when more (so that one stream's backlog fills a batch)."""
+        due = [d for d in self._streams.values() if d and d[0].fire_at <= now]
+        if not due:
+            return {}
+        depth = max(LOOKAHEAD, math.ceil(limit / len(due)))
+        out: dict[int, list[Entry]] = {}
+        for d in due:
+            got = out.setdefault(d[0].partition, [])
+            for i in range(min(depth, len(d))):
+                e = d[i]
+                if e.fire_at > now:
+                    break
+                got.append(e)
+        return out
+
+    def _walk(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Each partition's place in the round-robin walk from the cursor."""
+        parts = sorted(partitions)
+        start = next((i for i, p in enumerate(parts) if p >= self._cursor), 0)
+        return {p: k for k, p in enumerate(parts[start:] + parts[:start])}
+
+    def _remove(self, e: Entry) -> None:
+        s = _stream(e)
+        d = self._streams[s]
+        if d and d[0] is e:
+            d.popleft()
+        else:
+            d.remove(e)
+        self._size -= 1
+        if not d:
+            del self._streams[s]
+
+    def take(
+        self, now: float, limit: int, choose: Callable[[Entry], R | None], aging: float | None = None, turn: int = 0
+    ) -> list[tuple[Entry, R]]:
+        """Remove and return up to ``limit`` due events (fire_at <= now): the levels of the lowest
+        count first (priority.level_counts; ``aging``: the queue's priority_aging_seconds), then
+        round-robin by partition, one per partition per turn; levels of one count take the same
+        turns (``turn`` says which goes first: priority.level_ties).
 
         ``choose(entry)`` returns where the event goes (a receiver) or None when nobody can take
-        it now; such an event stays, and the next LOOKAHEAD events of its partition are tried.
+        it now; such an event stays, and the partition's next candidates are tried in its next turns.
         """
         out: list[tuple[Entry, R]] = []
-        if limit <= 0 or not self._parts:
+        if limit <= 0 or not self._streams:
             return out
-        order = sorted(p for p, d in self._parts.items() if d and d[0].fire_at <= now)
-        if not order:
+        cands = self._candidates(now, limit)
+        if not cands:
             return out
-        # start at the first partition at or after the cursor, wrapping around
-        start = next((i for i, p in enumerate(order) if p >= self._cursor), 0)
-        order = order[start:] + order[:start]
-        while order and len(out) < limit:
-            still: list[int] = []
-            for p in order:
-                if len(out) >= limit:
-                    still.append(p)
-                    continue
-                d = self._parts[p]
-                picked = -1
-                target: R | None = None
-                for i in range(min(LOOKAHEAD, len(d))):
-                    e = d[i]
-                    if e.fire_at > now:
-                        break
-                    target = choose(e)
-                    if target is not None:
-                        picked = i
-                        break
-                if picked < 0:
-                    continue
-                e = d[picked]
-                del d[picked]
-                self._size -= 1
-                out.append((e, target))  # type: ignore[arg-type]
-                self._cursor = p + 1
-                if d and d[0].fire_at <= now:
-                    still.append(p)
-                elif not d:
-                    del self._parts[p]
-            order = still
+        pos = self._walk(cands)
+        oldest: dict[int, float | None] = {}
+        for es in cands.values():
+            for e in es:
+                t = oldest.get(e.priority)
+                oldest[e.priority] = e.fire_at if t is None else min(e.fire_at, t)
+        counts = level_counts(oldest, now, aging)
+        ties = level_ties(turn)
+        ranked: list[tuple[int, int, int, int, float, Entry]] = []
+        for p, es in cands.items():
+            turns: dict[int, int] = {}
+            for e in sorted(es, key=lambda e: e.fire_at):
+                j = turns.get(e.priority, 0)
+                turns[e.priority] = j + 1
+                ranked.append((counts[e.priority - 1], j, pos[p], ties[e.priority - 1], e.fire_at, e))
+        ranked.sort(key=lambda x: x[:5])
+        for *_, e in ranked:
+            if len(out) >= limit:
+                break
+            target = choose(e)
+            if target is None:
+                continue
+            self._remove(e)
+            out.append((e, target))
+            self._cursor = e.partition + 1
         return out
 
     def take_ordered(
@@ -200,77 +260,70 @@ class WindowCache:
         choose: Callable[[Entry], R | None],
         order: Callable[[list[Entry], int], list[Entry]],
     ) -> list[tuple[Entry, R]]:
-        """As :meth:`take`, but the due events (up to LOOKAHEAD per partition, listed round-robin
-        from the cursor) are offered in the order ``order(candidates, n)`` gives (which may leave
-        some out): the per-tenant fair share of a queue with tenant settings (fairness.py)."""
+        """As :meth:`take`, but the due candidates (listed round-robin from the cursor, each
+        partition's by fire_at) are offered in the order ``order(candidates, n)`` gives (which may
+        leave some out): the per-tenant fair share of a queue with tenant settings (fairness.py),
+        by effective priority first."""
         out: list[tuple[Entry, R]] = []
-        if limit <= 0 or not self._parts:
+        if limit <= 0 or not self._streams:
             return out
-        parts = sorted(p for p, d in self._parts.items() if d and d[0].fire_at <= now)
-        if not parts:
+        cands = self._candidates(now, limit)
+        if not cands:
             return out
-        start = next((i for i, p in enumerate(parts) if p >= self._cursor), 0)
-        parts = parts[start:] + parts[:start]
-        cands: list[Entry] = []
-        for i in range(LOOKAHEAD):
-            for p in parts:
-                d = self._parts[p]
-                if i < len(d) and d[i].fire_at <= now:
-                    cands.append(d[i])
-        turn = {p: i for i, p in enumerate(parts)}
+        pos = self._walk(cands)
+        listed: list[Entry] = []
+        for p in sorted(cands, key=pos.__getitem__):
+            listed.extend(sorted(cands[p], key=lambda e: e.fire_at))
         last = -1
-        for e in order(cands, len(cands)):
+        for e in order(listed, len(listed)):
             if len(out) >= limit:
                 break
             target = choose(e)
             if target is None:
                 continue
-            d = self._parts[e.partition]
-            d.remove(e)
-            self._size -= 1
-            if not d:
-                del self._parts[e.partition]
+            self._remove(e)
             out.append((e, target))
-            last = max(last, turn[e.partition])
+            last = max(last, pos[e.partition])
         if last >= 0:
-            self._cursor = parts[last] + 1
+            walk = sorted(pos, key=pos.__getitem__)
+            self._cursor = walk[last] + 1
         return out
 
     def discard_ids(self, ids: set[int]) -> int:
         """Drop cached events fired by another path, wherever they sit (a fair pick may fire past
-        a partition's head)."""
+        a stream's head)."""
         dropped = 0
-        for p in list(self._parts):
-            d = self._parts[p]
+        for s in list(self._streams):
+            d = self._streams[s]
             keep = [e for e in d if e.id not in ids]
             if len(keep) != len(d):
                 dropped += len(d) - len(keep)
                 if keep:
-                    self._parts[p] = deque(keep)
+                    self._streams[s] = deque(keep)
                 else:
-                    del self._parts[p]
+                    del self._streams[s]
         self._size -= dropped
         return dropped
 
     def discard_heads(self, ids: set[int]) -> int:
-        """Drop cached events fired by another path; they sit at the heads of their partitions."""
+        """Drop cached events fired by another path; they sit at the heads of their streams."""
         dropped = 0
-        for p in list(self._parts):
-            d = self._parts[p]
+        for s in list(self._streams):
+            d = self._streams[s]
             while d and d[0].id in ids:
                 d.popleft()
                 dropped += 1
             if not d:
-                del self._parts[p]
+                del self._streams[s]
         self._size -= dropped
         return dropped
 
     def put_back(self, entries: Iterable[Entry]) -> None:
         """Return entries the database did not fire yet (for example one clock tick early)."""
         for e in entries:
-            d = self._parts.get(e.partition)
+            d = self._streams.get(_stream(e))
             if d is None:
-                d = self._parts[e.partition] = deque()
+                d = self._streams[_stream(e)] = deque()
             # keep fire_at order; put-backs are rare and near the head
             i = 0
             while i < len(d) and d[i].fire_at <= e.fire_at:
@@ -279,7 +332,7 @@ class WindowCache:
             self._size += 1
 
     def clear(self) -> None:
-        self._parts.clear()
+        self._streams.clear()
         self.truncated.clear()
         self._covered.clear()
         self._scanned.clear()

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
 from queue_manager.manager.floors import holder_interval
+from queue_manager.manager.keys import SEP, UNLIMITED, KeyAdmission, KeyRooms, concurrency_rooms, scoped
+from queue_manager.manager.priority import level_counts, level_ties, next_caps
 from queue_manager.manager.queues import QueueRuntime, Reason, Subscriber, active
 from queue_manager.manager.runtime import Runtime
 from queue_manager.manager.store import AsyncConn
@@ -63,11 +65,11 @@ class Dispatcher:
         # set first: a request that comes while this reload runs asks for one more
         self.next_reload = rt.clock.monotonic() + rt.config.rescan_interval
         waiters = rt.reload_starts()
-        rows, tenants = await store.load_settings(self.conn)
+        rows, tenants, keys = await store.load_settings(self.conn)
         sent = rt.clock.wall()
         clock = await store.db_now(self.conn)
         rt.db_clock.observe(clock, sent, rt.clock.wall())
-        rt.apply_settings(rows, tenants)
+        rt.apply_settings(rows, tenants, keys)
         rt.reload_done(waiters)
         rt.signals.reloaded.emit(None)
 
@@ -115,8 +117,9 @@ class Dispatcher:
         """One queue's steps; True when events were fired and more may follow at once."""
         wake = q.wake_state
         wake.safety_net(now)
-        dirty, hint = q.take_nudges()
-        if q.room_again():  # a tenant held back by its cap has room: its due events go now
+        pick = q.pick
+        dirty, hint = pick.take_nudges()
+        if q.room_again(now):  # a tenant or a key held back by its limit has room: its due events go now
             hint = True
         direct = q.direct()
         if direct and wake.burst(now):
@@ -126,11 +129,11 @@ class Dispatcher:
                 direct=direct,
                 dirty=dirty,
                 due_hint=hint,
-                backlog=q.backlog,
-                next_scan=q.next_scan,
+                backlog=pick.backlog,
+                next_scan=pick.next_scan,
                 polling=wake.polling(now),
                 needs_refill=False,  # a dry partition is one of the refills
-                scanned_future_only=q.scanned_future_only,
+                scanned_future_only=pick.scanned_future_only,
                 refill=q.cache.refills(self.rt.db_clock.now()),
             ),
             now,
@@ -140,20 +143,20 @@ class Dispatcher:
         elif r.scan is plan.Scan.SLICE:
             await self._scan(q, r.future_only, q.next_slice())
         elif r.scan is plan.Scan.REFILL:
-            next_slice = q.next_scan  # a refill alone does not put the safety net's next slice off
+            next_slice = pick.next_scan  # a refill alone does not put the safety net's next slice off
             parts = set(r.refill).union(q.next_slice()) if r.periodic else r.refill
             await self._scan(q, r.future_only, sorted(parts))
             if not r.periodic:
-                q.next_scan = next_slice
+                pick.next_scan = next_slice
         progressed = False
         if r.fire_direct:
             fired = await self._fire_direct(q)
             if not fired and q.limits.cut and (hint or dirty):
-                q.due_hint = True  # held back by the queue's limits: fire when they admit it (limits.py)
+                pick.due_hint = True  # held back by the queue's limits: fire when they admit it (limits.py)
             if fired and r.polling:
                 wake.polled(now)
             # a poll that emptied the queue waits POLL_INTERVAL before the next one
-            if fired and (q.backlog or not r.polling):
+            if fired and (pick.backlog or not r.polling):
                 progressed = True
         if await self._fire_cached(q):
             progressed = True
@@ -167,12 +170,12 @@ class Dispatcher:
             [
                 plan.IdleState(
                     id=q.id,
-                    backlog=q.backlog,
+                    backlog=q.pick.backlog,
                     polling=q.wake_state.polling(now),
                     has_due=q.cache.has_due(db_now),
-                    has_free=not q.cache_held and any(c.free > 0 for c in q.subscribers),
+                    has_free=not q.pick.cache_held and any(c.free > 0 for c in q.subscribers),
                     next_fire_at=q.cache.next_fire_at(),
-                    next_scan=q.next_scan,
+                    next_scan=q.pick.next_scan,
                     armed=q.wake_state.armed,
                     waiting=q.wake_state.waiting,
                     limit_wait=self._limit_wait(q, now, db_now),
@@ -223,7 +226,7 @@ class Dispatcher:
                 return True
         timeout = min(idle.timeout, plan.ARM_RETRY) if retry else idle.timeout
         for q in queues:  # producers that do not notify: read their locks on schedule
-            timeout = min(timeout, q.wake_state.until_reading(now))
+            timeout = min(timeout, q.wake_state.until_reading(now), q.pick.rate_wait(now))
         rt.went_idle(spare=idle.spare)
         if timeout > 0:
             await self._sleep(timeout)
@@ -249,24 +252,28 @@ class Dispatcher:
         sent = rt.clock.wall()
         q.cache.begin_scan()
         rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
-        if parts is None:
-            q.scanned_future_only = future_only
         if clock is not None:
             rt.db_clock.observe(clock, sent, rt.clock.wall())
         counts: dict[int, int] = {}
         firsts: dict[int, float] = {}
         entries = []
-        for ident, tenant, part, fire_at in rows:
-            if part not in counts:
-                firsts[part] = fire_at  # rows come in fire_at order per partition
+        ws = q.wake_state
+        for ident, tenant, part, fire_at, priority, ckey, rkey in rows:
+            slot = ws.slot(part, priority)
+            if slot not in firsts:
+                firsts[slot] = fire_at  # rows come in fire_at order per partition
             counts[part] = counts.get(part, 0) + 1
-            entries.append(Entry(ident, tenant, part, fire_at))
+            ck, rk = scoped(tenant, ckey), scoped(tenant, rkey)
+            entries.append(Entry(ident, tenant, part, fire_at, priority=priority, ckey=ck, rkey=rk))
         scanned = range(q.settings.partitions_physical) if parts is None else parts
         if not future_only:
-            q.wake_state.picked(firsts, scanned, pick_time)
+            # a partition cut short by its quota may hold rows of a level it did not return
+            empty = [s for p in scanned if counts.get(p, 0) < quota for s in ws.slots_of(p)]
+            ws.picked(firsts, empty, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
         q.cache.cover(scanned, pick_time + q.settings.window_seconds)
-        q.next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
+        next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
+        q.pick.scanned(parts is None, future_only, next_scan)
         rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))
 
     def _capacity(self, q: QueueRuntime) -> tuple[list[Subscriber], int]:
@@ -281,7 +288,7 @@ class Dispatcher:
 
     def _limit_wait(self, q: QueueRuntime, now: float, db_now: float) -> float:
         """Seconds until the queue's limits admit an event that is due (0: not held back by them)."""
-        if not (q.backlog or q.due_hint or q.cache.has_due(db_now)):
+        if not (q.pick.backlog or q.pick.due_hint or q.cache.has_due(db_now)):
             return 0.0
         s = q.settings
         return q.limits.wait(q.in_flight, s.max_qps, s.max_concurrency, now)
@@ -290,43 +297,70 @@ class Dispatcher:
     def _chooser(q: QueueRuntime, subs: list[Subscriber]) -> Callable[[str], Subscriber | None]:
         """Who gets each event of a batch (plan.chooser); ties start one subscriber further on
         than the last batch's."""
-        q.turn += 1
-        return plan.chooser(subs, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed, q.turn)
+        return plan.chooser(subs, lambda c: c.free, lambda c: c.tenants, lambda c: c.lapsed, q.pick.next_turn())
 
     async def _fire_direct(self, q: QueueRuntime) -> int:
-        """Fire events due now straight from the table (no scan round trip first)."""
+        """Fire events due now straight from the table (no scan round trip first), by priority
+        first (``mgr_fire_due``; priority.py)."""
         subs, limit = self._capacity(q)
         if limit <= 0:
             return 0
-        if q.policy.active:
+        if q.limited:
             return await self._fire_direct_fair(q, subs, limit)
-        used = q.wake_state.pick_floors()
+        ws = q.wake_state
+        used = ws.pick_floors()
         pick_time = self.rt.db_clock.now()
         started = self._started()
-        # sparse partitions first only behind a backlog: after a pick that took everything due,
-        # every partition's due events are new, and the walk's probes would buy nothing
-        since = q.last_pick if q.backlog else None
-        rows, quota = await store.fire_due(self.conn, q.settings, self.term, q.cursor, limit, used, since)
-        q.last_pick = pick_time
+        cursor, since = q.pick.direct_start()
+        counts = q.pick.level_counts(pick_time, q.settings.priority_aging_seconds)
+        caps = q.pick.caps
+        rows, oldest, quota = await store.fire_due(
+            self.conn, q.settings, self.term, cursor, limit, used, since, counts, q.pick.level_ties(), caps
+        )
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
-        # more are due if the batch was full or some partition gave its whole quota
+        # the cursor turns at the levels of the last count served, where the batch was cut; the levels
+        # before them gave all they had (or their streams' caps)
+        last = max((counts[r[9] - 1] for r in rows), default=0)
         per_part: dict[int, int] = {}
+        per_slot: dict[int, int] = {}  # by stream, as the floors' slots (WakeState.slot)
         tops: dict[int, float] = {}
         heads: dict[int, float] = {}
+        lows: dict[int, float] = {}
+        levels = ws.levels
+        inf = float("inf")
         for r in rows:
-            p = r[2]
-            per_part[p] = per_part.get(p, 0) + 1
-            if r[4] > tops.get(p, float("-inf")):
-                tops[p] = r[4]
-            if r[4] < heads.get(p, float("inf")):
-                heads[p] = r[4]
-        # short of the limit: every partition was examined, and those that gave nothing have nothing due
-        empty = range(q.settings.partitions_physical) if len(rows) < limit else ()
-        q.wake_state.picked(tops, empty, pick_time)
-        q.backlog = len(rows) >= limit or any(n >= quota for n in per_part.values())
+            p, fire_at, v = r[2], r[4], r[9]
+            slot = p * levels + v - 1
+            per_slot[slot] = per_slot.get(slot, 0) + 1
+            if fire_at > tops.get(slot, -inf):
+                tops[slot] = fire_at
+            if fire_at < heads.get(p, inf):
+                heads[p] = fire_at
+            if fire_at < lows.get(v, inf):
+                lows[v] = fire_at
+            if counts[v - 1] == last:
+                per_part[p] = per_part.get(p, 0) + 1
         if rows:
-            q.cursor = plan.cursor_after(q.cursor, per_part, heads, since, q.settings.partitions_physical)
+            # each level's oldest due event: its streams' heads probed (behind a backlog), or its
+            # oldest fired
+            probed = list(oldest) or [None] * levels
+            q.pick.levels_read(
+                [min(t, lows.get(v, inf)) if t is not None else lows.get(v) for v, t in enumerate(probed, 1)]
+            )
+        per_stream = {(s // levels, s % levels + 1): n for s, n in per_slot.items()}
+        # short of the limit: every stream was read, and those that gave nothing have nothing due
+        empty = (
+            [s for s in range(q.settings.partitions_physical * levels) if s not in per_slot]
+            if len(rows) < limit
+            else ()
+        )
+        ws.picked(tops, empty, pick_time)
+        # more are due if the batch was full or some stream gave all it was allowed
+        full = len(rows) >= limit or any(n >= caps.get(s, quota) for s, n in per_stream.items())
+        q.pick.direct_fired(per_part, heads, since, pick_time, full, q.settings.partitions_physical)
+        q.pick.caps = next_caps(per_stream, counts, caps, quota, limit)
+        if rows:
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
             choose = self._chooser(q, subs)
@@ -338,64 +372,127 @@ class Dispatcher:
         tracer = self.rt.tracer
         return tracer.now_ns() if tracer is not None and tracer.sampled() else 0
 
+    def _key_rooms(self, q: QueueRuntime, limit: int) -> tuple[KeyRooms, KeyRooms]:
+        """What a pick of ``limit`` may take of each concurrency key and each rate key now."""
+        keys = q.keys
+        if not keys.active:
+            return UNLIMITED, UNLIMITED
+        now = self.rt.clock.monotonic()
+        q.rates.prune(keys, now)
+        return concurrency_rooms(keys, q.ledger.by_key(), limit), q.rates.rooms_at(keys, now)
+
+    def _keys_passed(self, q: QueueRuntime, ckeys: KeyRooms, rkeys: KeyRooms, rows: list[_Row]) -> None:
+        """After a limited pick: the concurrency keys it passed over or filled, and when the rate
+        keys it passed over have a token, so that the dispatcher fires again then."""
+        if not q.keys.active:
+            return
+        blocked = list(ckeys.blocked)
+        held = q.ledger.by_key()
+        for r in rows:
+            key = scoped(r[1], r[10])
+            if key is not None:
+                cap = q.keys.max_in_flight(key)
+                if cap is not None and held.get(key, 0) >= cap:
+                    blocked.append(key)
+        now = self.rt.clock.monotonic()
+        wait = q.rates.wait(q.keys, now) if rkeys.holds_back else float("inf")
+        q.pick.keys_passed(blocked, None if wait == float("inf") else now + wait)
+
     async def _fire_direct_fair(self, q: QueueRuntime, subs: list[Subscriber], limit: int) -> int:
-        """The direct path of a queue with tenant settings: a fair pick (fairness.py). It leaves the
-        floors where they are: it may pass over rows below the ones it fires (a capped tenant's, or
-        candidates the weights did not choose), so "nothing is due below what was fired" does not hold."""
+        """The direct path of a queue with tenant settings or key limits: the limited pick
+        (fairness.py, keys.py). It leaves the floors where they are: it may pass over rows below the
+        ones it fires (a capped tenant's or key's, or candidates the weights did not choose), so
+        "nothing is due below what was fired" does not hold."""
         in_flight = q.ledger.by_tenant()
         pick = q.fair.pick(q.policy, in_flight, limit)
+        ckeys, rkeys = self._key_rooms(q, limit)
         used = q.wake_state.pick_floors()
         started = self._started()
-        rows, quota, seen = await store.fire_due_fair(self.conn, q.settings, self.term, q.cursor, limit, pick, used)
+        counts = q.pick.level_counts(self.rt.db_clock.now(), q.settings.priority_aging_seconds)
+        ties = q.pick.level_ties()
+        rows, quota, seen, oldest = await store.fire_due_fair(
+            self.conn, q.settings, self.term, q.pick.cursor, limit, pick, used, ckeys, rkeys, counts, ties
+        )
         self.rt.signals.fired.emit(q.name)
+        if rows:
+            q.pick.levels_read(oldest)
         per_part: dict[int, int] = {}
         fired: dict[str, int] = {}
         for r in rows:
             per_part[r[2]] = per_part.get(r[2], 0) + 1
             fired[r[1]] = fired.get(r[1], 0) + 1
         # candidates left over, or a partition that gave its whole quota: more are due now
-        q.backlog = len(rows) >= limit or seen > len(rows) or any(n >= quota for n in per_part.values())
+        full = len(rows) >= limit or seen > len(rows) or any(n >= quota for n in per_part.values())
         # tenants at their cap, or that reached it in this batch, may have more due: fire when they have room
-        q.cap_blocked.update(pick.capped)
+        capped = list(pick.capped)
         for t, n in fired.items():
             room = q.policy.room(t, in_flight.get(t, 0))
             if room is not None and n >= room:
-                q.cap_blocked.add(t)
+                capped.append(t)
+        q.pick.fair_fired(per_part, full, capped, q.settings.partitions_physical)
         if rows:
             q.fair.charge((r[1] for r in rows), q.policy)
-            q.cursor = plan.next_cursor(q.cursor, per_part, q.settings.partitions_physical)
             if len(q.cache):
                 q.cache.discard_ids({r[0] for r in rows})
             choose = self._chooser(q, subs)
             self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows}, started)
+        self._keys_passed(q, ckeys, rkeys, rows)
         return len(rows)
 
     async def _fire_cached(self, q: QueueRuntime) -> int:
-        """Fire due events of the window cache (scheduled events reach here at their fire_at)."""
+        """Fire due events of the window cache (scheduled events reach here at their fire_at), by
+        effective priority first, within the tenants' shares and the keys' rooms."""
         if not len(q.cache):
             return 0
         subs, limit = self._capacity(q)
         if limit <= 0:
             return 0
-        choose = self._chooser(q, subs)
+        chooser = self._chooser(q, subs)
         db_clock = self.rt.db_clock
         now_db = db_clock.now()
+        ckeys, rkeys = self._key_rooms(q, limit)
+        admit = KeyAdmission(ckeys, rkeys)
+
+        def choose(e: Entry) -> Subscriber | None:
+            if not admit.allows(e.ckey, e.rkey):
+                return None
+            c = chooser(e.tenant)
+            if c is not None:
+                admit.took(e.ckey, e.rkey)
+            return c
+
         if q.policy.active:
             in_flight = q.ledger.by_tenant()
 
-            def order(cands: list[Entry], n: int) -> list[Entry]:
-                return q.fair.order([(e, e.tenant, e.fire_at) for e in cands], q.policy, in_flight, n)
+            aging = q.settings.priority_aging_seconds
 
-            taken = q.cache.take_ordered(now_db, limit, lambda e: choose(e.tenant), order)
+            ties = level_ties(q.pick.turn)
+
+            def order(cands: list[Entry], n: int) -> list[Entry]:
+                oldest: dict[int, float | None] = {}
+                for e in cands:
+                    t = oldest.get(e.priority)
+                    oldest[e.priority] = e.fire_at if t is None else min(e.fire_at, t)
+                counts = level_counts(oldest, now_db, aging)
+                return q.fair.order(
+                    [(e, e.tenant, e.fire_at, counts[e.priority - 1], ties[e.priority - 1]) for e in cands],
+                    q.policy,
+                    in_flight,
+                    n,
+                )
+
+            taken = q.cache.take_ordered(now_db, limit, choose, order)
             # due events held back by their tenants' caps: idle until an ack wakes the dispatcher
-            q.cache_held = not taken and q.cache.has_due(now_db)
+            q.pick.cache_held = not taken and q.cache.has_due(now_db)
         else:
-            taken = q.cache.take(now_db, limit, lambda e: choose(e.tenant))
+            taken = q.cache.take(now_db, limit, choose, q.settings.priority_aging_seconds, q.pick.turn)
         if not taken:
             # give the admitted tokens back now: held until the next admit, they would be lost to
             # the bucket's cap while it refills, and each round that found nothing due in the cache
             # would lower the queue's max_qps rate
             q.limits.spent(0, self.rt.clock.monotonic())
+            if admit.passed:
+                self._keys_passed(q, ckeys, rkeys, [])
             return 0
         started = self._started()
         rows = await store.fire(self.conn, q.settings, self.term, [e.id for e, _ in taken])
@@ -405,6 +502,8 @@ class Dispatcher:
             q.fair.charge((r[1] for r in rows), q.policy)
         by_id = {e.id: (e, c) for e, c in taken}
         self._push(q, rows, {i: c for i, (_, c) in by_id.items()}, started)
+        if admit.passed:
+            self._keys_passed(q, ckeys, rkeys, rows)
         for r in rows:
             by_id.pop(r[0], None)
         # not fired: already taken elsewhere, or a hair too early for the database clock
@@ -426,28 +525,38 @@ class Dispatcher:
         out: dict[Subscriber, list[str]] = {}
         orphans: list[ReleaseItem] = []
         unheard: list[ReleaseItem] = []
-        hold = q.ledger.hold
+        ledger = q.ledger
+        hold = ledger.hold
         delays = []
         tenants = []
         event_json = frames.event_json
         trace_json = frames.trace_json
-        for ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage in rows:
+        rates = q.rates if q.keys.limits_rate else None
+        for ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage, priority, ck, rk in rows:
             c = assign[ident]
+            key = None if ck is None else tenant + SEP + ck
+            if rates is not None and rk is not None:
+                rate_key = tenant + SEP + rk
+                rate = q.keys.max_qps(rate_key)
+                if rate is not None:
+                    rates.spent(rate_key, rate, mono)
             if c.closed:
                 orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
+                ledger.stray(ident, attempt, key)  # its key counts it until the release commits
                 continue
             if c.silent:  # the collector found it silent while this fire was on its way
                 unheard.append((ident, attempt, 0.0, "receiver fell silent before the push"))
+                ledger.stray(ident, attempt, key)
                 continue
-            hold(c.id, ident, attempt, mono, tenant)
+            hold(c.id, ident, attempt, mono, tenant, key)
             events = out.get(c)
             if events is None:
                 events = out[c] = []
             if traceparent is None and tracestate is None and baggage is None:
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload))
+                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, "", priority))
             else:
                 trace = trace_json(traceparent, tracestate, baggage)
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace))
+                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace, priority))
             delays.append(pushed_db - fire_at if pushed_db > fire_at else 0.0)
             tenants.append(tenant)
         if delays:

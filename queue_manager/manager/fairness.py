@@ -159,27 +159,35 @@ class FairShare:
 
     def order(
         self,
-        candidates: Sequence[tuple[K, str, float]],
+        candidates: Sequence[tuple[K, str, float, int, int]],
         policy: TenantPolicy,
         in_flight: Mapping[str, int],
         limit: int,
     ) -> list[K]:
-        """The cached path's choice among (key, tenant, fire_at) candidates given in walk order: up
-        to ``limit`` of them by start tag (ties in walk order), each tenant within its room; what
-        the SQL pick does for the direct path."""
+        """The cached path's choice among (key, tenant, fire_at, level count, level tie) candidates
+        given in walk order (priority.level_counts, priority.level_ties; the tie names the level):
+        up to ``limit`` of them by count, then start tag (ties in walk order), each tenant within its
+        room, a tenant's candidates ranked by count, then their turn in their level (fire_at order),
+        then the tie; what the SQL pick does for the direct path."""
+        turn: dict[tuple[str, int], int] = {}
+        lt: list[int] = [0] * len(candidates)
+        for i in sorted(range(len(candidates)), key=lambda i: candidates[i][2]):
+            level = (candidates[i][1], candidates[i][4])
+            lt[i] = turn.get(level, 0)
+            turn[level] = lt[i] + 1
         seen: dict[str, int] = {}
-        tagged: list[tuple[float, int, K]] = []
-        by_fire_at = sorted(range(len(candidates)), key=lambda i: candidates[i][2])
-        for i in by_fire_at:
-            key, tenant, _ = candidates[i]
+        tagged: list[tuple[int, float, int, K]] = []
+        ranked = sorted(range(len(candidates)), key=lambda i: (candidates[i][3], lt[i], candidates[i][4]))
+        for i in ranked:
+            key, tenant, _, count, _ = candidates[i]
             j = seen.get(tenant, 0)
             room = policy.room(tenant, in_flight.get(tenant, 0))
             if room is not None and j >= room:
                 continue
             seen[tenant] = j + 1
-            tagged.append((self.ahead(tenant) + j / policy.weight(tenant), i, key))
-        tagged.sort(key=lambda x: (x[0], x[1]))
-        return [k for _, _, k in tagged[: max(0, limit)]]
+            tagged.append((count, self.ahead(tenant) + j / policy.weight(tenant), i, key))
+        tagged.sort(key=lambda x: (x[0], x[1], x[2]))
+        return [k for _, _, _, k in tagged[: max(0, limit)]]
 
     def charge(self, tenants: Iterable[str], policy: TenantPolicy) -> None:
         """Fires went to these tenants (one entry per event): advance their finish tags and the

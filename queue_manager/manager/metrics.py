@@ -492,10 +492,27 @@ class ManagerMetrics:
         receivers: Callable[[], float],
         over_share: Callable[[], Iterable[tuple[str, float]]] = lambda: (),
         clock: Callable[[], float] | None = None,
+        keys: Callable[[], Iterable[tuple[str, list[tuple[str, str, int, int | None]], int]]] = lambda: (),
     ) -> None:
         """``queues`` yields (name, events in flight, events cached) per queue; ``over_share``
-        (name, tenants over their fair share); ``clock`` is the monotonic clock of the dwell windows."""
+        (name, tenants over their fair share); ``clock`` is the monotonic clock of the dwell windows;
+        ``keys`` (name, the top concurrency keys as (tenant, key, events in hand, limit), keys held at
+        their limit) per queue."""
         r = self.registry
+        r.gauge(
+            "qm_key_in_flight",
+            "Events fired and not yet settled of the concurrency keys with the most of them (keys.TOP_KEYS per queue).",
+            lambda: [
+                ({"queue": name, "tenant": tenant, "key": key}, float(n))
+                for name, top, _ in keys()
+                for tenant, key, n, _ in top
+            ],
+        )
+        r.gauge(
+            "qm_keys_at_limit",
+            "Concurrency keys whose events in hand reached their key_max_in_flight, per queue.",
+            lambda: [({"queue": name}, float(at)) for name, _, at in keys()],
+        )
         r.gauge(
             "qm_in_flight",
             "Events fired and not yet settled, per queue.",

@@ -19,7 +19,8 @@ Seven senders (the SQL is in ``queue_manager/db/sql/``):
   ``qm.notify_settled`` (the ``qm_settled`` and ``qm_settled_delete`` triggers: an application
   settled a fired event by SQL).
 - :class:`SettingsChanged`, ``'<queue> settings'``: ``qm.notify_settings_changed`` (the triggers
-  of ``qm.queues``) and ``qm.notify_tenant_settings_changed`` (of ``qm.tenant_settings``).
+  of ``qm.queues``) and ``qm.notify_tenant_settings_changed`` (of ``qm.tenant_settings`` and
+  ``qm.key_settings``).
 
 The time of ``due`` and ``at`` is optional (revision 0001's verify trigger sent ``'<queue> due'``
 alone): without one, rows from about a second back may be new. Anything else raises

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from queue_manager.manager.queues import RESCAN_SLICES
 from queue_manager.manager.wakestate import POLL_INTERVAL
+
+#: the periodic rescan covers 1/RESCAN_SLICES of a queue's partitions per tick
+RESCAN_SLICES = 4
 
 #: how soon a wake-up lock is tried again when a producer's transaction held it and no waiter
 #: could be started for it

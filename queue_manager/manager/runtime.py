@@ -16,9 +16,10 @@ from typing import Any, Protocol
 
 from queue_manager import tracing
 from queue_manager.clock import Clock, DatabaseClock
-from queue_manager.domain.settings import QueueSettings, TenantSettings
+from queue_manager.domain.settings import KeySettings, QueueSettings, TenantSettings
 from queue_manager.manager.config import LEASE_MARGIN, ManagerConfig
 from queue_manager.manager.fairness import TenantPolicy
+from queue_manager.manager.keys import SEP, KeyPolicy
 from queue_manager.manager.metrics import ManagerMetrics
 from queue_manager.manager.queues import QueueRuntime, Reason
 from queue_manager.manager.signals import ManagerSignals
@@ -197,24 +198,34 @@ class Runtime:
             if not fut.done():
                 fut.set_result(None)
 
-    def apply_settings(self, rows: Iterable[QueueSettings], tenants: Iterable[TenantSettings] = ()) -> None:
-        """Install freshly loaded queue settings and tenant overrides; subscribers of dropped
-        queues are told and closed."""
+    def apply_settings(
+        self, rows: Iterable[QueueSettings], tenants: Iterable[TenantSettings] = (), keys: Iterable[KeySettings] = ()
+    ) -> None:
+        """Install freshly loaded queue settings, tenant overrides and key limits; subscribers of
+        dropped queues are told and closed."""
         seen = set()
         by_queue: dict[int, list[TenantSettings]] = {}
         for t in tenants:
             by_queue.setdefault(t.queue_id, []).append(t)
+        keys_by_queue: dict[int, list[KeySettings]] = {}
+        for k in keys:
+            keys_by_queue.setdefault(k.queue_id, []).append(k)
         for settings in rows:
             seen.add(settings.name)
             q = self.queues.get(settings.name)
             policy = TenantPolicy.build(by_queue.get(settings.id, ()), settings.tenant_max_in_flight)
+            key_policy = KeyPolicy.build(
+                keys_by_queue.get(settings.id, ()), settings.key_max_in_flight, settings.key_max_qps
+            )
             if q is None:
                 q = self.queues[settings.name] = QueueRuntime(settings)
                 q.policy = policy
+                q.keys = key_policy
                 continue
-            if policy != q.policy:
+            if policy != q.policy or key_policy != q.keys:
                 q.policy = policy
-                q.cap_blocked.clear()
+                q.keys = key_policy
+                q.pick.policy_changed()
                 self.nudge(q, Reason.DUE)  # caps may have been raised
             old = q.settings
             q.settings = settings
@@ -251,11 +262,31 @@ class Runtime:
         try:
             moved, failed, at = await self.submit(OpKind.RELEASE, q, list(items))
         except Unavailable:
+            # not fired back: they stay fired in the table, and the next session recounts them
+            self._released(q, items)
             return
+        self._released(q, items)
         self.metrics.refired.inc(len(moved - failed), queue=q.name, reason=reason)
         if failed:
             self.metrics.dead.inc(len(failed), queue=q.name)
         self.nudge(q, Reason.REQUEUED, since=at)
+
+    @staticmethod
+    def _released(q: QueueRuntime, items: Sequence[ReleaseItem]) -> None:
+        """A release's write was answered: its events are no longer fired at those attempts (or no
+        session will count them): their keys' slots are free."""
+        for ident, attempt, *_ in items:
+            q.ledger.drop(ident, attempt)
+
+    def strays_found(self, q: QueueRuntime, fired: Sequence[tuple[int, int, str, str]]) -> None:
+        """A session starts: ``fired`` (id, attempt, tenant, concurrency key) are the queue's fired
+        events with a concurrency key; those no connection holds count for their keys from now on."""
+        n = q.ledger.strays_found([(i, a, t + SEP + k) for i, a, t, k in fired])
+        if n:
+            logger.info(
+                "events in hand of no connection counted for their keys",
+                extra={"action": "key_strays", "queue": q.name, "events": n},
+            )
 
     def release_soon(self, q: QueueRuntime, items: Sequence[ReleaseItem], reason: str) -> None:
         if items:

@@ -146,7 +146,7 @@ class Scheduler:
             now: datetime = head["now"]
             await cur.execute(query("schedules_due", _FILE), self._due(now, only))
             due = await cur.fetchall()
-            inserts: dict[str, list[tuple[str, str, datetime, str]]] = defaultdict(list)
+            inserts: dict[str, list[tuple[str, str, datetime, str, int | None]]] = defaultdict(list)
             key_of: dict[str, tuple[int, datetime]] = {}
             advance: dict[int, list[Any]] = {}
             left = False
@@ -164,7 +164,7 @@ class Scheduler:
                 p = sch.plan(trig, _spec(s), s["next_at"], now, s["window_seconds"] + AHEAD, GRACE, SLOTS_PER_PASS)
                 for slot in p.enqueue:
                     key = sch.dedup_key(s["id"], slot)
-                    inserts[s["queue"]].append((s["tenant"], s["payload"], slot, key))
+                    inserts[s["queue"]].append((s["tenant"], s["payload"], slot, key, s["priority"]))
                     key_of[key] = (s["id"], slot)
                 advance[s["id"]] = [p.next_at, p.enqueue[-1] if p.enqueue else None, None, p.missed]
                 counts.schedules += 1
@@ -177,9 +177,10 @@ class Scheduler:
                     continue  # dropped meanwhile: its schedules went with it
                 parts = self._place(place["partitions"], place["shuffle"], place["loads"], [r[0] for r in rows])
                 stmt = sql.SQL(query("schedules_insert", _FILE)).format(queue=sql.Identifier(check_queue_name(queue)))
-                tenants, payloads, fire_ats, keys = (list(c) for c in zip(*rows, strict=True))
+                tenants, payloads, fire_ats, keys, priorities = (list(c) for c in zip(*rows, strict=True))
                 params = {"tenants": tenants, "partitions": parts, "payloads": payloads, "fire_ats": fire_ats,
-                          "keys": keys}  # fmt: skip
+                          "keys": keys, "priorities": priorities,
+                          "default_priority": place["default_priority"]}  # fmt: skip
                 await cur.execute(stmt, params)
                 added: dict[int, int] = defaultdict(int)
                 for r in await cur.fetchall():

@@ -24,6 +24,7 @@ from queue_manager.manager.config import ManagerConfig
 from queue_manager.manager.connection import ReceiverConnection
 from queue_manager.manager.fairness import over_fair_share
 from queue_manager.manager.http import HttpFront
+from queue_manager.manager.keys import top_keys
 from queue_manager.manager.leadership import Leadership
 from queue_manager.manager.metrics import ManagerMetrics
 from queue_manager.manager.queues import QueueRuntime
@@ -75,6 +76,9 @@ class Manager:
                 (q.name, float(over_fair_share(q.ledger.by_tenant(), q.policy))) for q in self.queues.values()
             ],
             clock=self.rt.clock.monotonic,
+            keys=lambda: [
+                (q.name, *top_keys(q.ledger.by_key(), q.keys)) for q in self.queues.values() if q.ledger.by_key()
+            ],
         )
 
     # ------------------------------------------------------------------ what others read
@@ -120,6 +124,7 @@ class Manager:
                     "in_flight": q.in_flight,
                     "subscribers": len(q.subscribers),
                     **self._limits(q),
+                    **self._keys(q),
                 }
                 for q in self.queues.values()
             },
@@ -135,6 +140,19 @@ class Manager:
         if s.max_concurrency is not None:
             out["concurrency_share"] = lim.concurrency_now(s.max_concurrency, now)
         return out
+
+    @staticmethod
+    def _keys(q: QueueRuntime) -> dict[str, Any]:
+        """The concurrency keys with the most events in hand, and how many are at their limit
+        (only when some key has events in hand)."""
+        held = q.ledger.by_key()
+        if not held:
+            return {}
+        top, at_limit = top_keys(held, q.keys)
+        return {
+            "top_keys": [{"tenant": t, "key": k, "in_hand": n, "max_in_flight": cap} for t, k, n, cap in top],
+            "keys_at_limit": at_limit,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -22,8 +22,9 @@ from psycopg.rows import class_row
 
 from queue_manager.db.sqlfiles import query
 from queue_manager.domain.names import check_queue_name
-from queue_manager.domain.settings import QueueSettings, TenantSettings
+from queue_manager.domain.settings import PRIORITY_LEVELS, KeySettings, QueueSettings, TenantSettings
 from queue_manager.manager.fairness import CAP_LOOKAHEAD, FairPick, candidate_quota
+from queue_manager.manager.keys import UNLIMITED, KeyRooms
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -112,19 +113,24 @@ async def load_tenant_settings(conn: AsyncConn) -> list[TenantSettings]:
         return await cur.fetchall()
 
 
-async def load_settings(conn: AsyncConn) -> tuple[list[QueueSettings], list[TenantSettings]]:
-    """The queues and the tenant overrides, in one round trip (a pipeline): on a slow link to the
-    database every round trip of the dispatcher's periodic reload held up its fires."""
+async def load_settings(
+    conn: AsyncConn,
+) -> tuple[list[QueueSettings], list[TenantSettings], list[KeySettings]]:
+    """The queues, the tenant overrides and the keys' limits, in one round trip (a pipeline): on a
+    slow link to the database every round trip of the dispatcher's periodic reload held up its fires."""
     async with conn.pipeline():
         queues = conn.cursor(row_factory=class_row(QueueSettings))
         tenants = conn.cursor(row_factory=class_row(TenantSettings))
+        keys = conn.cursor(row_factory=class_row(KeySettings))
         await queues.execute(_static("mgr_queues"))
         await tenants.execute(_static("mgr_tenant_settings"))
+        await keys.execute(_static("mgr_key_settings"))
     try:
-        return await queues.fetchall(), await tenants.fetchall()
+        return await queues.fetchall(), await tenants.fetchall(), await keys.fetchall()
     finally:
         await queues.close()
         await tenants.close()
+        await keys.close()
 
 
 async def acquire(conn: AsyncConn, holder: str, ttl: float) -> int | None:
@@ -201,24 +207,28 @@ async def db_now(conn: AsyncConn) -> float:
     return float(row[0])
 
 
+#: a row of the window: id, tenant, partition, fire_at (epoch seconds), priority, concurrency_key, rate_key
+ScanRow = tuple[int, str, int, float, int, str | None, str | None]
+
+
 async def scan(
     conn: AsyncConn,
     q: QueueSettings,
     future_only: bool = False,
     parts: Sequence[int] | None = None,
     floors: Sequence[float | None] | None = None,
-) -> tuple[list[tuple[int, str, int, float]], int, float | None]:
-    """The queue's window (all partitions, or ``parts``): (id, tenant, partition, fire_at) rows,
-    the per-partition quota and the database clock. ``floors`` (by partition) bound the scan below
-    when it is not ``future_only``."""
+) -> tuple[list[ScanRow], int, float | None]:
+    """The queue's window (all partitions, or ``parts``): its rows, the per-partition quota and the
+    database clock. ``floors`` (by slot: partition * PRIORITY_LEVELS + level - 1) bound the scan
+    below when it is not ``future_only``."""
     quota = max(1, math.ceil(q.cache_size / max(1, q.partitions_physical)))
     partitions = list(range(q.partitions_physical)) if parts is None else list(parts)
-    lows = [None if floors is None or p >= len(floors) else floors[p] for p in partitions]
     cur = await conn.execute(
         queue_sql("mgr_scan", q.name),
         {
             "parts": partitions,
-            "floors": _array(lows),
+            "levels": PRIORITY_LEVELS,
+            "floors": _array(floors or ()),
             "window": q.window_seconds,
             "quota": quota,
             "future_only": future_only,
@@ -227,17 +237,17 @@ async def scan(
     )
     rows = await cur.fetchall()
     clock = float(rows[0][4]) if rows else None
-    return [(r[0], r[1], r[2], r[3]) for r in rows], quota, clock
+    return [(r[0], r[1], r[2], r[3], r[5], r[6], r[7]) for r in rows], quota, clock
 
 
-#: a fired event: id, tenant, partition, attempt, fire_at (epoch seconds), payload (JSON text) and
-#: its trace context (traceparent, tracestate, baggage; NULL when it has none)
-FiredRow = tuple[int, str, int, int, float, str, str | None, str | None, str | None]
+#: a fired event: id, tenant, partition, attempt, fire_at (epoch seconds), payload (JSON text), its
+#: trace context (traceparent, tracestate, baggage; NULL when it has none), its priority and its keys
+#: (concurrency_key, rate_key; NULL when it has none)
+FiredRow = tuple[int, str, int, int, float, str, str | None, str | None, str | None, int, str | None, str | None]
 
 
 async def fire(conn: AsyncConn, q: QueueSettings, term: int, ids: list[int]) -> list[FiredRow]:
-    """Mark events fired; returns (id, tenant, partition, attempt, fire_at, payload JSON, traceparent,
-    tracestate, baggage) of those fired."""
+    """Mark events fired; returns the rows fired (:data:`FiredRow`)."""
     cur = await conn.execute(
         queue_sql("mgr_fire", q.name),
         {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds, "queue_id": q.id},
@@ -254,33 +264,49 @@ async def fire_due(
     limit: int,
     floors: Sequence[float | None] | None = None,
     since: float | None = None,
-) -> tuple[list[FiredRow], int]:
-    """Fire up to ``limit`` events due now, round-robin over partitions from ``start``, each
-    partition from its floor (epoch seconds; None or missing = from the start); the partitions
-    whose earliest due event is not older than ``since`` (database epoch seconds: the previous
-    pick's time) first (plan.sparse_partitions).
+    counts: Sequence[int] = tuple(range(1, PRIORITY_LEVELS + 1)),
+    ties: Sequence[int] = tuple(range(PRIORITY_LEVELS)),
+    caps: Mapping[tuple[int, int], int] | None = None,
+) -> tuple[list[FiredRow], list[float | None], int]:
+    """Fire up to ``limit`` events due now, the levels of the lowest count first (``counts`` of
+    levels 1, 2, ..., levels of one count taking turns, ``ties`` saying which goes first:
+    priority.py), within a level round-robin over partitions from ``start``, each (partition,
+    level) from its floor (by slot, epoch seconds; None or missing = from the start) and up to its
+    cap (``caps``; others: the quota); within a level, the streams whose earliest due event is not older than ``since``
+    (database epoch seconds: the previous pick's time) first (plan.sparse_partitions).
 
-    Returns the rows (as fire()) and the per-partition quota used.
+    Returns the rows (as fire()), each level's oldest due event the pick read (epoch seconds, None:
+    none; empty when nothing was fired), and the quota of each stream.
     """
     partitions = max(1, q.partitions_physical)
     quota = max(1, math.ceil(limit / partitions))
-    lows = [None if floors is None or p >= len(floors) else floors[p] for p in range(partitions)]
+    cap_slots: list[int | None] = []
+    for (p, v), n in (caps or {}).items():
+        if p < partitions:
+            slot = p * PRIORITY_LEVELS + v - 1
+            cap_slots.extend([None] * (slot + 1 - len(cap_slots)))
+            cap_slots[slot] = n
     cur = await conn.execute(
         queue_sql("mgr_fire_due", q.name),
         {
             "term": term,
             "start": start % partitions,
             "partitions": partitions,
+            "levels": PRIORITY_LEVELS,
             "quota": quota,
             "limit": limit,
-            "floors": _array(lows),
+            "floors": _array(floors or ()),
+            "caps": _array(cap_slots),
+            "counts": _ints(counts),
+            "ties": _ints(ties),
             "since": since,
             "ack_timeout": q.ack_timeout_seconds,
             "queue_id": q.id,
         },
         prepare=True,
     )
-    return await cur.fetchall(), quota
+    rows = await cur.fetchall()
+    return [r[:12] for r in rows], list(rows[0][12]) if rows else [], quota
 
 
 async def fire_due_fair(
@@ -291,36 +317,54 @@ async def fire_due_fair(
     limit: int,
     pick: FairPick,
     floors: Sequence[float | None] | None = None,
-) -> tuple[list[FiredRow], int, int]:
-    """As :func:`fire_due`, by tenant (``mgr_fire_due_fair``, see fairness.py): returns the rows,
-    the per-partition quota of candidates and how many candidates were seen."""
+    ckeys: KeyRooms = UNLIMITED,
+    rkeys: KeyRooms = UNLIMITED,
+    counts: Sequence[int] = tuple(range(1, PRIORITY_LEVELS + 1)),
+    ties: Sequence[int] = tuple(range(PRIORITY_LEVELS)),
+) -> tuple[list[FiredRow], int, int, list[float | None]]:
+    """As :func:`fire_due`, within the tenants' shares and caps (``mgr_fire_due_fair``, see
+    fairness.py) and the keys' rooms (``ckeys`` of concurrency keys, ``rkeys`` of rate keys, see
+    keys.py): returns the rows, the per-partition quota of candidates, how many candidates were
+    seen and each level's oldest candidate (as :func:`fire_due`)."""
     partitions = max(1, q.partitions_physical)
     quota, candidates = candidate_quota(limit, partitions)
-    lows = [None if floors is None or p >= len(floors) else floors[p] for p in range(partitions)]
+    passed = bool(pick.capped or ckeys.blocked or rkeys.blocked)
     cur = await conn.execute(
         queue_sql("mgr_fire_due_fair", q.name),
         {
             "term": term,
             "start": start % partitions,
             "partitions": partitions,
+            "levels": PRIORITY_LEVELS,
             "quota": quota,
-            "window": quota + (CAP_LOOKAHEAD if pick.capped else 0),
+            "window": quota + (CAP_LOOKAHEAD if passed else 0),
             "candidates": candidates,
             "limit": limit,
-            "floors": _array(lows),
+            "floors": _array(floors or ()),
+            "counts": _ints(counts),
+            "ties": _ints(ties),
             "capped": list(pick.capped),
             "tenants": list(pick.tenants),
             "ahead": _array(pick.ahead),
             "weights": _array(pick.weights),
             "rooms": _array(pick.rooms),
             "default_room": pick.default_room,
+            "cblocked": list(ckeys.blocked),
+            "ckeys": list(ckeys.keys),
+            "crooms": _ints(ckeys.rooms),
+            "cdefault": ckeys.default,
+            "rblocked": list(rkeys.blocked),
+            "rkeys": list(rkeys.keys),
+            "rrooms": _ints(rkeys.rooms),
+            "rdefault": rkeys.default,
             "ack_timeout": q.ack_timeout_seconds,
+            "queue_id": q.id,
         },
         prepare=True,
     )
     rows = await cur.fetchall()
-    seen = int(rows[0][9]) if rows else 0
-    return [r[:9] for r in rows], quota, seen
+    seen = int(rows[0][12]) if rows else 0
+    return [r[:12] for r in rows], quota, seen, list(rows[0][13]) if rows else []
 
 
 def _array(values: Iterable[int | float | None]) -> str:
@@ -441,6 +485,13 @@ async def in_hand(conn: AsyncConn, q: QueueSettings, items: Sequence[tuple[int, 
         {"ids": _ints(i for i, _ in items), "attempts": _ints(a for _, a in items)},
     )
     return {int(r[0]) for r in await cur.fetchall()}
+
+
+async def fired_keys(conn: AsyncConn, q: QueueSettings) -> list[tuple[int, int, str, str]]:
+    """(id, attempt, tenant, concurrency_key) of the queue's fired events that have a concurrency key
+    (through the fired index: as many as are in flight)."""
+    cur = await conn.execute(queue_sql("mgr_fired_keys", q.name))
+    return [(int(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in await cur.fetchall()]
 
 
 async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[int]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from queue_manager.manager import store
 from queue_manager.manager.budget import Budget
 from queue_manager.manager.dispatch import Dispatcher
+from queue_manager.manager.keys import RateBuckets
 from queue_manager.manager.maintenance import Maintenance
 from queue_manager.manager.queues import Reason
 from queue_manager.manager.runtime import Runtime
@@ -122,6 +123,14 @@ class TermSession:
             if held:
                 still = await store.in_hand(work, q.settings, held)
                 rt.settled_unheard(q, [h for h in held if h[0] not in still])
+        # events fired with a concurrency key that no connection of ours holds (the previous
+        # leader's, still in its receivers' hands until settled or collected): they count for their
+        # keys from the first pick on, so that a failover never admits more than a key's limit
+        for q in rt.queues.values():
+            fired = await store.fired_keys(work, q.settings)
+            rt.strays_found(q, fired)
+            # nor what it fired of a rate key: every key starts with an empty bucket
+            q.rates = RateBuckets(rt.clock.monotonic())
         for q in rt.queues.values():
             q.reset()
         self._spawn(dispatcher.run(), "qm-dispatch")

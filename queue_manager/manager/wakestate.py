@@ -38,7 +38,9 @@ transactions, those producers commit one at a time (measured: 8 connections coul
 (producers stop notifying) and fires due events every POLL_INTERVAL instead, until POLL_LINGER
 passes with nothing fired (:meth:`WakeState.polled`); then it arms the queue again.
 
-**The floors** (floors.py): where the picks of each partition start. Picks bracket their
+**The floors** (floors.py): where the picks of each partition start, one per priority level of the
+partition (a *slot*: :meth:`WakeState.slot`), since a pick reads each level of a partition in
+fire_at order from its own floor (docs/design.md, "Priorities"). Picks bracket their
 statement with :meth:`WakeState.pick_floors` and :meth:`WakeState.picked`; a notice, a release or
 a holder gone lowers them (:meth:`WakeState.lower_floors`); :meth:`WakeState.safety_net` lowers
 one partition's in turn and drops them all now and then, for rows an application kept locked
@@ -79,21 +81,26 @@ class WakeState:
     __slots__ = (
         "_floors",
         "_holders",
+        "_levels",
         "_lock",
         "_lookback_at",
         "_lookback_partition",
         "_next_reading",
+        "_partitions",
         "_poll_until",
         "_reset_at",
         "_wakes",
     )
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, levels: int = 1) -> None:
+        #: a floor per partition and priority level: slot ``p * levels + level - 1``
+        self._partitions = partitions
+        self._levels = levels
         self._lock = Lock.RELEASED
         #: loop times of the latest wake-ups, and the end of poll mode
         self._wakes: deque[float] = deque(maxlen=POLL_ENTER_WAKES)
         self._poll_until = 0.0
-        self._floors = Floors(partitions)
+        self._floors = Floors(partitions * levels)
         #: producers holding the lock while it is not armed, and the loop time of the next reading
         self._holders = HolderWatch()
         self._next_reading = 0.0
@@ -220,23 +227,37 @@ class WakeState:
             self._floors.clear()  # one pick from the start of each partition
             self._reset_at = now + FULL_RESET
         elif now >= self._lookback_at:
-            partitions = max(1, len(self._floors))
-            self._floors.lower_one(self._lookback_partition % partitions, SAFETY_LOOKBACK)
+            partitions = max(1, self._partitions)
+            for slot in self.slots_of(self._lookback_partition % partitions):
+                self._floors.lower_one(slot, SAFETY_LOOKBACK)
             self._lookback_partition = (self._lookback_partition + 1) % partitions
             self._lookback_at = now + SAFETY_INTERVAL / partitions
 
     @property
+    def levels(self) -> int:
+        return self._levels
+
+    def slot(self, partition: int, level: int) -> int:
+        """The floor of ``partition``'s priority ``level`` (1..levels)."""
+        return partition * self._levels + level - 1
+
+    def slots_of(self, partition: int) -> range:
+        """The floors of every level of ``partition``."""
+        return range(partition * self._levels, (partition + 1) * self._levels)
+
+    @property
     def floors(self) -> list[float | None]:
-        """Each partition's floor as it stands (None: none)."""
+        """Each slot's floor as it stands (None: none)."""
         return self._floors.bounds()
 
     def pick_floors(self) -> list[float | None]:
-        """A pick starts: where it starts in each partition (None: from the start), never above
-        the holder reading before the latest while the lock is not armed."""
+        """A pick starts: where it starts in each slot (None: from the start), never above the
+        holder reading before the latest while the lock is not armed."""
         return self._floors.begin(self._holders.cap)
 
     def picked(self, tops: Mapping[int, float], empty: Iterable[int], pick_time: float) -> None:
-        """The pick that last called :meth:`pick_floors` ended (see :meth:`Floors.after_pick`)."""
+        """The pick that last called :meth:`pick_floors` ended (see :meth:`Floors.after_pick`);
+        ``tops`` and ``empty`` by slot."""
         self._floors.after_pick(tops, empty, pick_time)
 
     def lower_floors(self, since: float) -> None:
@@ -245,4 +266,5 @@ class WakeState:
 
     def resize(self, partitions: int) -> None:
         """The queue's partition count changed: new partitions start without a floor."""
-        self._floors.resize(partitions)
+        self._partitions = partitions
+        self._floors.resize(partitions * self._levels)

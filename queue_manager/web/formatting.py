@@ -30,13 +30,20 @@ def told(action: admin.Action) -> str:
     everywhere = "on every shard" if action.finished else f"not on every shard ({where})"
     if action.action in ("pause", "resume"):
         return f"{queue} {'paused' if action.action == 'pause' else 'resumed'} {everywhere}"
-    changes = {k: v for k, v in detail.items() if k != "tenant"}
+    changes = {k: v for k, v in detail.items() if k not in ("tenant", "key")}
     settings = ", ".join(f"{k} {'none' if v is None else v}" for k, v in changes.items())
     if action.action == "tenant_set":
         return f"{queue}: tenant {detail.get('tenant')}: {settings or 'unchanged'} (on its shard)"
     if action.action == "tenant_unset":
         what = "removed" if action.affected else "none to remove"
         return f"{queue}: tenant {detail.get('tenant')}: overrides {what} (weight 1, the queue's default cap)"
+    if action.action == "key_set":
+        return (
+            f"{queue}: tenant {detail.get('tenant')} key {detail.get('key')}: {settings or 'unchanged'} (on its shard)"
+        )
+    if action.action == "key_unset":
+        what = "removed" if action.affected else "none to remove"
+        return f"{queue}: tenant {detail.get('tenant')} key {detail.get('key')}: limits {what} (the queue's key limits)"
     return f"{queue}: {settings} {everywhere}"
 
 

@@ -147,6 +147,11 @@ def queue_detail(db: Shards, queue: str, limits: Limits, snapshot: dict[str, Any
                     sql.SQL(web_query("web_top_tenants")).format(queue=sql.Identifier(queue)),
                     {"scan": limits.tenant_scan_rows, "limit": 10},
                 ).fetchall()
+                # the concurrency keys with the most events in hand, as qm status shows them
+                entry["keys"] = conn.execute(
+                    sql.SQL(query("queue_keys_in_hand")).format(queue=sql.Identifier(queue)),
+                    {"queue": queue, "cap": limits.tenant_scan_rows, "top": 10},
+                ).fetchall()
         except psycopg.Error as exc:
             entry["error"] = str(on_error(shard, queue, exc))
         shards.append(entry)

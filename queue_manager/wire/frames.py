@@ -352,6 +352,7 @@ class DeliveredEvent(TypedDict):
     partition: Annotated[int, Range(0)]
     fire_at: Epoch
     payload: Annotated[Any, Doc("any JSON value, as the database's jsonb stores it")]
+    priority: NotRequired[Annotated[int, Range(1, 5), Doc("1 the highest; a manager of before priorities sends none")]]
     traceparent: NotRequired[Annotated[str, Pattern("^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")]]
     tracestate: NotRequired[Annotated[str, Length(0, 512)]]
     baggage: NotRequired[Annotated[str, Length(0, 8192)]]
@@ -817,13 +818,21 @@ def _tenant_json(tenant: str) -> str:
 
 
 def event_json(
-    ident: int, attempt: int, tenant: str, partition: int, fire_at: float, payload_json: str, trace: str = ""
+    ident: int,
+    attempt: int,
+    tenant: str,
+    partition: int,
+    fire_at: float,
+    payload_json: str,
+    trace: str = "",
+    priority: int = 3,
 ) -> str:
     """One delivered event; the payload is spliced in as the JSON text the database stored, then
-    its trace context's members when it has one (``trace``, from :func:`trace_json`)."""
+    its trace context's members when it has one (``trace``, from :func:`trace_json`). ``priority``:
+    the event's (1 highest, docs/protocol.md, "deliver")."""
     return (
         f'{{"id":{ident},"attempt":{attempt},"tenant":{_tenant_json(tenant)},'
-        f'"partition":{partition},"fire_at":{fire_at!r},"payload":{payload_json}{trace}}}'
+        f'"partition":{partition},"fire_at":{fire_at!r},"priority":{priority},"payload":{payload_json}{trace}}}'
     )
 
 

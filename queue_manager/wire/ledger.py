@@ -6,7 +6,14 @@ an ack by SQL and a disconnect drop it. Everything else is derived from it: a co
 credit (its events in hand less those whose ack or nack is on its way, up to its credit: the
 receiver's handler is done with them, so their slots are free on its side while the write
 commits), the queue's events in flight (``max_concurrency``), a tenant's events in flight
-(per-tenant caps), who gets the slot back. Plain data, no I/O: ``tests/unit/test_session.py`` checks its invariants.
+(per-tenant caps), a key's events fired and unsettled (``key_max_in_flight``), who gets the slot
+back.
+
+A key's count also holds the events fired that no connection holds: *strays*, left fired by
+another leadership term (recounted from the table when a session starts: :meth:`Ledger.strays_found`),
+or on their way back to the table (a connection that went away, a push with no receiver left: they
+count until the release has committed). Each leaves by :meth:`Ledger.drop`, as a delivery does,
+when the database says it left ``fired``. Plain data, no I/O: ``tests/unit/test_session.py`` checks its invariants.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ class Delivery:
     settling: bool = False
     #: the event's tenant (per-tenant caps count events in flight by tenant)
     tenant: str = ""
+    #: its concurrency key, scoped by its tenant (manager/keys.py); None: none
+    key: str | None = None
 
 
 class Claim(Enum):
@@ -45,12 +54,16 @@ class Claim(Enum):
 class Ledger:
     """Deliveries in hand for one queue, by event id and by holder."""
 
-    __slots__ = ("_by_holder", "_by_tenant", "_events", "_settling")
+    __slots__ = ("_by_holder", "_by_key", "_by_tenant", "_events", "_settling", "_strays")
 
     def __init__(self) -> None:
         self._events: dict[int, Delivery] = {}
         self._by_holder: dict[int, dict[int, Delivery]] = {}
         self._by_tenant: dict[str, int] = {}
+        #: events fired and unsettled per concurrency key: deliveries and strays
+        self._by_key: dict[str, int] = {}
+        #: events fired that no connection holds: id -> (attempt, key)
+        self._strays: dict[int, tuple[int, str]] = {}
         #: per holder, its deliveries in hand whose ack or nack is on its way (holders with none are absent)
         self._settling: dict[int, int] = {}
 
@@ -79,6 +92,44 @@ class Ledger:
         """Events in flight per tenant (tenants with none are absent). The ledger's own dict: read only."""
         return self._by_tenant
 
+    def by_key(self) -> dict[str, int]:
+        """Events fired and unsettled per concurrency key, strays included (keys with none are
+        absent). The ledger's own dict: read only."""
+        return self._by_key
+
+    @property
+    def strays(self) -> int:
+        return len(self._strays)
+
+    def _count_key(self, key: str | None, n: int) -> None:
+        if key is None:
+            return
+        v = self._by_key.get(key, 0) + n
+        if v:
+            self._by_key[key] = v
+        else:
+            del self._by_key[key]
+
+    def stray(self, ident: int, attempt: int, key: str | None) -> None:
+        """An event fired at ``attempt`` that no connection holds (a push with no receiver left): it
+        counts for its key until :meth:`drop` (the release committed)."""
+        if key is not None and ident not in self._events and ident not in self._strays:
+            self._strays[ident] = (attempt, key)
+            self._count_key(key, 1)
+
+    def strays_found(self, fired: list[tuple[int, int, str]]) -> int:
+        """A session starts: ``fired`` are the (id, attempt, key) of the events with a concurrency
+        key that the table has fired. Those no connection of ours holds are the strays from now on
+        (the ones known before and no longer fired are forgotten). Returns how many there are."""
+        for _, (_, key) in self._strays.items():
+            self._count_key(key, -1)
+        self._strays = {}
+        for ident, attempt, key in fired:
+            if ident not in self._events:  # a delivery of it counts it already (at whatever attempt)
+                self._strays[ident] = (attempt, key)
+                self._count_key(key, 1)
+        return len(self._strays)
+
     def deliveries_of(self, holder: int) -> list[Delivery]:
         return list(self._by_holder.get(holder, {}).values())
 
@@ -90,15 +141,19 @@ class Ledger:
         """Deliveries in hand with no ack or nack on its way."""
         return [d for d in self._events.values() if not d.settling]
 
-    def hold(self, holder: int, ident: int, attempt: int, now: float, tenant: str = "") -> None:
+    def hold(
+        self, holder: int, ident: int, attempt: int, now: float, tenant: str = "", key: str | None = None
+    ) -> None:
         """Record a push. A record of an older fire of the same event (a re-fire that raced the
         collector's notice) is replaced: the database fired it again, so only this one counts."""
         old = self._events.get(ident)
         if old is not None:
             self._forget(old)
-        d = Delivery(ident, attempt, holder, now, tenant=tenant)
+        self._drop_stray(ident, None)
+        d = Delivery(ident, attempt, holder, now, tenant=tenant, key=key)
         self._events[ident] = d
         self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+        self._count_key(key, 1)
         held = self._by_holder.get(holder)
         if held is None:
             held = self._by_holder[holder] = {}
@@ -151,15 +206,24 @@ class Ledger:
 
     def drop(self, ident: int, attempt: int | None = None) -> Delivery | None:
         """The event left its holder another way (the collector re-fired it, an application acked
-        it by SQL): forget it, if it is still held at ``attempt`` (any attempt when None)."""
+        it by SQL, its release committed): forget it, if it is still held (or a stray) at
+        ``attempt`` (any attempt when None)."""
+        self._drop_stray(ident, attempt)
         d = self._events.get(ident)
         if d is None or (attempt is not None and d.attempt != attempt):
             return None
         self._forget(d)
         return d
 
+    def _drop_stray(self, ident: int, attempt: int | None) -> None:
+        s = self._strays.get(ident)
+        if s is not None and (attempt is None or s[0] == attempt):
+            del self._strays[ident]
+            self._count_key(s[1], -1)
+
     def release_holder(self, holder: int) -> list[Delivery]:
-        """The holder went away: forget and return its deliveries that are not being settled.
+        """The holder went away: forget and return its deliveries that are not being settled; those
+        with a key stay counted for it, as strays, until their release is dropped.
 
         Those being settled stay until their write is answered.
         """
@@ -169,6 +233,7 @@ class Ledger:
         out = [d for d in held.values() if not d.settling]
         for d in out:
             self._forget(d)
+            self.stray(d.id, d.attempt, d.key)
         return out
 
     def _forget(self, d: Delivery) -> None:
@@ -184,6 +249,7 @@ class Ledger:
             self._by_tenant[d.tenant] = n
         else:
             del self._by_tenant[d.tenant]
+        self._count_key(d.key, -1)
 
     def check(self) -> None:
         """Raise AssertionError unless the two indexes agree (for tests)."""
@@ -198,6 +264,14 @@ class Ledger:
         for d in self._events.values():
             counts[d.tenant] = counts.get(d.tenant, 0) + 1
         assert counts == self._by_tenant, (counts, self._by_tenant)
+        keys: dict[str, int] = {}
+        for d in self._events.values():
+            if d.key is not None:
+                keys[d.key] = keys.get(d.key, 0) + 1
+        for ident, (_, key) in self._strays.items():
+            assert ident not in self._events, ident
+            keys[key] = keys.get(key, 0) + 1
+        assert keys == self._by_key, (keys, self._by_key)
         settling: dict[int, int] = {}
         for d in self._events.values():
             if d.settling:

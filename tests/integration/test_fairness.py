@@ -147,8 +147,8 @@ def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_the_fair_pick_walks_the_due_index_in_order_and_fires_by_primary_key(shard: Shard, make_queue: Any) -> None:
-    """As mgr_fire_due (test_manager.py): no bitmap scan and sort of every due row of a partition, no
-    sequential scan of the table, with or without floors and capped tenants."""
+    """As mgr_fire_due (test_manager.py): no bitmap scan and sort of every due row of a partition's
+    level, no sequential scan of the table, with or without floors, capped tenants and key limits."""
     from queue_manager.manager import store
     from queue_manager.producer import Event, enqueue_batch
 
@@ -168,19 +168,32 @@ def test_the_fair_pick_walks_the_due_index_in_order_and_fires_by_primary_key(sha
             "term": 1,
             "start": 0,
             "partitions": 4,
+            "levels": 5,
             "quota": 250,
             "window": 250,
             "candidates": 1000,
             "limit": 500,
+            "counts": "{2,2,1,4,5}",
+            "ties": "{1,2,3,4,0}",
             "ack_timeout": 30.0,
+            "queue_id": 1,
             "capped": [],
             "tenants": [tenants[1]],
             "ahead": "{0.5}",
             "weights": "{3}",
             "rooms": "{NULL}",
             "default_room": None,
+            "cblocked": [],
+            "ckeys": [tenants[2] + "\x1fk"],
+            "crooms": "{2}",
+            "cdefault": 3,
+            "rblocked": [tenants[3] + "\x1fr"],
+            "rkeys": [],
+            "rrooms": "{}",
+            "rdefault": 1,
         }
-        for floors, capped in (("{NULL,NULL,NULL,NULL}", []), (f"{{{low},NULL,{low},{low}}}", tenants[:3])):
+        floors_at = "{" + ",".join(str(low) if i % 5 == 2 else "NULL" for i in range(20)) + "}"
+        for floors, capped in (("{}", []), (floors_at, tenants[:3])):
             args = {**base, "floors": floors, "capped": capped, "window": 250 + (32 if capped else 0)}
             plan = c.execute("EXPLAIN (FORMAT JSON) " + stmt, args).fetchone()[0][0]["Plan"]  # type: ignore[index]
             nodes = _plan_nodes(plan)
@@ -199,7 +212,8 @@ async def test_a_partition_with_nothing_due_at_the_last_pick_goes_before_the_bac
 ) -> None:
     """mgr_fire_due with ``since``: an event that arrived after the previous pick (its partition
     had nothing due then) is fired first, whatever the round-robin cursor; without ``since``, or
-    once its partition is backlogged too, the cursor's order holds."""
+    once its partition is backlogged too, the cursor's order holds. A stream given a larger cap
+    (its level's backlog sits in few partitions) fills the batch."""
     from queue_manager.manager import store
 
     make_queue("orders", partitions=4, shuffle=1)
@@ -220,13 +234,17 @@ async def test_a_partition_with_nothing_due_at_the_last_pick_goes_before_the_bac
         assert term is not None
         settings = {q.name: q for q in await store.load_queues(conn)}["orders"]
         # the cursor at the backlog's partition: round-robin alone gives it the turn
-        rows, _ = await store.fire_due(conn, settings, term, 0, 1)
+        rows, _, _ = await store.fire_due(conn, settings, term, 0, 1)
         assert [r[1] for r in rows] == [noisy]
-        rows, _ = await store.fire_due(conn, settings, term, 0, 1, since=since)
+        rows, _, _ = await store.fire_due(conn, settings, term, 0, 1, since=since)
         assert [r[1] for r in rows] == [quiet]
-        # nothing sparse left: the backlog again, in fire_at order
-        rows, _ = await store.fire_due(conn, settings, term, 0, 8, since=since)  # quota 2 a partition
+        # nothing sparse left: the backlog again, in fire_at order, its quota of 2
+        rows, _, _ = await store.fire_due(conn, settings, term, 0, 8, since=since)
         assert [r[1] for r in rows] == [noisy, noisy]
+        # its partition is the only one with events: the next pick may read it further (its cap,
+        # priority.next_caps), and the batch goes to it
+        rows, _, _ = await store.fire_due(conn, settings, term, 0, 8, since=since, caps={(0, 3): 8})
+        assert [r[1] for r in rows] == [noisy] * 8
     with psycopg.connect(shard.dsn) as c:
         # the earliest of the backlog went first (FIFO within the partition)
         row = c.execute(

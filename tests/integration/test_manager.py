@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import urllib.request
+from typing import Any
 
 import psycopg
 import pytest
@@ -834,74 +835,121 @@ def _plan_nodes(plan: dict[str, object]) -> list[dict[str, object]]:
     return nodes
 
 
-def test_fire_and_sweep_statements_probe_the_primary_key(shard: Shard, queue: str) -> None:
-    """With a backlog, the batch UPDATEs of mgr_fire_due and mgr_sweep find their rows by primary key.
+#: mgr_fire_due's parameters for a queue of 4 partitions, beside what a test sets
+FIRE_DUE = {
+    "term": 1,
+    "start": 0,
+    "partitions": 4,
+    "levels": 5,
+    "quota": 125,
+    "limit": 500,
+    "ack_timeout": 30.0,
+    "floors": "{}",
+    "caps": "{}",
+    "counts": "{1,2,3,4,5}",
+    "ties": "{0,1,2,3,4}",
+    "since": None,
+    "queue_id": 1,
+}
 
-    Joined to their CTE of picked ids, both were planned as a hash join against a sequential scan
-    of the whole queue table: every fire batch cost time in proportion to the backlog.
-    """
+
+def test_the_pick_reads_each_level_of_each_partition_in_index_order_and_fires_by_primary_key(
+    shard: Shard, queue: str
+) -> None:
+    """With a backlog at three priority levels, mgr_fire_due reads each (partition, level) of the due
+    index in fire_at order from its floor, up to its quota, with nothing sorted, fires the rows by
+    primary key, and never scans the table: with or without floors, caps and sparse streams first.
+    The collector's batch UPDATE finds its rows by primary key too. (Joined to their CTE of picked
+    ids, both were once planned as a hash join against a sequential scan of the whole queue table:
+    every fire batch cost time in proportion to the backlog; and a bitmap scan of every due row of a
+    partition with a sort made the drain 35 % slower.)"""
     from queue_manager.manager import store
     from queue_manager.producer import Event, enqueue_batch
 
     tenants = tenants_of(shard, 50)
     with psycopg.connect(shard.dsn) as c:
-        enqueue_batch(c, queue, [Event(tenants[i % 50], {"n": i}) for i in range(20_000)])
+        events = [Event(tenants[i % 50], {"n": i}, priority=(1, 3, 5)[i % 3]) for i in range(20_000)]
+        enqueue_batch(c, queue, events)
         c.commit()
         c.execute(f"ANALYZE {queue}")
         for setting, value in store.PLANNER_SETTINGS.items():
             c.execute(f"SET {setting} = {value}")
         floor = c.execute("SELECT extract(epoch FROM min(fire_at))::float8 + 0.001 FROM " + queue).fetchone()
         assert floor is not None
-        params: dict[str, dict[str, object]] = {
-            "mgr_fire_due": {
-                "term": 1,
-                "start": 0,
-                "partitions": 4,
-                "quota": 125,
-                "limit": 500,
-                "ack_timeout": 30.0,
-                "floors": "{NULL,NULL,NULL,NULL}",
-                "since": None,
-                "queue_id": 1,
-            },
-            "mgr_sweep": {
-                "term": 1,
-                "resume_at": None,
-                "limit": 1000,
-                "max_attempts": 3,
-                "backoff_min": 0.1,
-                "backoff_max": 0.3,
-                "queue_id": 1,
-            },
-        }
-        for name, args in params.items():
-            stmt = store.queue_sql(name, queue).as_string(c)
-            plan = c.execute("EXPLAIN (FORMAT JSON) " + stmt, args).fetchone()[0][0]["Plan"]  # type: ignore[index]
-            scans = [
-                (n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan) if n.get("Relation Name") == queue
-            ]
-            assert ("Seq Scan", None) not in scans, (name, scans)
-            if name == "mgr_fire_due":
-                assert ("Index Scan", f"{queue}_pkey") in scans, scans
-        # the pick walks the due index in order and stops at the quota, with or without floors and
-        # sparse partitions first: a bitmap scan of every due row of a partition and a sort made the
-        # drain 35 % slower
         low = floor[0]
-        for floors, since in (("{NULL,NULL,NULL,NULL}", None), (f"{{{low},NULL,{low},{low}}}", low)):
-            stmt = store.queue_sql("mgr_fire_due", queue).as_string(c)
-            args = {**params["mgr_fire_due"], "floors": floors, "since": since}
-            plan = c.execute("EXPLAIN (FORMAT JSON) " + stmt, args).fetchone()[0][0]["Plan"]  # type: ignore[index]
+        sweep = {
+            "term": 1,
+            "resume_at": None,
+            "limit": 1000,
+            "max_attempts": 3,
+            "backoff_min": 0.1,
+            "backoff_max": 0.3,
+            "queue_id": 1,
+        }
+        plan = _explain(c, store.queue_sql("mgr_sweep", queue).as_string(c), sweep)
+        scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan) if n.get("Relation Name") == queue]
+        assert ("Seq Scan", None) not in scans and ("Index Scan", f"{queue}_pkey") in scans, scans
+        floors = "{" + ",".join(str(low) if i % 3 else "NULL" for i in range(20)) + "}"
+        caps = "{" + ",".join("500" if i == 2 else "NULL" for i in range(20)) + "}"
+        for args in ({**FIRE_DUE}, {**FIRE_DUE, "floors": floors, "since": low, "caps": caps, "counts": "{1,1,3,4,1}"}):
+            plan = _explain(c, store.queue_sql("mgr_fire_due", queue).as_string(c), args)
             nodes = _plan_nodes(plan)
-            assert not [n for n in nodes if n["Node Type"] == "Bitmap Heap Scan"], floors
-            for sort in (n for n in nodes if n["Node Type"] == "Sort"):
-                below = [n["Node Type"] for n in _plan_nodes(sort) if n.get("Relation Name") == queue]
-                # the walk's sort may probe the due index (sparse partitions); none sorts due rows
-                assert (
-                    not below
-                    if "fire_at" in str(sort.get("Sort Key"))
-                    else set(below) <= {"Index Scan", "Index Only Scan"}
-                ), floors
-            assert ("Index Scan", f"{queue}_due") in [(n["Node Type"], n.get("Index Name")) for n in nodes], floors
+            scans = [
+                (n["Node Type"], n.get("Index Name"))
+                for n in nodes
+                if n.get("Relation Name") == queue and n["Node Type"] != "ModifyTable"
+            ]
+            # the streams' heads probed (an index-only scan, behind a backlog), their rows read and
+            # locked, and the fire by primary key
+            probe = {("Index Only Scan", f"{queue}_due")} if args["since"] is not None else set()
+            assert set(scans) == {("Index Scan", f"{queue}_due"), ("Index Scan", f"{queue}_pkey")} | probe, scans
+            for n in nodes:
+                if n.get("Index Name") == f"{queue}_due":
+                    # one range of the index per (partition, level), from its floor
+                    cond = str(n.get("Index Cond"))
+                    assert "partition =" in cond and "priority =" in cond and "fire_at >=" in cond, cond
+                    assert not [m for m in _plan_nodes(n) if m["Node Type"] == "Sort"]
+            assert not [n for n in nodes if n["Node Type"] == "Bitmap Heap Scan"], scans
+
+
+def _explain(c: psycopg.Connection[Any], stmt: str, args: dict[str, Any], analyze: bool = False) -> dict[str, Any]:
+    options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+    row = c.execute(f"EXPLAIN ({options}) " + stmt, args).fetchone()
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+def test_the_pick_reads_a_bounded_number_of_rows_whatever_the_backlog(shard: Shard, queue: str) -> None:
+    """Behind backlogs of 2 000 and 40 000 events at three levels, one pick of 500 reads the rows it
+    fires and stops (at most its quota of each (partition, level), or its cap): the same for both,
+    not a scan of the due rows."""
+    from queue_manager.manager import store
+    from queue_manager.producer import Event, enqueue_batch
+
+    tenants = tenants_of(shard, 50)
+    read = []
+    with psycopg.connect(shard.dsn) as c:
+        c.execute("SELECT qm.acquire_leadership('test', 60)")
+        c.commit()
+        for backlog in (2_000, 40_000):
+            c.execute(f"DELETE FROM {queue}")
+            events = [Event(tenants[i % 50], {"n": i}, priority=(1, 3, 5)[i % 3]) for i in range(backlog)]
+            enqueue_batch(c, queue, events)
+            c.commit()
+            c.execute(f"ANALYZE {queue}")
+            for setting, value in store.PLANNER_SETTINGS.items():
+                c.execute(f"SET {setting} = {value}")
+            caps = "{" + ",".join("500" if i == 2 else "NULL" for i in range(20)) + "}"
+            with c.transaction(force_rollback=True):
+                args = {**FIRE_DUE, "caps": caps}
+                plan = _explain(c, store.queue_sql("mgr_fire_due", queue).as_string(c), args, analyze=True)
+            assert plan["Actual Rows"] == 500
+            nodes = _plan_nodes(plan)
+            due = [n for n in nodes if n.get("Index Name") == f"{queue}_due"]
+            read.append(sum(int(n["Actual Rows"] * n["Actual Loops"]) for n in due))
+    bound = 500 + 4 * 5  # the batch, and at most a row more of each (partition, level) stream
+    assert all(r <= bound for r in read), (read, bound)
 
 
 def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_back(shard: Shard, queue: str) -> None:
@@ -953,17 +1001,7 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
             },
         }
         picked = {
-            "mgr_fire_due": {
-                "term": 1,
-                "start": 0,
-                "partitions": 4,
-                "quota": 125,
-                "limit": 500,
-                "ack_timeout": 30.0,
-                "floors": "{NULL,NULL,NULL,NULL}",
-                "since": 0.0,
-                "queue_id": 1,
-            },
+            "mgr_fire_due": {**FIRE_DUE, "since": 0.0},
             "mgr_sweep": {
                 "term": 1,
                 "resume_at": None,
@@ -979,12 +1017,13 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
         for name, args in {**named, **picked}.items():
             stmt = store.queue_sql(name, queue).as_string(c)
             plan = c.execute("EXPLAIN (FORMAT JSON) " + stmt, args).fetchone()[0][0]["Plan"]  # type: ignore[index]
-            scans = [n.get("Index Name") for n in _plan_nodes(plan) if n.get("Relation Name") == queue]
+            nodes = [n for n in _plan_nodes(plan) if n.get("Relation Name") == queue]
+            scans = [n.get("Index Name") for n in nodes]
             assert f"{queue}_pkey" in scans, (name, scans)
             partial = [s for s in scans if s in (f"{queue}_fired", f"{queue}_due")]
             # the picks may use the partial indexes (bounded by floors; the collector a second time,
             # for the earliest overdue row it left behind); the rows changed, never
-            # mgr_fire_due's walk probes each partition's head for sparse partitions first
+            # mgr_fire_due's walk probes each stream's head for sparse streams first
             expected = 2 if name in ("mgr_sweep", "mgr_fire_due") else 1 if name in picked else 0
             assert len(partial) == expected, (name, scans)
         holder.rollback()

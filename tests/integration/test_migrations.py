@@ -18,22 +18,32 @@ from psycopg import sql
 
 from queue_manager import admin
 from queue_manager.db import schema
-from queue_manager.db.migrate import set_identity, upgrade
+from queue_manager.db.migrate import downgrade, set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.errors import MigrationError
 from queue_manager.local.embedded import pg_bin_dir
 from tests import pgtest
 
 #: the head revision of the alembic history
-HEAD = "0008_schedules_cancel"
+HEAD = "0009_priorities_keys"
 #: tables the revisions after the baseline add
-ADDED_TABLES = ("qm.audit", "qm.archive_runs", "qm.reshard_capture", "qm.reshard_rows", "qm.schedules")
+ADDED_TABLES = (
+    "qm.audit",
+    "qm.archive_runs",
+    "qm.reshard_capture",
+    "qm.reshard_rows",
+    "qm.schedules",
+    "qm.key_settings",
+)
 ADDED_SEQUENCES = ("audit_id_seq", "reshard_capture_seq_seq", "schedules_id_seq")
 #: columns the revisions after the baseline add to a table, and the value every old row gets
 ADDED_COLUMNS = {
     "qm.shard": ("serving", False),
-    # 0006_trace_context: the trace context of every event, NULL for those enqueued before
-    **{f"public.{q}": (None, None, None) for q in ("orders", "emails", "wide")},
+    # 0009_priorities_keys: the queues' default priority (3), aging (30 s) and no key limits
+    "qm.queues": (3, 30.0, None, None),
+    # 0006_trace_context: the trace context of every event, NULL for those enqueued before; then
+    # 0009_priorities_keys: priority 3 and no keys
+    **{f"public.{q}": (None, None, None, 3, None, None) for q in ("orders", "emails", "wide")},
 }
 #: a shard at revision 0013_enqueue_lock of the squashed history, with queues and events in every
 #: state (made by tests/fixtures/make_old_head_dump.py)
@@ -281,3 +291,47 @@ def test_queue_tables_are_tuned_and_migrations_leave_an_operators_parameters(dat
     assert "autovacuum_vacuum_cost_limit=500" in _reloptions(dsn, "emails")
     with psycopg.connect(dsn, autocommit=True) as c, pytest.raises(psycopg.errors.UndefinedTable):
         c.execute("SELECT qm.tune_queue_tables(-1)")
+
+
+def _columns(conn: Conn, table: str) -> list[str]:
+    return [
+        str(n)
+        for (n,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
+            "ORDER BY attnum",
+            (table,),
+        )
+    ]
+
+
+def test_priorities_and_keys_downgrade_to_the_schedules_revision_and_back(shards: Topology) -> None:
+    """0009_priorities_keys undone: the queue tables lose priority and the keys, the due index is
+    (partition, fire_at) again, the registry loses its settings and qm.key_settings goes; the events
+    stay. Migrated to head again, the events are back at the queue's default priority."""
+    admin.create_queue(shards, "orders", {"partitions": 4, "shuffle": 2, "default_priority": 2})
+    dsn = shards.shards[0].dsn
+    with psycopg.connect(dsn, autocommit=True) as c:
+        tenant = next(f"t-{i}" for i in range(100) if KeyRange.parse("-80").contains(f"t-{i}"))
+        c.execute(
+            "INSERT INTO orders (tenant, payload, priority, concurrency_key) "
+            "VALUES (%s, '{}', 1, 'k'), (%s, '{}', 5, NULL)",
+            (tenant, tenant),
+        )
+        c.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (tenant,))
+        assert [p for (p,) in c.execute("SELECT priority FROM orders ORDER BY id")] == [1, 5, 2]
+        c.execute("SELECT qm.set_key('orders', %s, 'k', '{\"max_in_flight\": 2}')", (tenant,))
+    downgrade(dsn, "0008_schedules_cancel")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert c.execute("SELECT version_num FROM qm.alembic_version").fetchone() == ("0008_schedules_cancel",)
+        assert _columns(c, "orders")[-3:] == ["traceparent", "tracestate", "baggage"]
+        (index,) = c.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'orders_due'").fetchone() or ("",)
+        assert "(partition, fire_at) WHERE (state = 'to_be_fired'" in index
+        assert c.execute("SELECT to_regclass('qm.key_settings')").fetchone() == (None,)
+        assert "default_priority" not in _columns(c, "qm.queues")
+        assert c.execute("SELECT count(*) FROM orders").fetchone() == (3,)
+    upgrade(dsn)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert _columns(c, "orders")[-3:] == ["priority", "concurrency_key", "rate_key"]
+        assert [p for (p,) in c.execute("SELECT priority FROM orders ORDER BY id")] == [3, 3, 3]
+        (index,) = c.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'orders_due'").fetchone() or ("",)
+        assert "(partition, priority, fire_at) WHERE (state = 'to_be_fired'" in index

@@ -107,6 +107,31 @@ async def test_the_leader_enqueues_each_slot_once_ahead_and_it_fires_at_its_inst
         assert -0.01 <= at - e.fire_at < 0.1, at - e.fire_at
 
 
+async def test_a_schedules_slot_events_have_its_priority_or_the_queues_default(
+    shards: Topology, make_queue: Any
+) -> None:
+    make_queue("urgent_jobs", partitions=4, shuffle=2, window_seconds=3, default_priority=4)
+    s0 = shards.shards[0]
+    t = tenants_of(s0, 1)[0]
+    async with running_manager(s0.dsn) as m, running_receiver(url(m), queue="urgent_jobs") as (_, rec):
+        await wait_leader(m)
+        with psycopg.connect(s0.dsn, autocommit=True) as c:
+            for name, priority in (("first", 1), ("plain", None)):
+                c.execute(
+                    "SELECT qm.schedule_add(%s, 'urgent_jobs', %s, interval_seconds => 1, priority => %s::smallint,"
+                    " anchor => date_trunc('second', now()) + interval '1 second')",
+                    (name, t, priority),
+                )
+        await wait_for(lambda: len(rec.events) >= 4, 20, "slots of both schedules fired")
+        with psycopg.connect(s0.dsn) as c:
+            got = c.execute(
+                "SELECT s.name, e.priority, count(*) FROM urgent_jobs e"
+                " JOIN qm.schedules s ON e.dedup_key LIKE 'qm:schedule:' || s.id || ':%%' GROUP BY 1, 2"
+            ).fetchall()
+    assert {name: p for name, p, _ in got} == {"first": 1, "plain": 4} and len(got) == 2
+    assert {e.priority for e in rec.events} == {1, 4}  # delivered with it
+
+
 async def test_a_deposed_leaders_pass_is_fenced_and_a_cursor_sent_back_enqueues_nothing_twice(
     shards: Topology, queue: str
 ) -> None:

@@ -74,7 +74,7 @@ def test_every_option_and_argument_has_a_help_text() -> None:
 
 def test_alter_leaves_what_is_omitted_and_create_shows_its_defaults_in_units() -> None:
     alter, create = (" ".join(help_of("queue", verb).split()) for verb in ("alter", "create"))
-    assert "default" not in alter.replace("(default: $QM_TOPOLOGY)", "")
+    assert "default" not in alter.replace("(default: $QM_TOPOLOGY)", "").replace("--default-priority", "")
     assert alter.count("(unchanged if omitted)") == sum(1 for spec in SETTINGS.values() if spec.flag)
     for text in ("(default 7 days)", "(default 30 days)", "(default 30 s)", "(default 5 min)", "(default 10 years)"):
         assert text in create, text

@@ -21,7 +21,7 @@ def simulate(policy: TenantPolicy, backlog: dict[str, int], batches: int, limit:
     fair = FairShare()
     served: dict[str, int] = {t: 0 for t in backlog}
     for _ in range(batches):
-        cands = [((t, i), t, float(i)) for t in backlog for i in range(backlog[t])]
+        cands = [((t, i), t, float(i), 3, 2) for t in backlog for i in range(backlog[t])]
         chosen = fair.order(cands, policy, {}, limit)
         fair.charge((t for t, _ in chosen), policy)
         for t, _ in chosen:
@@ -41,13 +41,13 @@ def test_equal_weights_alternate_and_an_idle_tenant_gets_no_credit() -> None:
     policy = TenantPolicy(default_cap=None, weights={"x": 1.5})  # active, but a and b weigh 1
     fair = FairShare()
     for _ in range(100):
-        chosen = fair.order([("a1", "a", 0.0), ("a2", "a", 1.0)], policy, {}, 1)
+        chosen = fair.order([("a1", "a", 0.0, 3, 2), ("a2", "a", 1.0, 3, 2)], policy, {}, 1)
         fair.charge(["a"], policy)
         assert chosen == ["a1"]
     # b comes back after a long idle time: it is served next, but only its share from then on
     got = []
     for _ in range(10):
-        chosen = fair.order([("a", "a", 0.0), ("b", "b", 0.0)], policy, {}, 1)
+        chosen = fair.order([("a", "a", 0.0, 3, 2), ("b", "b", 0.0, 3, 2)], policy, {}, 1)
         fair.charge(chosen, policy)
         got += chosen
     assert got[0] == "b" and got.count("b") == 5, got
@@ -56,7 +56,7 @@ def test_equal_weights_alternate_and_an_idle_tenant_gets_no_credit() -> None:
 def test_a_tenant_never_gets_past_its_room() -> None:
     policy = TenantPolicy(caps={"a": 3}, default_cap=10)
     fair = FairShare()
-    cands = [(f"a{i}", "a", float(i)) for i in range(20)] + [(f"b{i}", "b", float(i)) for i in range(20)]
+    cands = [(f"a{i}", "a", float(i), 3, 2) for i in range(20)] + [(f"b{i}", "b", float(i), 3, 2) for i in range(20)]
     chosen = fair.order(cands, policy, {"a": 1}, 100)
     assert sum(1 for c in chosen if c.startswith("a")) == 2  # cap 3, one in flight
     assert sum(1 for c in chosen if c.startswith("b")) == 10  # the queue's default cap
@@ -173,7 +173,7 @@ def test_cached_take_in_fair_order_respects_caps_and_weights() -> None:
     fair = FairShare()
 
     def order(cands: list[Entry], n: int) -> list[Entry]:
-        return fair.order([(e, e.tenant, e.fire_at) for e in cands], policy, {}, n)
+        return fair.order([(e, e.tenant, e.fire_at, e.priority, e.priority - 1) for e in cands], policy, {}, n)
 
     taken = cache.take_ordered(100.0, 8, lambda e: "r", order)
     tenants = [e.tenant for e, _ in taken]

@@ -260,6 +260,60 @@ def test_histories_round_trip_through_files_and_a_torn_last_line_is_skipped(tmp_
     assert [r["kind"] for r in records] == ["receiver", "enqueued"]
 
 
+def state(
+    k: str, t: float, old: str, new: str, *, ckey: str | None = "acct", rkey: str | None = None
+) -> dict[str, Any]:
+    """A change of an event's state as the shard's database recorded it (the key scenarios' trigger)."""
+    return {
+        "kind": "state",
+        "t": t,
+        "k": k,
+        "shard": "s0",
+        "tenant": "t-a",
+        "ckey": ckey,
+        "rkey": rkey,
+        "attempt": 1,
+        "old": old,
+        "new": new,
+    }
+
+
+def test_a_key_with_more_events_in_hand_than_its_limit_is_flagged_and_settles_free_its_slots() -> None:
+    fine = [
+        state("a", 1.0, "to_be_fired", "fired"),
+        state("b", 1.1, "to_be_fired", "fired"),
+        state("a", 1.2, "fired", "acked"),
+        state("c", 1.3, "to_be_fired", "fired"),  # a settled first: two in hand
+        state("b", 1.4, "fired", "to_be_fired"),  # taken back (nack, collector): no longer in hand
+        state("d", 1.5, "to_be_fired", "fired"),
+        state("x", 1.5, "to_be_fired", "fired", ckey="other"),  # another key counts apart
+        state("c", 1.6, "fired", "deleted"),
+        state("e", 1.7, "to_be_fired", "fired"),
+    ]
+    report = check(clean() + fine, scenario="keys", stall_bound_s=BOUND, key_max_in_flight=2)
+    assert report.key_over_limit == 0 and report.key_most_in_hand == 2 and report.passed
+    over = [*fine, state("f", 1.8, "to_be_fired", "fired")]  # d, e and f in hand
+    report = check(clean() + over, scenario="keys", stall_bound_s=BOUND, key_max_in_flight=2)
+    assert report.key_over_limit == 1 and not report.passed
+    assert report.examples["key_over_limit"][0]["k"] == "f"
+    # without a limit to hold to, the same history passes (the scenario does not limit keys)
+    assert check(clean() + over, scenario="keys", stall_bound_s=BOUND).key_over_limit == 0
+
+
+def test_a_rate_key_fired_more_than_its_rate_plus_one_in_a_second_is_flagged() -> None:
+    # 2 a second, burst one: three fires in one second pass, four do not
+    fine = [state(f"e{i}", 10.0 + i * 0.5, "to_be_fired", "fired", ckey=None, rkey="api") for i in range(6)]
+    fine.append(state("e9", 10.5, "to_be_fired", "fired", ckey=None, rkey="api"))  # the burst's token
+    report = check(clean() + fine, scenario="rate", stall_bound_s=BOUND, key_max_qps=2.0)
+    assert report.key_over_rate == 0 and report.key_most_per_second == 3 and report.passed
+    over = [*fine, state("e8", 10.8, "to_be_fired", "fired", ckey=None, rkey="api")]
+    report = check(clean() + over, scenario="rate", stall_bound_s=BOUND, key_max_qps=2.0)
+    assert report.key_over_rate >= 1 and not report.passed
+    # a re-fire counts as a fire; a fire of another key does not
+    other = [state("o1", 10.8, "to_be_fired", "fired", ckey=None, rkey="web")]
+    assert check(clean() + fine + other, scenario="rate", stall_bound_s=BOUND, key_max_qps=2.0).key_over_rate == 0
+
+
 def _slot_history(slots: list[int], rows: int = 1) -> list[dict[str, Any]]:
     """A schedule of 1 s and its slot events (at second ``s``, each delivered and acked by key)."""
     out: list[dict[str, Any]] = [up(0.0), {"kind": "schedule", "t": 0.0, "schedule_id": "7", "interval_s": 1.0}]

@@ -357,7 +357,7 @@ def test_event_json_round_trips_unicode_and_nested_payload() -> None:
     tenant = 'Zürich—東京 "quoted" \\ back\nline\u2028'
     payload = {"a": [1, 2.5, None, True, {"deep": {"x": "ünï\u0000"}}], "emoji": "\U0001f600", "n": -(2**62)}
     stored = json.dumps(payload, ensure_ascii=False)
-    ev = proto.event_json(2**63 - 1, 3, tenant, 15, 1_700_000_000.123456, stored)
+    ev = proto.event_json(2**63 - 1, 3, tenant, 15, 1_700_000_000.123456, stored, priority=1)
     got = json.loads(ev)
     assert got == {
         "id": 2**63 - 1,
@@ -365,9 +365,10 @@ def test_event_json_round_trips_unicode_and_nested_payload() -> None:
         "tenant": tenant,
         "partition": 15,
         "fire_at": 1_700_000_000.123456,
+        "priority": 1,
         "payload": payload,
     }
-    assert list(got) == ["id", "attempt", "tenant", "partition", "fire_at", "payload"]
+    assert list(got) == ["id", "attempt", "tenant", "partition", "fire_at", "priority", "payload"]
 
 
 @pytest.mark.parametrize("stored", ["null", "[]", '"text"', "42", '{"k": {"k": {"k": []}}}'])
@@ -404,6 +405,7 @@ def test_deliver_frame_round_trips(tenant: str, fire_at: float, payload: Any) ->
         "tenant": tenant,
         "partition": 3,
         "fire_at": fire_at,
+        "priority": 3,
         "payload": payload,
     }
     # the frame is valid UTF-8, as a websocket text frame must be
@@ -652,8 +654,8 @@ def test_choose_none_keeps_the_event_and_lookahead_finds_the_next() -> None:
     assert c.next_fire_at() == 1.0  # the refused head stays where it was
     calls.clear()
     assert ids(c.take(10.0, 5, only_b)) == [4]
-    # nothing acceptable left: the partition is not retried within the call
-    assert calls == [1, 2, 4, 1, 2]
+    # nothing acceptable left: no candidate is tried twice within the call
+    assert calls == [1, 2, 4]
     assert ids(c.take(10.0, 5, anyone)) == [1, 2]
 
 

@@ -407,11 +407,11 @@ def test_events_that_timed_out_on_a_connection_are_fired_to_the_others_until_it_
     q.subscribers = [frozen, healthy]  # type: ignore[list-item]
     frozen.h.deliver(*((i, 1) for i in range(1, 9)))
     healthy.h.deliver((20, 1))
-    q.take_nudges()
+    q.pick.take_nudges()
     rt.refired(q, {1, 2, 3}, set(), 1_750_000_000.0)  # the first of the frozen one's deadlines passed
     assert frozen.actions == [Probe()] and healthy.actions == []
     assert (frozen.free, healthy.free) == (0, 3) and q.in_flight == 6
-    assert q.take_nudges() == (True, False)  # rescan: the moved events are back in the table
+    assert q.pick.take_nudges() == (True, False)  # rescan: the moved events are back in the table
     choose = plan.chooser(q.subscribers, lambda c: c.free, lambda c: c.tenants)
     assert [choose("t") for _ in range(4)] == [healthy, healthy, healthy, None]
     rt.refired(q, {4, 5, 6, 7, 8}, set(), 1_750_000_001.0)

@@ -767,3 +767,40 @@ def test_the_read_only_events_page_renders_no_bulk_form(client: TestClient, topo
     login(client, ADMIN)
     page = client.get("/queues/orders/events", headers=HTML).text
     assert 'id="bulk"' in page and 'name="sel"' in page
+
+
+def test_reschedule_moves_events_to_another_priority_and_the_queue_page_shows_keys_and_their_settings(
+    client: TestClient, topology: Topology
+) -> None:
+    s0 = topology.shards[0]
+    t0 = tenants_of(s0, 1)[0]
+    with psycopg.connect(s0.dsn, autocommit=True) as c:
+        for i in range(3):
+            c.execute(
+                "INSERT INTO orders (tenant, payload, fire_at, concurrency_key) "
+                "VALUES (%s, %s, now() + interval '1 hour', 'acct')",
+                (t0, json.dumps({"n": i})),
+            )
+        c.execute("UPDATE orders SET state = 'fired', attempts = 1 WHERE id IN (2, 3)")  # in hand
+    csrf = login(client, ADMIN)
+    form = {"csrf": csrf, "do": "reschedule/selection", "sel": ["s0:1", "s0:2"], "new_priority": "1"}
+    preview = client.post("/queues/orders/bulk", data=form, headers=HTML)
+    assert "<strong>1</strong>" in preview.text and "at priority 1" in preview.text
+    r = client.post("/queues/orders/bulk/confirm", data=confirm_form(preview.text))
+    assert r.status_code == 303
+    with psycopg.connect(s0.dsn) as c:
+        got = c.execute("SELECT id, priority, fire_at > now() FROM orders ORDER BY id").fetchall()
+    assert got == [(1, 1, True), (2, 3, True), (3, 3, True)]  # the fire_at kept; only the row not fired moved
+    bad = client.post("/queues/orders/bulk", data={**form, "new_priority": "9"}, headers=HTML)
+    assert bad.status_code == 400 and "must be 1 (highest) to 5" in bad.text
+    page = client.get("/queues/orders", headers=HTML).text
+    assert 'name="default_priority"' in page and 'name="key_max_in_flight"' in page
+    keys = page[page.index('id="keys"') : page.index('id="keys-at-limit"')]
+    assert t0 in keys and ">acct<" in keys and ">2<" in keys
+    form = {k: html.unescape(v) for k, v in re.findall(r'<input name="([a-z_]+)" size="12" value="([^"]*)"', page)}
+    form.update(key_max_in_flight="2", priority_aging_seconds="")
+    assert client.post("/queues/orders/settings", data={"csrf": csrf, **form}).status_code == 303
+    assert registry(topology, "key_max_in_flight") == [2, 2]
+    assert registry(topology, "priority_aging_seconds") == [None, None]
+    page = client.get("/queues/orders", headers=HTML).text
+    assert "(at its limit)" in page and "s0: 1 keys at their limit" in page

@@ -102,6 +102,8 @@ export interface DeliveredEvent {
   partition: number;
   /** epoch seconds by the database clock */
   fire_at: number;
+  /** 1 (the highest) to 5; a manager of before priorities sends none */
+  priority?: number;
   payload: unknown;
   traceparent?: string;
   tracestate?: string;

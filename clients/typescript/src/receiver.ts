@@ -46,6 +46,8 @@ export interface Event {
   partition: number;
   /** when it was due, epoch seconds by the database clock */
   fireAt: number;
+  /** 1 (the highest) to 5 */
+  priority?: number;
   payload: unknown;
   traceparent?: string;
   tracestate?: string;
@@ -277,6 +279,7 @@ class Link {
         fireAt: raw.fire_at,
         payload: raw.payload,
       };
+      if (raw.priority !== undefined) event.priority = raw.priority;
       if (raw.traceparent !== undefined) event.traceparent = raw.traceparent;
       if (raw.tracestate !== undefined) event.tracestate = raw.tracestate;
       if (raw.baggage !== undefined) event.baggage = raw.baggage;

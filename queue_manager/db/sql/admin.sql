@@ -78,9 +78,12 @@ UPDATE {queue} SET fire_at = now()
 RETURNING id
 
 -- events_reschedule --
--- Events not yet fired moved to %(fire_at)s (earlier or later). Only rows still to_be_fired change;
--- a manager that cached one at its old time cannot fire it early: its fire needs fire_at <= now().
-UPDATE {queue} SET fire_at = %(fire_at)s::timestamptz
+-- Events not yet fired moved to %(fire_at)s (earlier or later) and/or to priority %(priority)s
+-- (NULL: kept). Only rows still to_be_fired change; a manager that cached one at its old time
+-- cannot fire it early: its fire needs fire_at <= now(). The queue's qm_rescheduled trigger (on a
+-- change of fire_at or priority) wakes it at commit.
+UPDATE {queue}
+   SET fire_at = coalesce(%(fire_at)s::timestamptz, fire_at), priority = coalesce(%(priority)s::smallint, priority)
  WHERE id = ANY(%(ids)s::bigint[]) AND state = 'to_be_fired'
 RETURNING id
 
@@ -155,7 +158,7 @@ SELECT id, state::text AS state, fire_at, fired_at, acked_at, attempts
 -- (NULL: from the newest), matching the filters, at most %(limit)s (the payload cut to 200
 -- characters: `qm events show` gives it whole).
 SELECT e.id, e.tenant, e.partition, e.state::text AS state, e.attempts, e.fire_at, e.created_at, e.fired_at,
-       e.acked_at, e.dedup_key, left(e.payload::text, 200) AS payload, left(e.last_error, 200) AS last_error
+       e.acked_at, e.dedup_key, e.priority, left(e.payload::text, 200) AS payload, left(e.last_error, 200) AS last_error
   FROM {queue} e
  WHERE (%(below)s::bigint IS NULL OR e.id < %(below)s::bigint)
    AND {filters}
@@ -165,6 +168,6 @@ SELECT e.id, e.tenant, e.partition, e.state::text AS state, e.attempts, e.fire_a
 -- event_show --
 -- One event, every column.
 SELECT id, tenant, partition, state::text AS state, attempts, fire_at, created_at, fired_at, acked_at, ack_deadline,
-       fired_term, dedup_key, last_error, traceparent, tracestate, baggage, payload
+       fired_term, dedup_key, priority, concurrency_key, rate_key, last_error, traceparent, tracestate, baggage, payload
   FROM {queue}
  WHERE id = %(id)s

@@ -14,13 +14,19 @@
 -- Columns are read by name into queue_manager.domain.settings.QueueSettings: select exactly its fields.
 SELECT id, name, partitions_physical, partitions, shuffle, window_seconds, cache_size, ack_timeout_seconds,
        backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
-       failed_retention_seconds, payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight
+       failed_retention_seconds, payload_limit_bytes, max_delay_seconds, paused, tenant_max_in_flight,
+       default_priority, priority_aging_seconds, key_max_in_flight, key_max_qps
   FROM qm.queues ORDER BY id
 
 -- mgr_tenant_settings --
 -- Per-tenant overrides of this shard's queues (weight, max_in_flight), read with the queue settings.
 -- Columns are read by name into queue_manager.domain.settings.TenantSettings.
 SELECT queue_id, tenant, weight, max_in_flight FROM qm.tenant_settings ORDER BY queue_id, tenant
+
+-- mgr_key_settings --
+-- Per-key limits of this shard's queues (max_in_flight, max_qps), read with the queue settings.
+-- Columns are read by name into queue_manager.domain.settings.KeySettings.
+SELECT queue_id, tenant, key, max_in_flight, max_qps FROM qm.key_settings ORDER BY queue_id, tenant, key
 
 -- mgr_shard --
 SELECT name FROM qm.shard
@@ -75,22 +81,28 @@ SELECT DISTINCT pid FROM pg_locks
 
 -- mgr_scan --
 -- The window of one queue (the partitions in %(parts)s): per partition, the earliest to_be_fired events due before now + window,
--- at most %(quota)s each (an index range scan of {queue}_due per partition); with future_only, only
--- events not yet due (those due now go by mgr_fire_due), else only those after the partition's
--- floor (%(floors)s, epoch seconds, NULL = no floor; see queue_manager/manager/floors.py). Also
--- returns the database clock, so the manager can fire by the database's time.
+-- at most %(quota)s each, read as an index range scan of {queue}_due per partition and priority level
+-- (%(levels)s levels, each at most %(quota)s rows, the partition's earliest %(quota)s of them kept); with
+-- future_only, only events not yet due (those due now go by mgr_fire_due), else only those after
+-- their level's floor (%(floors)s: epoch seconds by partition * levels + level, NULL = no floor;
+-- see queue_manager/manager/floors.py). Also returns the database clock, so the manager can fire by
+-- the database's time.
 SELECT e.id, e.tenant, e.partition, extract(epoch FROM e.fire_at)::double precision AS fire_at,
-       extract(epoch FROM clock_timestamp())::double precision AS db_now
-  FROM unnest(%(parts)s::smallint[], %(floors)s::double precision[]) AS p(part, floor)
- CROSS JOIN LATERAL (
-        SELECT q.id, q.tenant, q.partition, q.fire_at
-          FROM {queue} q
-         WHERE q.partition = p.part AND q.state = 'to_be_fired'
-           AND q.fire_at <= now() + make_interval(secs => %(window)s)
-           AND q.fire_at > CASE WHEN %(future_only)s THEN now()
-                                ELSE coalesce(to_timestamp(p.floor), '-infinity'::timestamptz) END
-         ORDER BY q.fire_at
-         LIMIT %(quota)s) e
+       extract(epoch FROM clock_timestamp())::double precision AS db_now, e.priority, e.concurrency_key, e.rate_key
+  FROM (SELECT s.*, row_number() OVER (PARTITION BY s.partition ORDER BY s.fire_at, s.id) AS n
+          FROM unnest(%(parts)s::smallint[]) AS p(part)
+         CROSS JOIN generate_series(1, %(levels)s) AS lv(v)
+         CROSS JOIN LATERAL (
+                SELECT q.id, q.tenant, q.partition, q.fire_at, q.priority, q.concurrency_key, q.rate_key
+                  FROM {queue} q
+                 WHERE q.partition = p.part AND q.priority = lv.v AND q.state = 'to_be_fired'
+                   AND q.fire_at <= now() + make_interval(secs => %(window)s)
+                   AND q.fire_at > CASE WHEN %(future_only)s THEN now()
+                                        ELSE coalesce(to_timestamp((%(floors)s::double precision[])[p.part * %(levels)s + lv.v]),
+                                                      '-infinity'::timestamptz) END
+                 ORDER BY q.fire_at
+                 LIMIT %(quota)s) s) e
+ WHERE e.n <= %(quota)s
  ORDER BY e.partition, e.fire_at
 
 -- mgr_db_now --
@@ -98,7 +110,8 @@ SELECT extract(epoch FROM clock_timestamp())::double precision
 
 -- mgr_fire --
 -- Mark due events fired (attempt + 1, ack deadline) under the current term; only the rows returned
--- were fired and may be pushed (with their trace context, for the delivery frame). fire_at <= now() keeps "never early" by the database clock. A
+-- were fired and may be pushed (with their trace context and priority, for the delivery frame, and
+-- their keys, for the limits). fire_at <= now() keeps "never early" by the database clock. A
 -- paused queue fires nothing: a statement that starts after the pause commits sees it.
 UPDATE {queue} q
    SET state = 'fired', attempts = q.attempts + 1, fired_at = now(),
@@ -106,47 +119,54 @@ UPDATE {queue} q
   FROM (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused) f
  WHERE q.id = ANY(%(ids)s::bigint[]) AND q.state::text = 'to_be_fired' AND q.fire_at <= now() AND f.paused IS FALSE
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
-          q.traceparent, q.tracestate, q.baggage
+          q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key
 
 -- mgr_fire_due --
 -- Fire what is due now without a prior scan (the backlog and wake-up path, for queues whose
--- receivers all take every tenant): per partition, starting at %(start)s and wrapping around, the
--- earliest due events from the partition's floor (%(floors)s, epoch seconds by partition + 1, NULL =
--- none: the index range scan then starts after what is known fired, not at the dead entries of
--- everything fired since the last vacuum), at most %(quota)s each and %(limit)s in all. Locked
--- rows are skipped. A paused queue picks and fires nothing.
--- Sparse partitions first: a partition whose earliest due event is not older than %(since)s (the
--- previous pick's time, epoch seconds; NULL: plain round-robin) had nothing due then, and is walked
--- before the partitions that are working through a backlog, in the same round-robin order (as
--- fq_codel serves new flows before old ones). A quiet tenant's event then waits for one pick, not
--- for its partition's turn among the backlogged ones (docs/design.md, "Fair dispatch between
--- tenants"). The walk is ordered before the picks so that LIMIT stops it where it would have.
--- The picked ids reach the UPDATE as an array, so it probes the primary key: joined to the CTE,
--- the planner hashed it against a sequential scan of the whole table (measured: 7.9 ms instead of
--- 3.5 ms for 500 rows of a 30 000-row backlog, and growing with the backlog).
+-- receivers all take every tenant and that have no tenant or key limits), stream by stream:
+-- * the streams: each partition's priority levels (%(levels)s of them), each read in fire_at order
+--   from its floor (%(floors)s, epoch seconds by partition * levels + level, NULL = none: the index
+--   range scan then starts after what is known fired, not at the dead entries of everything fired
+--   since the last vacuum), up to its cap (%(caps)s, by the same index; NULL: %(quota)s);
+-- * walked by the levels' counts, the lowest first (%(counts)s: each level's, by level; the
+--   manager's, from the levels' oldest events and their aging: queue_manager/manager/priority.py),
+--   then, behind a backlog (%(since)s: the previous pick's time, epoch seconds; NULL: none), the
+--   streams whose earliest due event is not older than it first (they had nothing due then: a quiet
+--   tenant's event waits for one pick, as fq_codel serves new flows before old ones; docs/design.md,
+--   "Fair dispatch between tenants"), then the level (%(ties)s: which of the levels that count the
+--   same goes first, rotating pick by pick), then round-robin from %(start)s; so aging never
+--   reorders the events of one level, and levels of one count take turns;
+-- * each stream's rows are locked as they are read (SKIP LOCKED: a row an application holds is
+--   passed over) and the walk stops at %(limit)s rows: nothing is sorted; they are fired by primary
+--   key. A paused queue picks and fires nothing.
+-- Behind a backlog each stream's head is probed first (for the order above); the last column (the
+-- same on every row) is each level's oldest due event probed (epoch seconds, NULL: none probed),
+-- from which, with the rows fired, the manager counts the levels of the next pick.
 WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
      walk AS MATERIALIZED (
-        SELECT w.p, w.low
-          FROM (SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i,
-                       coalesce(to_timestamp((%(floors)s::double precision[])[(%(start)s + g.i) %% %(partitions)s + 1]),
+        SELECT w.p, w.v, w.low, pr.first
+          FROM (SELECT (%(start)s + g.i) %% %(partitions)s AS p, g.i, lv.v,
+                       coalesce(to_timestamp((%(floors)s::double precision[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v]),
                                 '-infinity'::timestamptz) AS low
-                  FROM generate_series(0, %(partitions)s - 1) AS g(i)) w
-         ORDER BY coalesce((SELECT q.fire_at >= to_timestamp(%(since)s::double precision) FROM {queue} q
-                             WHERE %(since)s::double precision IS NOT NULL
-                               AND q.partition = w.p AND q.state = 'to_be_fired' AND q.fire_at <= now()
-                               AND q.fire_at >= w.low
-                             ORDER BY q.fire_at
-                             LIMIT 1), false) DESC,
-                  w.i),
+                  FROM generate_series(0, %(partitions)s - 1) AS g(i) CROSS JOIN generate_series(1, %(levels)s) AS lv(v)) w
+          LEFT JOIN LATERAL (
+                SELECT q.fire_at AS first FROM {queue} q
+                 WHERE %(since)s::double precision IS NOT NULL
+                   AND q.partition = w.p AND q.priority = w.v AND q.state = 'to_be_fired' AND q.fire_at <= now()
+                   AND q.fire_at >= w.low
+                 ORDER BY q.fire_at
+                 LIMIT 1) pr ON true
+         ORDER BY (%(counts)s::integer[])[w.v], coalesce(pr.first >= to_timestamp(%(since)s::double precision), false) DESC,
+                  (%(ties)s::integer[])[w.v], w.i),
      pick AS MATERIALIZED (
         SELECT e.id
           FROM f, walk w
          CROSS JOIN LATERAL (
                 SELECT q.id FROM {queue} q
-                 WHERE q.partition = w.p AND q.state = 'to_be_fired'
+                 WHERE q.partition = w.p AND q.priority = w.v AND q.state = 'to_be_fired'
                    AND q.fire_at <= now() AND q.fire_at >= w.low
                  ORDER BY q.fire_at
-                 LIMIT %(quota)s
+                 LIMIT coalesce((%(caps)s::integer[])[w.p * %(levels)s + w.v], %(quota)s)
                    FOR UPDATE SKIP LOCKED) e
          WHERE f.paused IS FALSE
          LIMIT %(limit)s)
@@ -156,42 +176,72 @@ UPDATE {queue} q
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM pick)) AND q.state::text = 'to_be_fired'
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
-          q.traceparent, q.tracestate, q.baggage
+          q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key,
+          (SELECT array_agg(extract(epoch FROM (SELECT min(w.first) FROM walk w WHERE w.v = lv.v))::double precision
+                            ORDER BY lv.v)
+             FROM generate_series(1, %(levels)s) AS lv(v))
 
 -- mgr_fire_due_fair --
--- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py): the same walk
--- over partitions from %(start)s and the floors, without locks, taking per partition at most
--- %(quota)s candidates among its first %(window)s due rows that are not of a tenant at its cap
--- (%(capped)s; the window bounds how far a pick looks past a capped tenant's backlog), at most
--- %(candidates)s in all. Each candidate gets its start tag: its tenant's offset ahead of the virtual
--- time (%(ahead)s, 0 when not listed) + (its rank by fire_at among its tenant's candidates - 1) /
+-- mgr_fire_due for a queue with tenant settings (queue_manager/manager/fairness.py) or key limits
+-- (queue_manager/manager/keys.py): the same streams (each partition's priority levels, %(levels)s of
+-- them, walked from %(start)s, each from its floor in %(floors)s), without locks, taking per stream at
+-- most %(quota)s candidates among its first %(window)s due rows that are not of a tenant at its cap
+-- (%(capped)s) nor of a concurrency key or a rate key at its limit (%(cblocked)s, %(rblocked)s:
+-- tenant || chr(31) || key); the window bounds how far a pick looks past the events held back
+-- (no head-of-line blocking within it); at most %(candidates)s in all. The levels go by their count
+-- (%(counts)s), levels of one count taking turns (%(ties)s), as in mgr_fire_due. Each candidate gets
+-- its start tag: its tenant's offset ahead of the virtual time (%(ahead)s, 0 when not listed) + (its
+-- rank among its tenant's candidates, by count, its turn in its level (fire_at order), ties - 1) /
 -- the tenant's weight (1 when not listed); a tenant takes at most its room (%(rooms)s, else
--- %(default_room)s, NULL = no cap). The %(limit)s smallest tags (ties in walk order) are locked
--- (SKIP LOCKED) and fired by primary key. The last column counts the candidates seen.
-WITH f AS (SELECT qm.fence(%(term)s) AS term),
+-- %(default_room)s, NULL = no cap), a concurrency key at most its room (%(crooms)s, else
+-- %(cdefault)s) and a rate key at most its room (%(rrooms)s, else %(rdefault)s). The %(limit)s first by
+-- level, then tag (ties in walk order) are locked (SKIP LOCKED) and fired by primary key. A paused
+-- queue picks and fires nothing. The last two columns count the candidates seen and give each level's
+-- oldest candidate (as mgr_fire_due's last column).
+WITH f AS (SELECT qm.fence(%(term)s) AS term, (SELECT paused FROM qm.queues WHERE id = %(queue_id)s) AS paused),
      seen AS MATERIALIZED (
-        SELECT e.id, e.tenant, e.fire_at, g.i AS turn
-          FROM generate_series(0, %(partitions)s - 1) AS g(i)
+        SELECT e.id, e.tenant, e.fire_at, e.ckey, e.rkey, g.i AS turn, lv.v
+          FROM f, generate_series(0, %(partitions)s - 1) AS g(i) CROSS JOIN generate_series(1, %(levels)s) AS lv(v)
          CROSS JOIN LATERAL (
-                SELECT s.id, s.tenant, s.fire_at
-                  FROM (SELECT q.id, q.tenant, q.fire_at FROM {queue} q
-                         WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.state = 'to_be_fired'
-                           AND q.fire_at <= now()
-                           AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[(%(start)s + g.i) %% %(partitions)s + 1]),
+                SELECT s.id, s.tenant, s.fire_at, s.ckey, s.rkey
+                  FROM (SELECT q.id, q.tenant, q.fire_at,
+                               q.tenant || chr(31) || q.concurrency_key AS ckey, q.tenant || chr(31) || q.rate_key AS rkey
+                          FROM {queue} q
+                         WHERE q.partition = (%(start)s + g.i) %% %(partitions)s AND q.priority = lv.v
+                           AND q.state = 'to_be_fired' AND q.fire_at <= now()
+                           AND q.fire_at >= coalesce(to_timestamp((%(floors)s::double precision[])[((%(start)s + g.i) %% %(partitions)s) * %(levels)s + lv.v]),
                                                      '-infinity'::timestamptz)
                          ORDER BY q.fire_at
                          LIMIT %(window)s) s
                  WHERE s.tenant <> ALL(%(capped)s::text[])
+                   AND (s.ckey IS NULL OR s.ckey <> ALL(%(cblocked)s::text[]))
+                   AND (s.rkey IS NULL OR s.rkey <> ALL(%(rblocked)s::text[]))
                  LIMIT %(quota)s) e
+         WHERE f.paused IS FALSE
          LIMIT %(candidates)s),
+     levels AS (
+        SELECT r.*, (%(counts)s::integer[])[r.v] AS lr, (%(ties)s::integer[])[r.v] AS tie,
+               row_number() OVER (PARTITION BY r.tenant, r.v ORDER BY r.fire_at, r.id) AS lt
+          FROM seen r),
+     ranked AS (
+        SELECT r.*,
+               row_number() OVER (PARTITION BY r.tenant ORDER BY r.lr, r.lt, r.tie) AS j,
+               CASE WHEN r.ckey IS NULL THEN 1
+                    ELSE row_number() OVER (PARTITION BY r.ckey ORDER BY r.lr, r.lt, r.tie) END AS cj,
+               CASE WHEN r.rkey IS NULL THEN 1
+                    ELSE row_number() OVER (PARTITION BY r.rkey ORDER BY r.lr, r.lt, r.tie) END AS rj
+          FROM levels r),
      tagged AS (
-        SELECT r.id, r.turn, r.fire_at, coalesce(t.ahead, 0) + (r.j - 1) / coalesce(t.weight, 1) AS tag
-          FROM (SELECT id, tenant, fire_at, turn, row_number() OVER (PARTITION BY tenant ORDER BY fire_at, id) AS j
-                  FROM seen) r
+        SELECT r.id, r.turn, r.fire_at, r.lr, coalesce(t.ahead, 0) + (r.j - 1) / coalesce(t.weight, 1) AS tag
+          FROM ranked r
           LEFT JOIN unnest(%(tenants)s::text[], %(ahead)s::double precision[], %(weights)s::double precision[],
                            %(rooms)s::integer[]) AS t(tenant, ahead, weight, room) ON t.tenant = r.tenant
-         WHERE r.j <= coalesce(t.room, %(default_room)s::integer, 2147483647)),
-     chosen AS MATERIALIZED (SELECT id FROM tagged ORDER BY tag, turn, fire_at LIMIT %(limit)s),
+          LEFT JOIN unnest(%(ckeys)s::text[], %(crooms)s::integer[]) AS ck(key, room) ON ck.key = r.ckey
+          LEFT JOIN unnest(%(rkeys)s::text[], %(rrooms)s::integer[]) AS rk(key, room) ON rk.key = r.rkey
+         WHERE r.j <= coalesce(t.room, %(default_room)s::integer, 2147483647)
+           AND (r.ckey IS NULL OR r.cj <= coalesce(ck.room, %(cdefault)s::integer, 2147483647))
+           AND (r.rkey IS NULL OR r.rj <= coalesce(rk.room, %(rdefault)s::integer, 2147483647))),
+     chosen AS MATERIALIZED (SELECT id FROM tagged ORDER BY lr, tag, turn, fire_at LIMIT %(limit)s),
      locked AS MATERIALIZED (
         SELECT q.id FROM {queue} q
          WHERE q.id = ANY(ARRAY(SELECT id FROM chosen)) AND q.state::text = 'to_be_fired'
@@ -202,7 +252,11 @@ UPDATE {queue} q
   FROM f
  WHERE q.id = ANY(ARRAY(SELECT id FROM locked)) AND q.state::text = 'to_be_fired' AND q.fire_at <= now()
 RETURNING q.id, q.tenant, q.partition, q.attempts, extract(epoch FROM q.fire_at)::double precision, q.payload::text,
-          q.traceparent, q.tracestate, q.baggage, (SELECT count(*) FROM seen)::integer
+          q.traceparent, q.tracestate, q.baggage, q.priority, q.concurrency_key, q.rate_key,
+          (SELECT count(*) FROM seen)::integer,
+          (SELECT array_agg(extract(epoch FROM (SELECT min(s.fire_at) FROM seen s WHERE s.v = lv.v))::double precision
+                            ORDER BY lv.v)
+             FROM generate_series(1, %(levels)s) AS lv(v))
 
 -- mgr_trace_contexts --
 -- The traceparents of some events (a sampled ack or nack batch's span links to them).
@@ -260,6 +314,14 @@ SELECT coalesce(array_agg(id), ARRAY[]::bigint[]), coalesce(array_agg(id) FILTER
 SELECT q.id
   FROM {queue} q, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
  WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = a.id AND q.attempts = a.attempt AND q.state::text = 'fired'
+
+-- mgr_fired_keys --
+-- The fired events that have a concurrency key, by the fired index (as many as are in flight): a
+-- new session counts those it does not hold for their keys before its first pick, so that a
+-- failover never admits more of a key than its limit (queue_manager/manager/keys.py).
+SELECT q.id, q.attempts, q.tenant, q.concurrency_key
+  FROM {queue} q
+ WHERE q.state = 'fired' AND q.concurrency_key IS NOT NULL
 
 -- mgr_settled --
 -- Events an application settled by SQL (acked, dead-lettered or deleted while fired): count them

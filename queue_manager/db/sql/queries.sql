@@ -3,17 +3,26 @@
 
 -- enqueue --
 -- One event in the caller's transaction; the database picks the partition. No row back = dedup hit.
--- The trace context (W3C) is NULL when the producer has none (queue_manager.tracing).
-INSERT INTO {queue} (tenant, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
+-- The trace context (W3C) is NULL when the producer has none (queue_manager.tracing), as are the
+-- keys; the priority is the column's default, the queue's default_priority (enqueue_priority names it).
+INSERT INTO {queue} (tenant, payload, fire_at, dedup_key, traceparent, tracestate, baggage, concurrency_key, rate_key)
 VALUES (%(tenant)s, %(payload)s, coalesce(%(fire_at)s, clock_timestamp()), %(dedup_key)s,
-        %(traceparent)s, %(tracestate)s, %(baggage)s)
+        %(traceparent)s, %(tracestate)s, %(baggage)s, %(concurrency_key)s, %(rate_key)s)
+RETURNING id
+
+-- enqueue_priority --
+-- enqueue with the event's own priority.
+INSERT INTO {queue} (tenant, payload, fire_at, dedup_key, traceparent, tracestate, baggage, concurrency_key, rate_key,
+                     priority)
+VALUES (%(tenant)s, %(payload)s, coalesce(%(fire_at)s, clock_timestamp()), %(dedup_key)s,
+        %(traceparent)s, %(tracestate)s, %(baggage)s, %(concurrency_key)s, %(rate_key)s, %(priority)s)
 RETURNING id
 
 -- queue_routing_info --
 -- What a bulk loader needs to place events itself: N, k, the shard's range, current loads (one per
 -- physical partition, so at least N), and the time for events without fire_at (the column default's).
 SELECT q.partitions, q.shuffle, q.payload_limit_bytes, s.name AS shard_name, s.range_start, s.range_end,
-       qm.partition_loads(q.name) AS loads, clock_timestamp() AS now
+       qm.partition_loads(q.name) AS loads, clock_timestamp() AS now, q.default_priority
   FROM qm.queues q
   LEFT JOIN qm.shard s ON true
  WHERE q.name = %(queue)s
@@ -25,12 +34,14 @@ SELECT qm.add_load(%(queue)s, %(partitions)s, %(counts)s)
 -- Session-private staging table for bulk loads that need ON CONFLICT (dedup keys).
 CREATE TEMP TABLE IF NOT EXISTS qm_staging (
     tenant text, partition smallint, payload jsonb, fire_at timestamptz, dedup_key text,
-    traceparent text, tracestate text, baggage text
+    traceparent text, tracestate text, baggage text, priority smallint, concurrency_key text, rate_key text
 ) ON COMMIT DELETE ROWS
 
 -- insert_from_staging --
-INSERT INTO {queue} (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
-SELECT tenant, partition, payload, coalesce(fire_at, clock_timestamp()), dedup_key, traceparent, tracestate, baggage
+INSERT INTO {queue} (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage, priority,
+                     concurrency_key, rate_key)
+SELECT tenant, partition, payload, coalesce(fire_at, clock_timestamp()), dedup_key, traceparent, tracestate, baggage,
+       coalesce(priority, %(default_priority)s), concurrency_key, rate_key
   FROM qm_staging
 ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 
@@ -54,7 +65,7 @@ SELECT qm.finish_resize(%(queue)s) AS remaining
 SELECT name, partitions, partitions_physical, shuffle, window_seconds, cache_size, ack_timeout_seconds,
        backoff_min_seconds, backoff_max_seconds, max_attempts, max_qps, max_concurrency, retention_seconds,
        payload_limit_bytes, max_delay_seconds, paused, created_at, updated_at, failed_retention_seconds,
-       tenant_max_in_flight
+       tenant_max_in_flight, default_priority, priority_aging_seconds, key_max_in_flight, key_max_qps
   FROM qm.queues
  ORDER BY name
 
@@ -73,6 +84,21 @@ SELECT q.name AS queue, t.tenant, t.weight, t.max_in_flight, q.tenant_max_in_fli
  WHERE %(queue)s::text IS NULL OR q.name = %(queue)s::text
  ORDER BY q.name, t.tenant
 
+-- set_key --
+SELECT * FROM qm.set_key(%(queue)s, %(tenant)s, %(key)s, %(settings)s)
+
+-- unset_key --
+SELECT qm.unset_key(%(queue)s, %(tenant)s, %(key)s) AS removed
+
+-- list_keys --
+-- The keys' own limits of one queue (or of every queue when %(queue)s is NULL) on this shard.
+SELECT q.name AS queue, k.tenant, k.key, k.max_in_flight, k.max_qps,
+       q.key_max_in_flight AS queue_default_max_in_flight, q.key_max_qps AS queue_default_max_qps, k.updated_at
+  FROM qm.key_settings k
+  JOIN qm.queues q ON q.id = k.queue_id
+ WHERE %(queue)s::text IS NULL OR q.name = %(queue)s::text
+ ORDER BY q.name, k.tenant, k.key
+
 -- shard_identity --
 SELECT name, range_start, range_end FROM qm.shard
 
@@ -88,6 +114,25 @@ SELECT extract(epoch FROM now() - min(fire_at))::double precision AS oldest_due_
        count(*) AS due_now
   FROM {queue}
  WHERE state = 'to_be_fired' AND fire_at <= now()
+
+-- queue_keys_in_hand --
+-- The concurrency keys with the most events in hand (fired, through the fired index, at most
+-- %(cap)s of them read), each with its limit (its own max_in_flight, else the queue's
+-- key_max_in_flight), and how many keys are held at their limit (the same on every row).
+WITH q AS (SELECT id, key_max_in_flight FROM qm.queues WHERE name = %(queue)s),
+     held AS (
+        SELECT f.tenant, f.concurrency_key AS key, count(*) AS in_hand
+          FROM (SELECT tenant, concurrency_key FROM {queue}
+                 WHERE state = 'fired' AND concurrency_key IS NOT NULL LIMIT %(cap)s) f
+         GROUP BY 1, 2),
+     lim AS (
+        SELECT h.tenant, h.key, h.in_hand, coalesce(k.max_in_flight, q.key_max_in_flight) AS max_in_flight
+          FROM held h CROSS JOIN q
+          LEFT JOIN qm.key_settings k ON k.queue_id = q.id AND k.tenant = h.tenant AND k.key = h.key)
+SELECT tenant, key, in_hand, max_in_flight, (SELECT count(*) FROM lim WHERE in_hand >= max_in_flight) AS at_limit
+  FROM lim
+ ORDER BY in_hand DESC, tenant, key
+ LIMIT %(top)s
 
 -- xmin_horizon --
 -- What holds back vacuum in this database: the oldest of the sessions' transactions and snapshots,

@@ -20,20 +20,22 @@ SELECT s.id, s.name, q.name AS queue, q.window_seconds, s.tenant, s.payload::tex
    FOR UPDATE OF s SKIP LOCKED
 
 -- schedules_placement --
--- What placing a queue's slot events needs: N, k, and the producers' load of each partition
--- (qm.partition_loads, from sequences: no scan).
-SELECT q.partitions, q.shuffle, qm.partition_loads(q.name) AS loads FROM qm.queues q WHERE q.name = %(queue)s
+-- What placing a queue's slot events needs: N, k, the producers' load of each partition
+-- (qm.partition_loads, from sequences: no scan), and the priority of a schedule that gives none.
+SELECT q.partitions, q.shuffle, qm.partition_loads(q.name) AS loads, q.default_priority
+  FROM qm.queues q WHERE q.name = %(queue)s
 
 -- schedules_insert --
 -- The slots' events, placed by the leader in the least-loaded partition of their tenant's shuffle
 -- set (as a bulk load does: the queue's qm_verify trigger checks every rule of the rows), with
 -- ON CONFLICT on the dedup index: a (tenant, dedup key) that exists already makes its row do
 -- nothing, so no slot is enqueued twice. No routing trigger and no advisory lock per row (a routed
--- insert takes one to its commit): a slot costs an index insert and the statement's checks.
-INSERT INTO {queue} (tenant, partition, payload, fire_at, dedup_key)
-SELECT u.tenant, u.partition, u.payload::jsonb, u.fire_at, u.dedup_key
+-- insert takes one to its commit): a slot costs an index insert and the statement's checks. Each
+-- event has its schedule's priority, or the queue's default_priority when the schedule gives none.
+INSERT INTO {queue} (tenant, partition, payload, fire_at, dedup_key, priority)
+SELECT u.tenant, u.partition, u.payload::jsonb, u.fire_at, u.dedup_key, coalesce(u.priority, %(default_priority)s)
   FROM unnest(%(tenants)s::text[], %(partitions)s::smallint[], %(payloads)s::text[], %(fire_ats)s::timestamptz[],
-              %(keys)s::text[]) AS u(tenant, partition, payload, fire_at, dedup_key)
+              %(keys)s::text[], %(priorities)s::smallint[]) AS u(tenant, partition, payload, fire_at, dedup_key, priority)
     ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 RETURNING id, dedup_key, partition
 

@@ -31,7 +31,8 @@ SELECT state, stage_table FROM qm.stage_run(%(run)s, %(queue)s)
 -- copy_stage --
 -- The rows of a run's stage table, from the CSV files Spark wrote (spark_jobs.enqueue._copy_stage),
 -- its columns in the order of spark_jobs.enqueue.STAGE_COLUMNS.
-COPY {stage} (row_key, tenant, partition, payload, fire_at_us, dedup_key, reason, traceparent, tracestate, baggage)
+COPY {stage} (row_key, tenant, partition, payload, fire_at_us, dedup_key, reason, traceparent, tracestate, baggage,
+              priority, concurrency_key, rate_key)
     FROM STDIN (FORMAT csv)
 
 -- staged_run --

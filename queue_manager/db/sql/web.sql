@@ -36,7 +36,7 @@ SELECT count(*) AS scanned, min(id) AS floor
 -- web_event --
 -- One event, whole.
 SELECT id, tenant, partition, fire_at, state::text AS state, attempts, dedup_key, created_at, fired_at, acked_at,
-       ack_deadline, fired_term, last_error, jsonb_pretty(payload) AS payload
+       ack_deadline, fired_term, last_error, priority, concurrency_key, rate_key, jsonb_pretty(payload) AS payload
   FROM {queue}
  WHERE id = %(id)s
 
@@ -96,15 +96,18 @@ SELECT q.name, q.partitions, q.partitions_physical, q.paused, q.max_qps, q.max_c
 -- web_live_queue --
 -- The bounded reads of one queue's overview row, each through a partial index: events in hand
 -- (<queue>_fired) and dead letters (<queue>_failed), each counted up to %(cap)s; per partition,
--- the first due event (the first entry of <queue>_due) and the due events counted up to
+-- the first due event (the first entry of each priority level of <queue>_due) and the due events counted up to
 -- %(due_cap)s; and the pickup delay (fire_at to the last fire) of the newest acked events, at most
 -- %(recent)s per partition and acked within the last %(recent_seconds)s seconds (<queue>_acked).
 WITH parts AS (
     SELECT p.part, first.fire_at AS first_fire_at, due.n AS due
       FROM generate_series(0, %(parts)s - 1) AS p(part)
-      LEFT JOIN LATERAL (SELECT e.fire_at FROM {queue} e
-                          WHERE e.state = 'to_be_fired' AND e.partition = p.part
-                          ORDER BY e.fire_at LIMIT 1) first ON true
+      LEFT JOIN LATERAL (SELECT min(l.fire_at) AS fire_at
+                           FROM generate_series(1, 5) AS lv(v)
+                          CROSS JOIN LATERAL (SELECT e.fire_at FROM {queue} e
+                                               WHERE e.state = 'to_be_fired' AND e.partition = p.part
+                                                 AND e.priority = lv.v
+                                               ORDER BY e.fire_at LIMIT 1) l) first ON true
      CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM {queue} e
                           WHERE e.state = 'to_be_fired' AND e.partition = p.part AND e.fire_at <= now()
                           LIMIT %(due_cap)s) x) due

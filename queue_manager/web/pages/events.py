@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from queue_manager import admin
 from queue_manager.domain.names import check_queue_name
+from queue_manager.domain.settings import PRIORITY_LEVELS
 from queue_manager.web import reads
 from queue_manager.web.auth import Refused, require, route
 from queue_manager.web.context import Web
@@ -30,7 +31,7 @@ from queue_manager.web.filters import (
 )
 
 #: the fields of a bulk form that are not the event filter
-BULK_FIELDS = frozenset({"csrf", "sel", "do", "bound", "new_fire_at"})
+BULK_FIELDS = frozenset({"csrf", "sel", "do", "bound", "new_fire_at", "new_priority"})
 Selection = dict[str, list[int]]
 
 
@@ -70,11 +71,22 @@ def _selection(web: Web, form: FormData) -> Selection | None:
     return out
 
 
+def _new_priority(form: FormData) -> int | None:
+    """A reschedule's new priority (None: kept)."""
+    raw = str(form.get("new_priority") or "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= PRIORITY_LEVELS:
+        raise Refused(400, f"reschedule: the new priority must be 1 (highest) to {PRIORITY_LEVELS}, got {raw[:20]!r}")
+    return int(raw)
+
+
 def _bulk_request(
     web: Web, form: FormData, confirming: bool = False
 ) -> tuple[admin.EventAction, EventFilter, Selection | None, datetime | None]:
     """The action, the filter (none for a selection), the selection (none when confirming: the
-    confirmation's bound events are the selection then) and the new fire_at of a bulk form."""
+    confirmation's bound events are the selection then) and the new fire_at of a bulk form (its
+    new priority: :func:`_new_priority`)."""
     do = str(form.get("do") or "")
     name, _, scope = do.partition("/")
     action = admin.ACTIONS.get(name)
@@ -83,9 +95,11 @@ def _bulk_request(
     fire_at = None
     if action.name == "reschedule":
         raw = str(form.get("new_fire_at") or "").strip()
-        if not raw:
-            raise Refused(400, "reschedule: give the new fire_at (ISO 8601, e.g. 2026-11-28T09:00:00Z)")
-        fire_at = parse_time("new fire_at", raw)
+        if not raw and _new_priority(form) is None:
+            raise Refused(
+                400, "reschedule: give the new fire_at (ISO 8601, e.g. 2026-11-28T09:00:00Z) and/or the new priority"
+            )
+        fire_at = parse_time("new fire_at", raw) if raw else None
     if scope == "all":
         fields = {k: str(v) for k, v in form.items() if k not in BULK_FIELDS}
         return action, parse_filter(fields, web.shard_names), None, fire_at
@@ -100,10 +114,19 @@ async def bulk_preview(web: Web, request: Request) -> Response:
     user, form = await require(web, request, action=True)
     queue = check_queue_name(request.path_params["queue"])
     action, flt, selection, fire_at = _bulk_request(web, form)
+    priority = _new_priority(form) if action.name == "reschedule" else None
     limits = web.limits
     binding = await run_in_threadpool(
         lambda: admin.bind(
-            web.db, queue, action, flt, selection, cap=limits.bulk_cap, count_cap=limits.bulk_count_cap, fire_at=fire_at
+            web.db,
+            queue,
+            action,
+            flt,
+            selection,
+            cap=limits.bulk_cap,
+            count_cap=limits.bulk_count_cap,
+            fire_at=fire_at,
+            priority=priority,
         )
     )
     return web.page(
@@ -114,6 +137,7 @@ async def bulk_preview(web: Web, request: Request) -> Response:
         action=action,
         do=str(form.get("do")),
         new_fire_at=fire_at.isoformat() if fire_at else "",
+        new_priority=priority,
         binding=binding,
         bound=format_ids(binding.ids),
         fields=flt.query(),
@@ -127,6 +151,7 @@ async def bulk_run(web: Web, request: Request) -> Response:
     user, form = await require(web, request, action=True)
     queue = check_queue_name(request.path_params["queue"])
     action, flt, _, fire_at = _bulk_request(web, form, confirming=True)
+    priority = _new_priority(form) if action.name == "reschedule" else None
     raw = str(form.get("bound") or "")
     if not raw:
         raise Refused(400, "confirm the events shown on the confirmation page first")
@@ -144,6 +169,7 @@ async def bulk_run(web: Web, request: Request) -> Response:
             via="web",
             description=what,
             fire_at=fire_at,
+            priority=priority,
             slice_size=web.limits.bulk_slice,
         )
     )

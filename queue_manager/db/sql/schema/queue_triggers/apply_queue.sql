@@ -15,7 +15,9 @@
 --   qm.apply_queue_triggers  the triggers on the queue table
 --   qm.apply_reshard_triggers  the triggers of a reshard (qm_moved, the change capture), per the
 --                            shard's serving and capturing state
--- The rules both generated functions check are qm.rule_fresh, qm.rule_valid and qm.rule_member.
+--   qm.apply_queue_default   the priority column's default: the queue's default_priority
+-- The rules both generated functions check are qm.rule_fresh, qm.rule_valid (with qm.rule_trace and
+-- qm.rule_keys) and qm.rule_member.
 -- Why not CHECK constraints: PostgreSQL parses and plans every CHECK expression again, from its
 -- stored text, for each INSERT statement. For the shuffle-set, range and payload checks that cost
 -- about 27 us per single-row INSERT; the statement trigger's plan is cached for the session.
@@ -34,5 +36,6 @@ BEGIN
     EXECUTE qm.verify_source(q, s);
     PERFORM qm.apply_queue_triggers(q);
     PERFORM qm.apply_reshard_triggers(q, s);
+    PERFORM qm.apply_queue_default(q);
 END
 $$;

@@ -7,7 +7,7 @@
 --   qm_settled, qm_settled_delete
 --                       AFTER UPDATE OF state / AFTER DELETE of an event in hand by anyone but the
 --                       manager: qm.notify_settled()
---   qm_rescheduled      AFTER UPDATE OF state, fire_at that makes an event due, by anyone but the
+--   qm_rescheduled      AFTER UPDATE OF state, fire_at, priority of an event to be fired, by anyone but the
 --                       manager: qm.notify_rescheduled()
 CREATE OR REPLACE FUNCTION qm.apply_queue_triggers(q qm.queues) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -42,9 +42,10 @@ BEGIN
                    'EXECUTE FUNCTION qm.notify_settled()', t);
 
     -- An event an application makes due again or reschedules (qm events retry, an UPDATE of
-    -- fire_at) is announced like an insert: the manager's picks start after what it has fired.
+    -- fire_at or priority) is announced like an insert: the manager's picks start after what it has
+    -- fired, in each level; an event moved to another level may lie below that level's floor.
     EXECUTE format('DROP TRIGGER IF EXISTS qm_rescheduled ON %s', t);
-    EXECUTE format('CREATE TRIGGER qm_rescheduled AFTER UPDATE OF state, fire_at ON %s FOR EACH ROW '
+    EXECUTE format('CREATE TRIGGER qm_rescheduled AFTER UPDATE OF state, fire_at, priority ON %s FOR EACH ROW '
                    'WHEN (NEW.state = ''to_be_fired'' AND current_setting(''qm.role'', true) IS DISTINCT FROM ''manager'') '
                    'EXECUTE FUNCTION qm.notify_rescheduled()', t);
 

@@ -1,7 +1,7 @@
 -- The CREATE FUNCTION statement of qm.q<id>_route(), the function of a queue's qm_route trigger
 -- (BEFORE INSERT FOR EACH ROW, WHEN NEW.partition IS NULL; see qm.apply_queue). For one row:
---   1. the rules (qm.rule_valid) on NEW; a row that breaks one goes to qm.refuse_trace, then to
---      qm.refuse_event, which raise the precise error. A row with a dedup key takes the dedup lock, and a committed twin
+--   1. the rules (qm.rule_valid) on NEW; a row that breaks one goes to qm.refuse_trace and
+--      qm.refuse_keys, then to qm.refuse_event, which raise the precise error. A row with a dedup key takes the dedup lock, and a committed twin
 --      (same tenant and key) makes the insert do nothing;
 --   2. the partition: the least-loaded of the tenant's shuffle set (qm.route_picks);
 --   3. the partition's enqueue counter, one nextval (no lock: the load is approximate by design,
@@ -32,6 +32,7 @@ BEGIN
     IF (%2$s AND NEW.dedup_key IS NULL) IS NOT TRUE THEN
         IF (%2$s) IS NOT TRUE THEN
             PERFORM qm.refuse_trace(%9$L, NEW.traceparent, NEW.tracestate, NEW.baggage);
+            PERFORM qm.refuse_keys(%9$L, NEW.priority, NEW.concurrency_key, NEW.rate_key);
             PERFORM qm.refuse_event(%3$s, NEW.tenant, NULL, NEW.fire_at, (%4$s), pg_column_size(NEW.payload), true);
         END IF;
         -- a dedup key: serialise producers of the same key; READ COMMITTED then sees a committed twin

@@ -1,7 +1,8 @@
 -- The CREATE FUNCTION statement of qm.q<id>_verify(), the function of a queue's qm_verify trigger
 -- (AFTER INSERT FOR EACH STATEMENT, the statement's rows as transition table qm_new; see
 -- qm.apply_queue). It checks every row in one pass (qm.rule_valid and qm.rule_member; a row that
--- breaks one goes to qm.refuse_trace, then to qm.refuse_event, which raise the precise error), then wakes the manager if
+-- breaks one goes to qm.refuse_trace and qm.refuse_keys, then to qm.refuse_event, which raise the
+-- precise error), then wakes the manager if
 -- it is waiting. A waiting manager holds its queue's wake-up lock exclusively; producers try the
 -- shared form. If the try fails, the manager waits and must be told; if it succeeds, the manager
 -- takes the exclusive lock only after this transaction ends, and its next scan sees these rows. So
@@ -22,9 +23,10 @@ BEGIN
     PERFORM FROM qm_new r WHERE (%1$s) IS NOT TRUE LIMIT 1;
     IF FOUND THEN
         SELECT r.tenant, r.partition, r.fire_at, (%2$s) AS fresh, pg_column_size(r.payload) AS payload_bytes,
-               r.traceparent, r.tracestate, r.baggage
+               r.traceparent, r.tracestate, r.baggage, r.priority, r.concurrency_key, r.rate_key
           INTO bad FROM qm_new r WHERE (%1$s) IS NOT TRUE LIMIT 1;
         PERFORM qm.refuse_trace(%4$L, bad.traceparent, bad.tracestate, bad.baggage);
+        PERFORM qm.refuse_keys(%4$L, bad.priority, bad.concurrency_key, bad.rate_key);
         PERFORM qm.refuse_event(%3$s, bad.tenant, bad.partition, bad.fire_at, bad.fresh, bad.payload_bytes, false);
     END IF;
     -- Wake a waiting manager (the shared try fails while it holds the lock, or waits for it). Rows

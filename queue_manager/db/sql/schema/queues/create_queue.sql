@@ -51,12 +51,21 @@ BEGIN
             -- Checked on insert by the queue's triggers with the other rules (qm.rule_trace)
             traceparent  text,
             tracestate   text,
-            baggage      text
+            baggage      text,
+            -- 1 (highest) to 5; the default is the queue's default_priority (qm.apply_queue_default)
+            priority     smallint NOT NULL DEFAULT 3,
+            -- the tenant's key whose events fired and unsettled at once key_max_in_flight bounds; NULL: none
+            concurrency_key text,
+            -- the tenant's key whose fires per second key_max_qps bounds; NULL: none
+            rate_key     text
         )$ddl$, t);
     EXECUTE format('COMMENT ON TABLE %s IS %L', t,
-                   'qm queue; INSERT INTO ' || queue_name || ' (tenant, payload[, fire_at, dedup_key, traceparent, tracestate, baggage])');
-    -- due events of a partition in fire order (window scans, per-partition round robin)
-    EXECUTE format('CREATE INDEX %I ON %s (partition, fire_at) WHERE state = ''to_be_fired''', queue_name || '_due', t);
+                   'qm queue; INSERT INTO ' || queue_name || ' (tenant, payload[, fire_at, dedup_key, traceparent, '
+                   || 'tracestate, baggage, priority, concurrency_key, rate_key])');
+    -- due events of a partition, each priority level in fire order (window scans, the picks: per
+    -- partition and level, from the level's floor, up to the quota)
+    EXECUTE format('CREATE INDEX %I ON %s (partition, priority, fire_at) WHERE state = ''to_be_fired''',
+                   queue_name || '_due', t);
     -- fired events by ack deadline (re-fire, old-event collector)
     EXECUTE format('CREATE INDEX %I ON %s (ack_deadline) WHERE state = ''fired''', queue_name || '_fired', t);
     -- acked and failed events of a partition, oldest first (retention slices)

@@ -75,7 +75,8 @@ BEGIN
              payload = excluded.payload, dedup_key = excluded.dedup_key, created_at = excluded.created_at,
              fired_at = excluded.fired_at, acked_at = excluded.acked_at, ack_deadline = excluded.ack_deadline,
              fired_term = excluded.fired_term, last_error = excluded.last_error,
-             traceparent = excluded.traceparent, tracestate = excluded.tracestate, baggage = excluded.baggage', t)
+             traceparent = excluded.traceparent, tracestate = excluded.tracestate, baggage = excluded.baggage,
+             priority = excluded.priority, concurrency_key = excluded.concurrency_key, rate_key = excluded.rate_key', t)
       USING coalesce(upserts, '[]'), queue_name, me, origin;
     GET DIAGNOSTICS m = ROW_COUNT;
     RETURN n + m;

@@ -26,6 +26,14 @@ BEGIN
         paused              = coalesce((settings->>'paused')::boolean, paused),
         tenant_max_in_flight = CASE WHEN settings ? 'tenant_max_in_flight'
                                     THEN (settings->>'tenant_max_in_flight')::integer ELSE tenant_max_in_flight END,
+        default_priority    = coalesce((settings->>'default_priority')::smallint, default_priority),
+        priority_aging_seconds = CASE WHEN settings ? 'priority_aging_seconds'
+                                      THEN (settings->>'priority_aging_seconds')::double precision
+                                      ELSE priority_aging_seconds END,
+        key_max_in_flight   = CASE WHEN settings ? 'key_max_in_flight'
+                                   THEN (settings->>'key_max_in_flight')::integer ELSE key_max_in_flight END,
+        key_max_qps         = CASE WHEN settings ? 'key_max_qps'
+                                   THEN (settings->>'key_max_qps')::double precision ELSE key_max_qps END,
         updated_at          = now()
     WHERE id = queue_id;
 END

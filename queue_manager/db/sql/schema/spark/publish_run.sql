@@ -20,6 +20,9 @@ DECLARE
     -- the trace context columns of the stage table; NULLs for one created before they existed
     -- (staged before revision 0006_trace_context, published after)
     trace_cols text;
+    -- the priority and keys; the queue's default priority and no keys for a stage table created
+    -- before they existed (staged before revision 0009_priorities_keys, published after)
+    key_cols text;
 BEGIN
     SELECT * INTO r FROM qm.spark_runs s WHERE s.run_id = run AND s.queue = queue_name FOR UPDATE;
     IF FOUND AND r.state = 'published' THEN
@@ -47,22 +50,29 @@ BEGIN
                                      WHERE a.attrelid = format('qm.%I', r.stage_table)::regclass
                                        AND a.attname = 'traceparent' AND NOT a.attisdropped)
                        THEN 's.traceparent, s.tracestate, s.baggage' ELSE 'NULL, NULL, NULL' END;
+    key_cols := format(CASE WHEN EXISTS (SELECT FROM pg_attribute a
+                                          WHERE a.attrelid = format('qm.%I', r.stage_table)::regclass
+                                            AND a.attname = 'priority' AND NOT a.attisdropped)
+                            THEN 'coalesce(s.priority, %s), s.concurrency_key, s.rate_key' ELSE '%s, NULL, NULL' END,
+                       (SELECT default_priority FROM qm.queues WHERE name = queue_name));
     -- Rows without a dedup key go in by a plain INSERT, the others with ON CONFLICT: an INSERT with
     -- ON CONFLICT inserts every row speculatively (one more WAL record per row, a quarter more
     -- work), even a row its arbiter index leaves out. Two data-modifying CTEs of one statement: the
     -- verify trigger still runs once, over both (one transition table, one wake-up).
     EXECUTE format($q$
         WITH plain AS (
-            INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
+            INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage,
+                                          priority, concurrency_key, rate_key)
             SELECT s.tenant, s.partition, s.payload::jsonb,
-                   coalesce(timestamptz 'epoch' + s.fire_at_us * interval '1 microsecond', $1), NULL, %2$s
+                   coalesce(timestamptz 'epoch' + s.fire_at_us * interval '1 microsecond', $1), NULL, %2$s, %4$s
               FROM %3$s s
              WHERE s.reason IS NULL AND s.dedup_key IS NULL
             RETURNING t.partition, t.fire_at),
         keyed AS (
-            INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage)
+            INSERT INTO public.%1$I AS t (tenant, partition, payload, fire_at, dedup_key, traceparent, tracestate, baggage,
+                                          priority, concurrency_key, rate_key)
             SELECT s.tenant, s.partition, s.payload::jsonb,
-                   coalesce(timestamptz 'epoch' + s.fire_at_us * interval '1 microsecond', $1), s.dedup_key, %2$s
+                   coalesce(timestamptz 'epoch' + s.fire_at_us * interval '1 microsecond', $1), s.dedup_key, %2$s, %4$s
               FROM %3$s s
              WHERE s.reason IS NULL AND s.dedup_key IS NOT NULL
             ON CONFLICT (tenant, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
@@ -71,7 +81,7 @@ BEGIN
         SELECT coalesce(sum(g.c), 0), array_agg(g.partition ORDER BY g.partition), array_agg(g.c ORDER BY g.partition),
                min(g.earliest)
           FROM (SELECT i.partition, count(*)::integer AS c, min(i.fire_at) AS earliest FROM ins i GROUP BY i.partition) g
-        $q$, queue_name, trace_cols, source)
+        $q$, queue_name, trace_cols, source, key_cols)
       INTO n, parts, counts, earliest USING clock_timestamp();
     IF n > 0 THEN
         PERFORM qm.add_load(queue_name, parts, counts);

@@ -32,7 +32,11 @@ BEGIN
         -- the row's W3C trace context (NULL: none)
         traceparent text,
         tracestate  text,
-        baggage     text
+        baggage     text,
+        -- the row's priority (NULL: the queue's default_priority) and keys (NULL: none)
+        priority    smallint,
+        concurrency_key text,
+        rate_key    text
     ) WITH (autovacuum_enabled = off)$ddl$, t);
     EXECUTE format('COMMENT ON TABLE qm.%I IS %L', t, format('staging of Spark run %s into queue %s', run, queue_name));
     UPDATE qm.spark_runs
