@@ -81,6 +81,10 @@ logger = logging.getLogger("receivers")
 #: seconds a manager that does not lead holds a ``/health/leader`` probe (it answers 200 the moment
 #: it takes over): the receivers hear of a new leader at once, at one request per manager per HOLD
 HOLD = 5.0
+#: seconds before a manager that answered a probe at once (it does not lead, or cannot be reached)
+#: is asked again while another manager holds its probe; doubled each time up to REPROBE_MAX
+REPROBE_FIRST = 0.1
+REPROBE_MAX = 0.4
 
 #: a handler: ``async def handler(event) -> None`` or ``def handler(event) -> None``
 Handler = Callable[["Event"], Awaitable[None]] | Callable[["Event"], None]
@@ -334,10 +338,12 @@ class _Link:
         together). Returns its URL (None: none leads), and whether a manager held a probe: then
         it is alive and will answer the moment it leads, so the next round needs no back-off."""
         loop = asyncio.get_running_loop()
-        probes = {
-            asyncio.ensure_future(probe_leader(u, self.r.probe_timeout, HOLD)): (i, loop.time())
-            for i, u in enumerate(self.urls)
-        }
+
+        async def probe(url: str, after: float) -> tuple[int, int | None] | None:
+            await asyncio.sleep(after)
+            return await probe_leader(url, self.r.probe_timeout, HOLD)
+
+        probes = {asyncio.ensure_future(probe(u, 0.0)): (i, loop.time(), 0) for i, u in enumerate(self.urls)}
         answers: list[int | None] = [None] * len(self.urls)
         held = False
         pending = set(probes)
@@ -346,12 +352,21 @@ class _Link:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 leaders = []
                 for t in done:
-                    i, started = probes[t]
+                    i, started, again = probes[t]
                     a = t.result()
                     answers[i] = None if a is None else a[0]
-                    held = held or loop.time() - started >= HOLD / 2
+                    held_this = loop.time() - started >= HOLD / 2
+                    held = held or held_this
                     if a is not None and a[0] == 200:
                         leaders.append((a[1] or 0, i))
+                    elif not held_this and pending:
+                        # a manager that answered at once (unreachable: restarting, say) while
+                        # another holds its probe is asked again, soon, until that one answers: a
+                        # restarted manager that takes over is found within REPROBE_MAX, not HOLD
+                        after = min(REPROBE_FIRST * 2**again, REPROBE_MAX)
+                        retry = asyncio.ensure_future(probe(self.urls[i], after))
+                        probes[retry] = (i, loop.time() + after, again + 1)
+                        pending.add(retry)
                 if leaders:
                     self._leaderless_rounds = 0
                     return self.urls[max(leaders)[1]], True

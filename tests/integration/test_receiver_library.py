@@ -547,6 +547,59 @@ async def test_a_receiver_leaves_a_frozen_leader_once_a_standby_leads(
             os.kill(leader.pid, signal.SIGCONT)
 
 
+@contextlib.asynccontextmanager
+async def holding_probes(hold: float) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A stand-in for a standby manager: it holds every ``/health/leader`` probe for ``hold``
+    seconds, then answers 503 (it never leads). Yields its URL and an event set at its first probe."""
+    probed = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            probed.set()
+            await asyncio.sleep(hold)
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/", probed
+    finally:
+        server.close()
+
+
+async def test_a_restarted_manager_that_leads_is_found_while_another_holds_the_probe(  # type: ignore[no-untyped-def]
+    shard: Shard, make_queue
+) -> None:
+    """The leader of a shard was killed and its process restarts on the same address (a service
+    manager's restart) while the other manager of the shard, a standby, holds the receiver's
+    probe for 5 s. The restarted manager takes the lease first: the receiver finds it within a
+    second, not when the standby's hold ends (found by the fault suite's promotion-and-kill-active
+    scenario: 5 to 24 s)."""
+    make_queue("orders", partitions=2, shuffle=1)
+    port = fleet.free_port()
+    handled = Recorder()
+    async with holding_probes(5.0) as (standby_url, probed):
+        receiver = Receiver(
+            {"s0": [f"ws://127.0.0.1:{port}/", standby_url]}, "orders", handled, token=SECRET_ALL, backoff=fast_backoff
+        )
+        task = asyncio.create_task(receiver.run())
+        try:
+            await asyncio.wait_for(probed.wait(), 10)
+            async with running_manager(shard.dsn, port=port) as m:
+                await wait_leader(m)
+                leading = time.monotonic()
+                await receiver.wait_subscribed(10)
+                found = time.monotonic() - leading
+                assert found < 2.0, f"the receiver found the restarted leader {found:.2f} s after it took over"
+                [ident] = await insert(shard.dsn, [(tenants_of(shard, 1)[0], {"n": 1})])
+                await wait_for(lambda: ident in handled.ids(), 10, "the event handled")
+        finally:
+            receiver.stop()
+            await asyncio.wait_for(task, 15)
+
+
 async def test_a_refused_token_or_queue_stops_the_receiver_with_a_clear_error(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
     make_queue("orders", partitions=2, shuffle=1)
 
