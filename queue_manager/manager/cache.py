@@ -63,8 +63,9 @@ class WindowCache:
         self._covered: dict[int, float] = {}
         #: partition -> how many events its last scan installed
         self._scanned: dict[int, int] = {}
-        #: a scan is on its way (begin_scan): it may miss rows committed after its snapshot
-        self._scanning = False
+        #: the coverage of a scan on its way (begin_scan), None when none is: it may miss rows
+        #: committed after its snapshot
+        self._scanning: float | None = None
         self._size = 0
 
     def __len__(self) -> int:
@@ -74,7 +75,7 @@ class WindowCache:
         self, entries: Iterable[Entry], truncated: Iterable[int], partitions: Iterable[int] | None = None
     ) -> None:
         """Install a scan's result. With ``partitions``, only those partitions are replaced."""
-        self._scanning = False
+        self._scanning = None
         fresh: dict[Stream, deque[Entry]] = {}
         for e in entries:
             d = fresh.get(_stream(e))
@@ -105,10 +106,11 @@ class WindowCache:
             self._scanned[p] = self._scanned.get(p, 0) + len(d)
         self._size = sum(len(d) for d in self._streams.values())
 
-    def begin_scan(self) -> None:
-        """A scan was sent: until its result is installed, :meth:`horizon` vouches for nothing (a
-        row committed after the scan's snapshot and announced meanwhile would be in neither)."""
-        self._scanning = True
+    def begin_scan(self, until: float) -> None:
+        """A scan was sent that will cover events due up to ``until`` (database clock): until its
+        result is installed, :meth:`horizon` vouches for nothing up to there (a row committed after
+        the scan's snapshot and announced meanwhile would be in neither)."""
+        self._scanning = until
 
     def cover(self, partitions: Iterable[int], until: float) -> None:
         """The scan just installed saw every event of ``partitions`` due up to ``until`` (its
@@ -117,22 +119,25 @@ class WindowCache:
             self._covered[p] = until
 
     def horizon(self, partitions: int) -> float:
-        """The fire_at (database clock) up to which the cache holds every to_be_fired event of the
-        queue's ``partitions``, as of their last scans: the coverage of a scan, or the last cached
-        event of a partition cut short by its quota; -inf when some partition has no scan yet or
-        ran dry. An event committed later and due after this is found in time by the rescans that
-        follow (the periodic slices, a refill), without a rescan for its notice."""
-        if self._scanning:
-            return -math.inf
-        h = math.inf
+        """The fire_at (database clock) past which a new event's notice needs no rescan: the latest
+        of what the last scans of the queue's ``partitions`` vouch for, each the coverage of its
+        scan or, for a partition cut short by its quota, its last cached event (one that ran dry
+        vouches for nothing: its refill comes at once), and the coverage of a scan on its way. An
+        event committed later and due past this is found in time by the rescans that follow (the
+        periodic slices, a refill), without a rescan for its notice. One due at or before it may
+        lie in a partition whose cache claims everything up to its fire_at (the notice does not say
+        which partition: the latest claim counts, not the earliest), or be missed by the scan on
+        its way (committed after its snapshot): its notice rescans. inf (every notice rescans) when
+        some partition has no scan yet."""
+        h = -math.inf if self._scanning is None else self._scanning
         for p in range(partitions):
             until = self._covered.get(p)
             if until is None:
-                return -math.inf
+                return math.inf
             if p in self.truncated:
                 n, last = self._held(p)
                 until = last if n else -math.inf
-            h = min(h, until)
+            h = max(h, until)
         return h
 
     def _held(self, p: int) -> tuple[int, float]:
@@ -336,5 +341,5 @@ class WindowCache:
         self.truncated.clear()
         self._covered.clear()
         self._scanned.clear()
-        self._scanning = False
+        self._scanning = None
         self._size = 0

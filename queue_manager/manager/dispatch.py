@@ -250,7 +250,8 @@ class Dispatcher:
         used = None if future_only else q.wake_state.pick_floors()
         pick_time = rt.db_clock.now()
         sent = rt.clock.wall()
-        q.cache.begin_scan()
+        covers = pick_time + q.settings.window_seconds
+        q.cache.begin_scan(covers)
         rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
         if clock is not None:
             rt.db_clock.observe(clock, sent, rt.clock.wall())
@@ -271,7 +272,7 @@ class Dispatcher:
             empty = [s for p in scanned if counts.get(p, 0) < quota for s in ws.slots_of(p)]
             ws.picked(firsts, empty, pick_time)
         q.cache.replace(entries, [p for p, n in counts.items() if n >= quota], parts)
-        q.cache.cover(scanned, pick_time + q.settings.window_seconds)
+        q.cache.cover(scanned, covers)
         next_scan = plan.next_scan_at(rt.clock.monotonic(), rt.config.rescan_interval, q.settings.window_seconds)
         q.pick.scanned(parts is None, future_only, next_scan)
         rt.signals.scanned.emit((q.name, None if parts is None else tuple(parts)))

@@ -729,27 +729,53 @@ def test_needs_refill_next_fire_at_due_count_clear() -> None:
 
 
 def test_horizon_is_what_the_scans_vouch_for() -> None:
-    """The fire_at up to which a new event's notice needs no rescan: every partition's scan
-    coverage, or a truncated partition's last cached event; nothing before every partition was
-    scanned, while a scan is on its way, or once a truncated partition ran dry."""
+    """The fire_at past which a new event's notice needs no rescan (the session skips it when the
+    notice's time lies past it): the latest of every partition's scan coverage or, for a truncated
+    partition, its last cached event, and of the coverage of a scan on its way; inf (every notice
+    rescans) before every partition was scanned."""
     c = WindowCache()
-    assert c.horizon(2) == -math.inf  # never scanned
+    assert c.horizon(2) == math.inf  # never scanned
     c.replace([e(1, 0, 4.0), e(2, 1, 2.0), e(3, 1, 8.0)], truncated=[1])
     c.cover([0, 1], 40.0)
-    assert c.horizon(2) == 8.0  # partition 1 was cut short at its last cached event
-    assert c.horizon(3) == -math.inf  # a partition (added by a resize) that no scan covered
+    # partition 1 was cut short at 8.0, but partition 0 claims everything up to 40.0: an event
+    # announced at 10.0 may be one of partition 0's, which its cache would miss until its next slice
+    assert c.horizon(2) == 40.0
+    assert c.horizon(3) == math.inf  # a partition (added by a resize) that no scan covered
     c.replace([e(4, 1, 9.0)], truncated=[], partitions=[1])
     c.cover([1], 41.0)
-    assert c.horizon(2) == 40.0
-    c.begin_scan()
-    assert c.horizon(2) == -math.inf  # the scan on its way may miss a row announced meanwhile
+    assert c.horizon(2) == 41.0
+    c.begin_scan(45.0)
+    assert c.horizon(2) == 45.0  # the scan on its way may miss a row announced meanwhile
     c.replace([e(5, 0, 5.0)], truncated=[0], partitions=[0])
     c.cover([0], 42.0)
-    assert c.horizon(2) == 5.0
+    assert c.horizon(2) == 41.0
+    c.replace([e(6, 1, 6.0)], truncated=[1], partitions=[1])
+    c.cover([1], 43.0)
+    assert c.horizon(2) == 6.0  # both truncated: past the latest last cached event
     assert ids(c.take(5.0, 10, anyone)) == [5]
-    assert c.horizon(2) == -math.inf  # the truncated partition ran dry
+    assert c.horizon(2) == 6.0  # partition 0 ran dry: its refill comes at once
+    assert ids(c.take(6.0, 10, anyone)) == [6]
+    assert c.horizon(2) == -math.inf  # both ran dry: both are refilled at once
     c.clear()
-    assert c.horizon(2) == -math.inf
+    assert c.horizon(2) == math.inf
+
+
+def test_a_notice_during_a_scan_is_not_skipped() -> None:
+    """Issue 36: an event due in 0.5 s, committed after the snapshot of a scan on its way, was
+    announced while the scan ran; the horizon said -inf ("vouches for nothing") and the session
+    skips a notice whose time lies past the horizon (queue_manager/manager/term.py), so the event
+    waited for its partition's next periodic slice: make bench-fire fired it 175-480 ms late."""
+    c = WindowCache()
+    c.replace([e(1, 0, 101.0)], truncated=[])
+    c.cover([0, 1], 130.0)
+    c.begin_scan(130.2)  # the next round's rescan, sent before the producer committed
+    since = 100.5  # the new event's fire_at, as its notice says
+    assert not since > c.horizon(2)  # rescan after this scan
+    assert c.horizon(2) < 131.0  # past what the scan on its way covers: found by the slices in time
+    c.replace([e(1, 0, 101.0)], truncated=[])  # the scan's result, without the new event
+    c.cover([0, 1], 130.2)
+    assert not since > c.horizon(2)  # a notice coming only now rescans as well
+    assert c.horizon(2) < 131.0
 
 
 def test_refills_come_before_a_truncated_partition_runs_dry() -> None:
