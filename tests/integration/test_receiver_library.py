@@ -552,21 +552,32 @@ async def holding_probes(hold: float) -> AsyncIterator[tuple[str, asyncio.Event]
     """A stand-in for a standby manager: it holds every ``/health/leader`` probe for ``hold``
     seconds, then answers 503 (it never leads). Yields its URL and an event set at its first probe."""
     probed = asyncio.Event()
+    holding: set[asyncio.Task[None]] = set()
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            await reader.readuntil(b"\r\n\r\n")
-            probed.set()
-            await asyncio.sleep(hold)
-            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            await writer.drain()
-        writer.close()
+        task = asyncio.current_task()
+        assert task is not None
+        holding.add(task)  # type: ignore[arg-type]
+        try:
+            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                await reader.readuntil(b"\r\n\r\n")
+                probed.set()
+                await asyncio.sleep(hold)
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+        finally:
+            holding.discard(task)  # type: ignore[arg-type]
+            writer.close()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     try:
         yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/", probed
     finally:
         server.close()
+        for task in list(holding):  # probes still held: closed with the stand-in
+            task.cancel()
+        await asyncio.gather(*holding, return_exceptions=True)
+        await server.wait_closed()
 
 
 async def test_a_restarted_manager_that_leads_is_found_while_another_holds_the_probe(  # type: ignore[no-untyped-def]
