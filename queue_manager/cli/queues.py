@@ -301,6 +301,11 @@ def _opt(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
+def _own_or(value: float | None, default: str) -> str:
+    """A key's own limit, or what applies instead (``default``) when it has none."""
+    return default if value is None else _opt(value)
+
+
 def _opt_duration(value: float | None) -> str:
     return "-" if value is None else format_duration(value)
 
@@ -316,8 +321,8 @@ def cmd_queue_key_set(args: argparse.Namespace) -> int:
     row = admin.set_key(topology(args), args.name, args.tenant, args.key, settings, via="cli")
     print(
         f"{row['shard']}: queue {args.name} tenant {args.tenant} key {args.key}: "
-        f"max_in_flight={_opt(row['max_in_flight']) if row['max_in_flight'] is not None else 'queue default'} "
-        f"max_qps={_opt(row['max_qps']) if row['max_qps'] is not None else 'queue default'}"
+        f"max_in_flight={_own_or(row['max_in_flight'], 'queue default')} "
+        f"max_qps={_own_or(row['max_qps'], 'queue default')}"
     )
     return 0
 
@@ -339,12 +344,8 @@ def cmd_queue_key_list(args: argparse.Namespace) -> int:
         print_json(rows)
         return 0
     for r in rows:
-        cap = (
-            _opt(r["max_in_flight"])
-            if r["max_in_flight"] is not None
-            else f"default ({_opt(r['queue_default_max_in_flight'])})"
-        )
-        qps = _opt(r["max_qps"]) if r["max_qps"] is not None else f"default ({_opt(r['queue_default_max_qps'])})"
+        cap = _own_or(r["max_in_flight"], f"default ({_opt(r['queue_default_max_in_flight'])})")
+        qps = _own_or(r["max_qps"], f"default ({_opt(r['queue_default_max_qps'])})")
         print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<24} {r['key']:<24} max_in_flight={cap} max_qps={qps}")
     if not rows:
         print("no key limits of their own")

@@ -255,26 +255,25 @@ class KeySettings:
     max_qps: float | None = None
 
 
-def check_key_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """As :func:`check_settings`, for a key's limits (``qm.set_key`` checks them again)."""
+def _check_each(specs: Mapping[str, Setting], settings: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """Each of ``settings`` checked by its spec in ``specs``; an unknown name is refused."""
     out: dict[str, Any] = {}
     for key, value in settings.items():
-        spec = KEY_SETTINGS.get(key)
+        spec = specs.get(key)
         if spec is None:
-            raise ConfigurationError(f"unknown key setting {key!r}; known settings: {', '.join(KEY_SETTINGS)}")
-        out[key] = spec.check(key, value, "key setting")
+            raise ConfigurationError(f"unknown {what} {key!r}; known settings: {', '.join(specs)}")
+        out[key] = spec.check(key, value, what)
     return out
+
+
+def check_key_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """As :func:`check_settings`, for a key's limits (``qm.set_key`` checks them again)."""
+    return _check_each(KEY_SETTINGS, settings, "key setting")
 
 
 def check_tenant_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """As :func:`check_settings`, for a tenant's overrides (``qm.set_tenant`` checks them again)."""
-    out: dict[str, Any] = {}
-    for key, value in settings.items():
-        spec = TENANT_SETTINGS.get(key)
-        if spec is None:
-            raise ConfigurationError(f"unknown tenant setting {key!r}; known settings: {', '.join(TENANT_SETTINGS)}")
-        out[key] = spec.check(key, value, "tenant setting")
-    return out
+    return _check_each(TENANT_SETTINGS, settings, "tenant setting")
 
 
 def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -283,12 +282,7 @@ def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     Rules between two settings are checked when both are given (the database checks them
     against the stored values too).
     """
-    out: dict[str, Any] = {}
-    for key, value in settings.items():
-        spec = SETTINGS.get(key)
-        if spec is None:
-            raise ConfigurationError(f"unknown queue setting {key!r}; known settings: {', '.join(SETTINGS)}")
-        out[key] = spec.check(key, value)
+    out = _check_each(SETTINGS, settings, "queue setting")
     if "shuffle" in out and "partitions" in out and out["shuffle"] > out["partitions"]:
         raise ConfigurationError(
             f"invalid settings: shuffle ({out['shuffle']}) may not exceed partitions ({out['partitions']})"
