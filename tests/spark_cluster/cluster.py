@@ -86,6 +86,11 @@ def isolation_missing() -> str | None:
     return None
 
 
+def _under_tmp(path: Path) -> bool:
+    resolved = path.resolve()
+    return resolved != Path("/tmp") and resolved.is_relative_to("/tmp")
+
+
 def _unshare() -> list[str]:
     # as root a mount namespace of its own; otherwise inside a user namespace mapped to root
     return ["unshare", "--mount", "--propagation", "private"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
@@ -266,7 +271,8 @@ class SparkCluster:
         env = self._env(worker.host)
         env.update(SPARK_LOCAL_DIRS="/tmp/spark-local", TMPDIR="/tmp")
         command = (
-            f"mount --bind '{tmp}' /tmp && exec '{self.home}/bin/spark-class' org.apache.spark.deploy.worker.Worker "
+            f"{self._keep_under_tmp(tmp)}mount --rbind '{tmp}' /tmp && "
+            f"exec '{self.home}/bin/spark-class' org.apache.spark.deploy.worker.Worker "
             f"--host {worker.host} --port 0 --webui-port 0 --cores {WORKER_CORES} --memory {WORKER_MEMORY} "
             f"--work-dir '{work}' {self.master_url}"
         )
@@ -278,6 +284,15 @@ class SparkCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def _keep_under_tmp(self, tmp: Path) -> str:
+        """Shell commands that keep what the worker needs visible through its private /tmp: the
+        top directory under /tmp of the Spark home and of the cluster's root, when they lie there
+        (a checkout cloned under /tmp has its virtualenv, and PySpark's distribution, there)."""
+        keep = sorted(
+            {Path("/tmp", p.resolve().relative_to("/tmp").parts[0]) for p in (self.home, self.root) if _under_tmp(p)}
+        )
+        return "".join(f"mkdir -p '{tmp / k.name}' && mount --bind '{k}' '{tmp / k.name}' && " for k in keep)
 
     def _registered(self, worker: Worker) -> bool:
         text = worker.log.read_text(errors="replace") if worker.log.exists() else ""
