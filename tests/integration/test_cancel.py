@@ -17,6 +17,7 @@ from queue_manager import admin
 from queue_manager.cli.main import main
 from queue_manager.domain.eventfilter import EventFilter
 from queue_manager.domain.topology import Topology
+from queue_manager.wire import frames as f
 from tests.conftest import tenants_of
 from tests.managerkit import insert, raw_client, recv_type, running_manager, states, url, wait_for, wait_leader
 
@@ -53,7 +54,7 @@ async def test_cancel_in_each_state_and_a_late_ack_is_refused_with_its_own_code_
             c.execute("UPDATE orders SET state = 'failed' WHERE id = %s", (failed,))
             c.execute("UPDATE orders SET state = 'acked', acked_at = now() WHERE id = %s", (acked,))
         async with raw_client(m) as ws:
-            await ws.send(json.dumps({"type": "subscribe", "queue": "orders", "credit": 1}))
+            await ws.send(f.Subscribe("orders", credit=1).to_json())
             await recv_type(ws, "subscribed")
             [held] = await insert(s0.dsn, [(t, {"n": "held"})])
             got = (await recv_type(ws, "deliver"))["events"][0]
@@ -66,11 +67,10 @@ async def test_cancel_in_each_state_and_a_late_ack_is_refused_with_its_own_code_
             assert (st[failed][0], st[acked][0]) == ("failed", "acked")
             # the manager heard it: the slot is free, the held event left its ledger
             await wait_for(lambda: held not in m.rt.queues["orders"].ledger, 5, "the cancel heard")
-            await ws.send(json.dumps({"type": "ack", "ref": 1, "events": [[held, 1]]}))
+            await ws.send(f.Ack(((held, 1),), ref=1).to_json())
             result = await recv_type(ws, "ack_result")
             assert result["acked"] == [] and [e["code"] for e in result["errors"]] == ["cancelled"]
-            extend = {"type": "extend", "ref": 2, "events": [{"id": held, "attempt": 1, "seconds": 9}]}
-            await ws.send(json.dumps(extend))
+            await ws.send(f.Extend((f.ExtendItem(held, 1, 9),), ref=2).to_json())
             assert [e["code"] for e in (await recv_type(ws, "extend_result"))["errors"]] == ["cancelled"]
             # past its ack deadline (1 s) and the collector's sweeps: never fired again
             with pytest.raises((AssertionError, TimeoutError)):

@@ -199,3 +199,53 @@ def test_the_frame_check_of_the_test_suite_catches_a_frame_off_the_schema(_frame
     check.check(f.AckResult([1041]).to_json(), "server", "here")
     bad = check.verify()
     assert len(bad) == 2 and "acked/0" in bad[0] and "tenants" in bad[1]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+FRAME_SPELLERS = ("queue_manager", "receivers", "faults", "benchmarks", "conformance", "spark_jobs", "tests")
+#: modules that write frames as JSON text on purpose, and why
+RAW_BY_DESIGN = {"benchmarks/wire_codec.py": "it measures other checkouts too: the same bytes whatever their API"}
+
+
+def _raw_frames(path: Path) -> list[int]:
+    """Lines of ``path`` that build a frame as a dict with a "type" and dump it to JSON by hand,
+    outside a function named for malformed frames and without a "malformed" comment on the line."""
+    import ast
+
+    source = path.read_text()
+    lines = source.splitlines()
+    found: list[int] = []
+
+    def visit(node: ast.AST, malformed: bool) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            malformed = malformed or "malformed" in node.name
+        if (
+            isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "dumps"
+            and node.args
+            and isinstance(node.args[0], ast.Dict)
+            and any(isinstance(k, ast.Constant) and k.value == "type" for k in node.args[0].keys)
+            and not malformed
+            and "malformed" not in lines[node.lineno - 1]
+        ):
+            found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, malformed)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_frames_are_spelled_by_the_typed_frames_only() -> None:
+    """Every frame is built by queue_manager.wire (its typed constructors); a test that sends a
+    malformed frame on purpose says so (its function's name or a comment on the line)."""
+    raw = {
+        f"{path.relative_to(ROOT)}:{line}"
+        for top in FRAME_SPELLERS
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if "wire" not in path.relative_to(ROOT).parts[:2] and str(path.relative_to(ROOT)) not in RAW_BY_DESIGN
+        for line in _raw_frames(path)
+    }
+    assert raw == set()
+    # the check finds a hand-built frame where one is
+    assert _raw_frames(ROOT / "benchmarks" / "wire_codec.py")
