@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from typing import Any
 
 from queue_manager.cli import adopt
@@ -339,17 +340,13 @@ def cmd_queue_key_unset(args: argparse.Namespace) -> int:
 def cmd_queue_key_list(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    rows = admin.list_keys(topology(args), args.name)
-    if args.json:
-        print_json(rows)
-        return 0
-    for r in rows:
-        cap = _own_or(r["max_in_flight"], f"default ({_opt(r['queue_default_max_in_flight'])})")
-        qps = _own_or(r["max_qps"], f"default ({_opt(r['queue_default_max_qps'])})")
-        print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<24} {r['key']:<24} max_in_flight={cap} max_qps={qps}")
-    if not rows:
-        print("no key limits of their own")
-    return 0
+    return _print_rows(args, admin.list_keys(topology(args), args.name), _key_line, "no key limits of their own")
+
+
+def _key_line(r: dict[str, Any]) -> str:
+    cap = _own_or(r["max_in_flight"], f"default ({_opt(r['queue_default_max_in_flight'])})")
+    qps = _own_or(r["max_qps"], f"default ({_opt(r['queue_default_max_qps'])})")
+    return f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<24} {r['key']:<24} max_in_flight={cap} max_qps={qps}"
 
 
 def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
@@ -376,13 +373,23 @@ def cmd_queue_tenant_unset(args: argparse.Namespace) -> int:
 def cmd_queue_tenant_list(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    rows = admin.list_tenants(topology(args), args.name)
+    return _print_rows(args, admin.list_tenants(topology(args), args.name), _tenant_line, "no tenant overrides")
+
+
+def _tenant_line(r: dict[str, Any]) -> str:
+    cap = r["max_in_flight"] if r["max_in_flight"] is not None else f"default ({r['queue_default_max_in_flight']})"
+    return f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<32} weight={r['weight']:g} max_in_flight={cap}"
+
+
+def _print_rows(
+    args: argparse.Namespace, rows: list[dict[str, Any]], line: Callable[[dict[str, Any]], str], empty: str
+) -> int:
+    """The rows as JSON with --json, otherwise one ``line`` a row (``empty`` when there is none)."""
     if args.json:
         print_json(rows)
         return 0
     for r in rows:
-        cap = r["max_in_flight"] if r["max_in_flight"] is not None else f"default ({r['queue_default_max_in_flight']})"
-        print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<32} weight={r['weight']:g} max_in_flight={cap}")
+        print(line(r))
     if not rows:
-        print("no tenant overrides")
+        print(empty)
     return 0
