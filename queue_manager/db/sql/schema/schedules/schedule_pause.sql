@@ -8,10 +8,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r qm.schedules;
 BEGIN
-    SELECT * INTO r FROM qm.schedules s WHERE s.name = name FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no schedule named % on this shard', quote_literal(name) USING ERRCODE = '42704';
-    END IF;
+    r := qm.schedule_locked(name);
     PERFORM qm.schedule_drop_pending(r);
     UPDATE qm.schedules s SET paused = true, next_at = least(s.next_at, now()), updated_at = now()
      WHERE s.id = r.id RETURNING * INTO r;

@@ -6,10 +6,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r qm.schedules;
 BEGIN
-    SELECT * INTO r FROM qm.schedules s WHERE s.name = name FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no schedule named % on this shard', quote_literal(name) USING ERRCODE = '42704';
-    END IF;
+    r := qm.schedule_locked(name);
     IF r.paused THEN
         UPDATE qm.schedules s SET paused = false, next_at = now(), updated_at = now()
          WHERE s.id = r.id RETURNING * INTO r;
