@@ -156,6 +156,14 @@ def shard(shards: Topology) -> Shard:
 
 
 @pytest.fixture
+def topo_file(shards: Topology, tmp_path: Path) -> Path:
+    """The ``shards`` pair's topology file (``tmp_path/topology.toml``), for a ``--topology`` flag."""
+    path = tmp_path / "topology.toml"
+    path.write_text(shards.to_toml())
+    return path
+
+
+@pytest.fixture
 def make_queue(shards: Topology) -> Callable[..., str]:
     """Create a queue on both shards: ``make_queue("orders", partitions=8, shuffle=2)``."""
 

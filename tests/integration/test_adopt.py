@@ -311,6 +311,16 @@ def test_a_run_that_fails_between_commits_is_finished_by_the_next_one(
     assert report.adopted + report.already == 1000 - (in_queue - both)
 
 
+#: qm as a child process
+QM = [sys.executable, "-m", "queue_manager.cli.main"]
+
+
+def adopt_argv(topo_file: Path, legacy_dsn: str) -> list[str]:
+    """``qm queue adopt orders`` of the legacy ``jobs`` table (payload ``args``, tenant ``customer``)."""
+    source = ["--from", legacy_dsn, "--table", "jobs", "--payload-col", "args", "--tenant-col", "customer"]
+    return ["queue", "adopt", "orders", "--topology", str(topo_file), *source]
+
+
 def _child(
     topo: Path, queue: str, dsn: str, phase: str, nth: int, mapping_json: dict[str, Any]
 ) -> subprocess.Popen[str]:
@@ -334,16 +344,14 @@ def _wait_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 @pytest.mark.parametrize("phase", ["moved", "published"])
 def test_a_killed_process_loses_nothing_and_doubles_nothing(
-    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, tmp_path: Path, phase: str
+    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, topo_file: Path, phase: str
 ) -> None:
     """SIGKILL exactly between two databases' commits, then ``qm queue adopt`` again."""
     make_queue("orders")
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(1000))
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     # the fourth slice taken; or the third slice published on its first shard, not on the other
-    child = _child(topo, "orders", legacy_dsn, phase, 4 if phase == "moved" else 5, MAPPING)
+    child = _child(topo_file, "orders", legacy_dsn, phase, 4 if phase == "moved" else 5, MAPPING)
     try:
         assert _wait_line(child, 60) == f"halted at {phase}"
         child.send_signal(signal.SIGKILL)
@@ -362,29 +370,22 @@ def test_a_killed_process_loses_nothing_and_doubles_nothing(
         assert 200 < published_before < 300 and ledger_size(shards) >= published_before - 200
 
     started = time.monotonic()
-    args = ["queue", "adopt", "orders", "--topology", str(topo), "--from", legacy_dsn, "--table", "jobs"]
-    code = main(
-        [*args, "--payload-col", "args", "--tenant-col", "customer", "--run-at-col", "run_at", "--slice", "100"]
-    )
+    code = main([*adopt_argv(topo_file, legacy_dsn), "--run-at-col", "run_at", "--slice", "100"])
     assert code == 0
     assert time.monotonic() - started < 30  # the dead run's lock went with its connections
     assert_exactly_once(shards, legacy_dsn, set(range(1000)))
 
 
 def test_killed_again_and_again_while_producers_write(
-    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, tmp_path: Path
+    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, topo_file: Path
 ) -> None:
     """``qm queue adopt --follow`` killed with SIGKILL at random moments beside a producer, then re-run."""
     make_queue("orders")
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(1000))
     producer = LegacyProducer(legacy_dsn, 1000, 3000, batch=5, pause=0.003)
     producer.start()
-    command = [sys.executable, "-m", "queue_manager.cli.main", "queue", "adopt", "orders", "--topology", str(topo)]
-    command += ["--from", legacy_dsn, "--table", "jobs", "--payload-col", "args", "--tenant-col", "customer"]
-    command += ["--run-at-col", "run_at", "--slice", "50"]
+    command = [*QM, *adopt_argv(topo_file, legacy_dsn), "--run-at-col", "run_at", "--slice", "50"]
     rng = random.Random(13)
     kills = 0
     while producer.is_alive() or kills < 3:
@@ -639,16 +640,14 @@ def test_the_cli(
     make_queue: Callable[..., str],
     legacy_dsn: str,
     tmp_path: Path,
+    topo_file: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     make_queue("orders")
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(50))
         c.execute("UPDATE jobs SET customer = NULL WHERE id = 7")
-    base = ["queue", "adopt", "orders", "--topology", str(topo), "--from", legacy_dsn, "--table", "jobs"]
-    base += ["--payload-col", "args", "--tenant-col", "customer", "--run-at-col", "run_at"]
+    base = [*adopt_argv(topo_file, legacy_dsn), "--run-at-col", "run_at"]
 
     assert main([*base, "--check"]) == 1
     out = capsys.readouterr().out
@@ -684,16 +683,13 @@ def test_the_cli(
 
 
 def test_sigterm_stops_a_follow_run_after_its_slice(
-    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, tmp_path: Path
+    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, topo_file: Path
 ) -> None:
     """A graceful stop leaves nothing in between: no outbox row, no ledger row."""
     make_queue("orders")
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(3000))
-    command = [sys.executable, "-m", "queue_manager.cli.main", "queue", "adopt", "orders", "--topology", str(topo)]
-    command += ["--from", legacy_dsn, "--table", "jobs", "--payload-col", "args", "--tenant-col", "customer"]
+    command = [*QM, *adopt_argv(topo_file, legacy_dsn)]
     proc = subprocess.Popen(
         [*command, "--slice", "10", "--follow", "--progress", "0"],
         cwd=_ROOT,
