@@ -4,7 +4,6 @@
 -- policy): a resume goes on from its own time. Unknown name: 42704.
 CREATE OR REPLACE FUNCTION qm.schedule_pause(name text) RETURNS qm.schedules
 LANGUAGE plpgsql AS $$
-#variable_conflict use_variable
 DECLARE
     r qm.schedules;
 BEGIN

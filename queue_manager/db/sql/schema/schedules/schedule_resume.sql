@@ -2,7 +2,6 @@
 -- resume). Resuming one that is not paused changes nothing. Unknown name: 42704.
 CREATE OR REPLACE FUNCTION qm.schedule_resume(name text) RETURNS qm.schedules
 LANGUAGE plpgsql AS $$
-#variable_conflict use_variable
 DECLARE
     r qm.schedules;
 BEGIN
