@@ -174,6 +174,17 @@ def make_queue(shards: Topology) -> Callable[..., str]:
     return make
 
 
+def count_on_shards(topology: Topology, query: str) -> int:
+    """``query``, a ``SELECT count(*)``, summed over every shard of ``topology``."""
+    total = 0
+    for shard in topology.shards:
+        with psycopg.connect(shard.dsn) as conn:
+            row = conn.execute(query).fetchone()
+        assert row is not None
+        total += int(row[0])
+    return total
+
+
 def tenants_of(shard: Shard, count: int, prefix: str = "tenant") -> list[str]:
     """The first ``count`` tenants named ``{prefix}-{i}`` that belong to ``shard``."""
     out: list[str] = []

@@ -32,6 +32,7 @@ from queue_manager.domain.adopt import AdoptMapping
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import AdoptError, ConfigurationError, UnknownQueueError
 from tests import pgtest
+from tests.conftest import count_on_shards
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,13 +100,7 @@ def queued(topology: Topology, queue: str = "orders") -> list[dict[str, Any]]:
 
 
 def ledger_size(topology: Topology) -> int:
-    total = 0
-    for shard in topology.shards:
-        with psycopg.connect(shard.dsn) as c:
-            row = c.execute("SELECT count(*) FROM qm.adopted").fetchone()
-        assert row is not None
-        total += int(row[0])
-    return total
+    return count_on_shards(topology, "SELECT count(*) FROM qm.adopted")
 
 
 def outbox_size(dsn: str) -> int:
