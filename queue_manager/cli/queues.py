@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from queue_manager.cli import adopt
@@ -311,14 +311,18 @@ def _opt_duration(value: float | None) -> str:
     return "-" if value is None else format_duration(value)
 
 
+def _override_settings(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The override settings given (``--max-in-flight 5``), and None for each ``--default-<name>``:
+    that override dropped, the queue's default applies."""
+    settings = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    settings.update({name: None for name in names if getattr(args, f"default_{name}", False)})
+    return settings
+
+
 def cmd_queue_key_set(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    settings = {name: getattr(args, name) for name in KEY_SETTINGS if getattr(args, name) is not None}
-    if args.default_max_in_flight:
-        settings["max_in_flight"] = None
-    if args.default_max_qps:
-        settings["max_qps"] = None
+    settings = _override_settings(args, KEY_SETTINGS)
     row = admin.set_key(topology(args), args.name, args.tenant, args.key, settings, via="cli")
     print(
         f"{row['shard']}: queue {args.name} tenant {args.tenant} key {args.key}: "
@@ -352,10 +356,7 @@ def _key_line(r: dict[str, Any]) -> str:
 def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    settings = {key: getattr(args, key) for key in TENANT_SETTINGS if getattr(args, key) is not None}
-    if args.default_max_in_flight:
-        settings["max_in_flight"] = None
-    row = admin.set_tenant(topology(args), args.name, args.tenant, settings, via="cli")
+    row = admin.set_tenant(topology(args), args.name, args.tenant, _override_settings(args, TENANT_SETTINGS), via="cli")
     cap = "queue default" if row["max_in_flight"] is None else row["max_in_flight"]
     print(f"{row['shard']}: queue {args.name} tenant {args.tenant}: weight={row['weight']:g} max_in_flight={cap}")
     return 0
