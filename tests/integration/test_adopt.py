@@ -316,16 +316,26 @@ def adopt_argv(topo_file: Path, legacy_dsn: str) -> list[str]:
     return ["queue", "adopt", "orders", "--topology", str(topo_file), *source]
 
 
+def _spawn(argv: list[str]) -> subprocess.Popen[str]:
+    """``argv`` started from the repository's root, its stdout and stderr piped (text)."""
+    return subprocess.Popen(argv, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Kill ``proc`` if it still runs, and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def _child(
     topo: Path, queue: str, dsn: str, phase: str, nth: int, mapping_json: dict[str, Any]
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.adopt_child", str(topo), queue, dsn, phase, str(nth), json.dumps(mapping_json)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=_ROOT,
-    )
+    module = [sys.executable, "-m", "tests.adopt_child"]
+    return _spawn([*module, str(topo), queue, dsn, phase, str(nth), json.dumps(mapping_json)])
 
 
 def _wait_line(proc: subprocess.Popen[str], timeout: float) -> str:
@@ -352,11 +362,7 @@ def test_a_killed_process_loses_nothing_and_doubles_nothing(
         child.send_signal(signal.SIGKILL)
         child.wait(10)
     finally:
-        if child.poll() is None:
-            child.kill()
-        for stream in (child.stdout, child.stderr):
-            if stream is not None:
-                stream.close()
+        _reap(child)
     assert outbox_size(legacy_dsn) == 100  # the killed run's slice, taken and not forgotten
     published_before = len(queued(shards))
     if phase == "moved":
@@ -384,13 +390,7 @@ def test_killed_again_and_again_while_producers_write(
     rng = random.Random(13)
     kills = 0
     while producer.is_alive() or kills < 3:
-        proc = subprocess.Popen(
-            [*command, "--follow", "--poll", "0.02", "--progress", "0"],
-            cwd=_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _spawn([*command, "--follow", "--poll", "0.02", "--progress", "0"])
         try:
             assert _wait_line(proc, 60).startswith("adopt ")  # a first slice done: the run is under way
             time.sleep(rng.uniform(0.0, 0.4))
@@ -400,12 +400,7 @@ def test_killed_again_and_again_while_producers_write(
             err = proc.stderr.read()
             assert "error" not in err, err
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+            _reap(proc)
         kills += 1
     producer.finish()
     done = subprocess.run(
@@ -685,13 +680,7 @@ def test_sigterm_stops_a_follow_run_after_its_slice(
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(3000))
     command = [*QM, *adopt_argv(topo_file, legacy_dsn)]
-    proc = subprocess.Popen(
-        [*command, "--slice", "10", "--follow", "--progress", "0"],
-        cwd=_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _spawn([*command, "--slice", "10", "--follow", "--progress", "0"])
     try:
         assert _wait_line(proc, 60).startswith("adopt ")
         proc.send_signal(signal.SIGTERM)
