@@ -59,7 +59,7 @@ from psycopg import sql
 from benchmarks.lib.backlog import reset
 from benchmarks.lib.fleet import manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_snapshot
-from benchmarks.lib.report import depth_series, emit, header, pct_ms
+from benchmarks.lib.report import depth_series, emit, header, pct_ms, run_main
 from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
 from queue_manager.db.health import read_health
 from queue_manager.domain import health
@@ -553,5 +553,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
+    run_main(main)

@@ -95,6 +95,7 @@ from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_sn
 from benchmarks.lib.peers import bench_peers, peers_python
 from benchmarks.lib.report import emit, header, median_of, ratio, summary_ms
 from benchmarks.lib.server import QUEUE, bench_server, checkout_database, one_shard_queue, server_info
+from benchmarks.lib.timings import first_receipts, latencies
 from benchmarks.lib.wal import wal_cost
 from queue_manager.producer import Event, enqueue_batch
 
@@ -535,26 +536,11 @@ def run_latency(dsn: str, n: int, rate: float, conns: int, seed: int, library: b
             results = recv.finish()
     logger.debug("latency %g/s: stopped", rate)
     sent: dict[int, tuple[float, float]] = res["sent"]
-    first: dict[int, float] = {}
-    dup = 0
-    for r in results:
-        for seq, t in r["records"]:
-            if seq in first:
-                dup += 1
-                first[seq] = min(first[seq], t)
-            else:
-                first[seq] = t
+    first, dup = first_receipts(record for r in results for record in r["records"])
     db_after = state_counts(dsn)  # after the manager stopped
     lost = sorted(set(sent) - set(first))
     lost_rows = event_rows(dsn, "(payload->>'seq')::int = ANY(%s)", lost[:10]) if lost else []
-    commit_lat, call_lat, enq = [], [], []
-    for seq, (t_call, t_commit) in sent.items():
-        if seq < 0:
-            continue
-        enq.append(t_commit - t_call)
-        if seq in first:
-            commit_lat.append(first[seq] - t_commit)
-            call_lat.append(first[seq] - t_call)
+    enq, commit_lat, call_lat = latencies(sent, first)
     return {
         "events": n,
         "warmup_events": warmup,

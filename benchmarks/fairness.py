@@ -34,7 +34,6 @@ alone (target: at most 2).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import statistics
@@ -48,7 +47,7 @@ import psycopg
 from benchmarks.lib.backlog import preload, reset
 from benchmarks.lib.fleet import manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server
-from benchmarks.lib.report import emit, header, pct_ms
+from benchmarks.lib.report import emit, header, pct_ms, run_main
 from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
 from queue_manager.domain.routing import shuffle_set
 from queue_manager.producer import Event
@@ -291,5 +290,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
+    run_main(main)

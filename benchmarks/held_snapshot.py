@@ -39,7 +39,6 @@ for the benchmark.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import statistics
 import sys
@@ -52,7 +51,7 @@ import psycopg
 from benchmarks.lib.backlog import reset
 from benchmarks.lib.fleet import manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_snapshot
-from benchmarks.lib.report import depth_series, emit, header
+from benchmarks.lib.report import depth_series, emit, header, run_main
 from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
 from queue_manager.domain.stats import percentile
 
@@ -394,5 +393,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
+    run_main(main)

@@ -36,7 +36,6 @@ partitions, shuffle 4), one manager process. Three parts:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import statistics
@@ -53,7 +52,7 @@ import psycopg
 from benchmarks.lib.backlog import preload, reset
 from benchmarks.lib.fleet import make_events, manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server
-from benchmarks.lib.report import emit, header, pct_ms
+from benchmarks.lib.report import emit, header, pct_ms, run_main
 from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
 
 logger = logging.getLogger("bench.priority")
@@ -336,5 +335,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
+    run_main(main)

@@ -156,6 +156,14 @@ def shard(shards: Topology) -> Shard:
 
 
 @pytest.fixture
+def topo_file(shards: Topology, tmp_path: Path) -> Path:
+    """The ``shards`` pair's topology file (``tmp_path/topology.toml``), for a ``--topology`` flag."""
+    path = tmp_path / "topology.toml"
+    path.write_text(shards.to_toml())
+    return path
+
+
+@pytest.fixture
 def make_queue(shards: Topology) -> Callable[..., str]:
     """Create a queue on both shards: ``make_queue("orders", partitions=8, shuffle=2)``."""
 
@@ -164,6 +172,17 @@ def make_queue(shards: Topology) -> Callable[..., str]:
         return name
 
     return make
+
+
+def count_on_shards(topology: Topology, query: str) -> int:
+    """``query``, a ``SELECT count(*)``, summed over every shard of ``topology``."""
+    total = 0
+    for shard in topology.shards:
+        with psycopg.connect(shard.dsn) as conn:
+            row = conn.execute(query).fetchone()
+        assert row is not None
+        total += int(row[0])
+    return total
 
 
 def tenants_of(shard: Shard, count: int, prefix: str = "tenant") -> list[str]:

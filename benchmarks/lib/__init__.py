@@ -9,9 +9,12 @@
 - :mod:`benchmarks.lib.procs`: their entry points (spawned; the parent uses ``fleet``);
 - :mod:`benchmarks.lib.machine`: ``machine_info``, ``code_version``, CPU accounting from /proc
   (``count_server``, ``cpu_snapshot``, ``cpu_delta``); standard library only;
-- :mod:`benchmarks.lib.report`: the report's ``header`` and ``emit``, ``summary_ms``,
+- :mod:`benchmarks.lib.report`: the report's ``header`` and ``emit``, ``run_main`` (the
+  ``__main__`` block of a long benchmark: its exit status, Ctrl-C quiet), ``summary_ms``,
   ``pct_ms``, ``depth_series``, ``median_of``, ``ratio``; every percentile is
   :func:`queue_manager.domain.stats.percentile`;
+- :mod:`benchmarks.lib.timings`: an e2e latency run's ``first_receipts`` and ``latencies`` (ours and the
+  peers'; standard library only);
 - :mod:`benchmarks.lib.peers`: the PgQueuer/Procrastinate comparison of the e2e benchmark.
 
 A new benchmark is a module ``benchmarks/<name>.py`` with a ``main()`` run under

@@ -4,11 +4,12 @@ samples (all through the one percentile of :mod:`queue_manager.domain.stats`), a
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import math
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +30,13 @@ def emit(report: Mapping[str, Any]) -> None:
     """The report as one JSON object on stdout (logs go to stderr)."""
     print(json.dumps(report, indent=2, default=str))
     sys.stdout.flush()
+
+
+def run_main(main: Callable[[], int]) -> None:
+    """Run a benchmark's ``main`` and exit with its status; Ctrl-C stops a long run quietly
+    (no traceback, no report)."""
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
 
 
 def pct_ms(values_s: Sequence[float], p: float, digits: int = 3) -> float | None:

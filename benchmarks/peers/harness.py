@@ -24,6 +24,7 @@ import psycopg
 from psycopg import sql
 
 from benchmarks.lib.machine import code_version, count_server, cpu_delta, cpu_snapshot, machine_info
+from benchmarks.lib.timings import first_receipts, latencies
 from benchmarks.lib.wal import insert_lsn, wal_cost
 
 CTX = mp.get_context("spawn")
@@ -288,20 +289,8 @@ def latency_report(
 ) -> dict[str, Any]:
     """Raw timings in seconds (the e2e benchmark summarises them): commit returned -> handler
     start, call start -> handler start, and the enqueue call, for every measured event."""
-    first: dict[int, float] = {}
-    duplicates = 0
-    for seq, t in receipts:
-        if seq in first:
-            duplicates += 1
-        first[seq] = min(t, first.get(seq, t))
-    commit, call, enqueue = [], [], []
-    for seq, (t_call, t_commit) in sent.items():
-        if seq < 0:
-            continue
-        enqueue.append(t_commit - t_call)
-        if seq in first:
-            commit.append(first[seq] - t_commit)
-            call.append(first[seq] - t_call)
+    first, duplicates = first_receipts(receipts)
+    enqueue, commit, call = latencies(sent, first)
     return {
         "jobs": n,
         "warmup_jobs": warmup,

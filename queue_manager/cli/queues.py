@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from queue_manager.cli import adopt
@@ -310,14 +311,18 @@ def _opt_duration(value: float | None) -> str:
     return "-" if value is None else format_duration(value)
 
 
+def _override_settings(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The override settings given (``--max-in-flight 5``), and None for each ``--default-<name>``:
+    that override dropped, the queue's default applies."""
+    settings = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    settings.update({name: None for name in names if getattr(args, f"default_{name}", False)})
+    return settings
+
+
 def cmd_queue_key_set(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    settings = {name: getattr(args, name) for name in KEY_SETTINGS if getattr(args, name) is not None}
-    if args.default_max_in_flight:
-        settings["max_in_flight"] = None
-    if args.default_max_qps:
-        settings["max_qps"] = None
+    settings = _override_settings(args, KEY_SETTINGS)
     row = admin.set_key(topology(args), args.name, args.tenant, args.key, settings, via="cli")
     print(
         f"{row['shard']}: queue {args.name} tenant {args.tenant} key {args.key}: "
@@ -339,26 +344,19 @@ def cmd_queue_key_unset(args: argparse.Namespace) -> int:
 def cmd_queue_key_list(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    rows = admin.list_keys(topology(args), args.name)
-    if args.json:
-        print_json(rows)
-        return 0
-    for r in rows:
-        cap = _own_or(r["max_in_flight"], f"default ({_opt(r['queue_default_max_in_flight'])})")
-        qps = _own_or(r["max_qps"], f"default ({_opt(r['queue_default_max_qps'])})")
-        print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<24} {r['key']:<24} max_in_flight={cap} max_qps={qps}")
-    if not rows:
-        print("no key limits of their own")
-    return 0
+    return _print_rows(args, admin.list_keys(topology(args), args.name), _key_line, "no key limits of their own")
+
+
+def _key_line(r: dict[str, Any]) -> str:
+    cap = _own_or(r["max_in_flight"], f"default ({_opt(r['queue_default_max_in_flight'])})")
+    qps = _own_or(r["max_qps"], f"default ({_opt(r['queue_default_max_qps'])})")
+    return f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<24} {r['key']:<24} max_in_flight={cap} max_qps={qps}"
 
 
 def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    settings = {key: getattr(args, key) for key in TENANT_SETTINGS if getattr(args, key) is not None}
-    if args.default_max_in_flight:
-        settings["max_in_flight"] = None
-    row = admin.set_tenant(topology(args), args.name, args.tenant, settings, via="cli")
+    row = admin.set_tenant(topology(args), args.name, args.tenant, _override_settings(args, TENANT_SETTINGS), via="cli")
     cap = "queue default" if row["max_in_flight"] is None else row["max_in_flight"]
     print(f"{row['shard']}: queue {args.name} tenant {args.tenant}: weight={row['weight']:g} max_in_flight={cap}")
     return 0
@@ -376,13 +374,23 @@ def cmd_queue_tenant_unset(args: argparse.Namespace) -> int:
 def cmd_queue_tenant_list(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
-    rows = admin.list_tenants(topology(args), args.name)
+    return _print_rows(args, admin.list_tenants(topology(args), args.name), _tenant_line, "no tenant overrides")
+
+
+def _tenant_line(r: dict[str, Any]) -> str:
+    cap = r["max_in_flight"] if r["max_in_flight"] is not None else f"default ({r['queue_default_max_in_flight']})"
+    return f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<32} weight={r['weight']:g} max_in_flight={cap}"
+
+
+def _print_rows(
+    args: argparse.Namespace, rows: list[dict[str, Any]], line: Callable[[dict[str, Any]], str], empty: str
+) -> int:
+    """The rows as JSON with --json, otherwise one ``line`` a row (``empty`` when there is none)."""
     if args.json:
         print_json(rows)
         return 0
     for r in rows:
-        cap = r["max_in_flight"] if r["max_in_flight"] is not None else f"default ({r['queue_default_max_in_flight']})"
-        print(f"{r['shard']:<6} {r['queue']:<24} {r['tenant']:<32} weight={r['weight']:g} max_in_flight={cap}")
+        print(line(r))
     if not rows:
-        print("no tenant overrides")
+        print(empty)
     return 0

@@ -64,6 +64,8 @@ SOURCE: tuple[str, ...] = (
     # the advisory lock classes: every lock below names its class through qm.lock_class
     "locks/lock_classes.sql",
     "locks/lock_class.sql",
+    # the queue of a name: every function that acts on a queue looks it up (and refuses it) here
+    "queues/queue_named.sql",
     # keyspace, shuffle sets, topology
     "routing/keyspace_hex.sql",
     "routing/draw_hex.sql",
@@ -147,6 +149,7 @@ SOURCE: tuple[str, ...] = (
     "schedules/schedule_write.sql",
     "schedules/schedule_add.sql",
     "schedules/schedule_upsert.sql",
+    "schedules/schedule_locked.sql",
     "schedules/schedule_pause.sql",
     "schedules/schedule_resume.sql",
     "schedules/schedule_remove.sql",

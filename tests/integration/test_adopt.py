@@ -32,6 +32,7 @@ from queue_manager.domain.adopt import AdoptMapping
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import AdoptError, ConfigurationError, UnknownQueueError
 from tests import pgtest
+from tests.conftest import count_on_shards
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,13 +100,7 @@ def queued(topology: Topology, queue: str = "orders") -> list[dict[str, Any]]:
 
 
 def ledger_size(topology: Topology) -> int:
-    total = 0
-    for shard in topology.shards:
-        with psycopg.connect(shard.dsn) as c:
-            row = c.execute("SELECT count(*) FROM qm.adopted").fetchone()
-        assert row is not None
-        total += int(row[0])
-    return total
+    return count_on_shards(topology, "SELECT count(*) FROM qm.adopted")
 
 
 def outbox_size(dsn: str) -> int:
@@ -311,16 +306,36 @@ def test_a_run_that_fails_between_commits_is_finished_by_the_next_one(
     assert report.adopted + report.already == 1000 - (in_queue - both)
 
 
+#: qm as a child process
+QM = [sys.executable, "-m", "queue_manager.cli.main"]
+
+
+def adopt_argv(topo_file: Path, legacy_dsn: str) -> list[str]:
+    """``qm queue adopt orders`` of the legacy ``jobs`` table (payload ``args``, tenant ``customer``)."""
+    source = ["--from", legacy_dsn, "--table", "jobs", "--payload-col", "args", "--tenant-col", "customer"]
+    return ["queue", "adopt", "orders", "--topology", str(topo_file), *source]
+
+
+def _spawn(argv: list[str]) -> subprocess.Popen[str]:
+    """``argv`` started from the repository's root, its stdout and stderr piped (text)."""
+    return subprocess.Popen(argv, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Kill ``proc`` if it still runs, and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def _child(
     topo: Path, queue: str, dsn: str, phase: str, nth: int, mapping_json: dict[str, Any]
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.adopt_child", str(topo), queue, dsn, phase, str(nth), json.dumps(mapping_json)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=_ROOT,
-    )
+    module = [sys.executable, "-m", "tests.adopt_child"]
+    return _spawn([*module, str(topo), queue, dsn, phase, str(nth), json.dumps(mapping_json)])
 
 
 def _wait_line(proc: subprocess.Popen[str], timeout: float) -> str:
@@ -334,26 +349,20 @@ def _wait_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 @pytest.mark.parametrize("phase", ["moved", "published"])
 def test_a_killed_process_loses_nothing_and_doubles_nothing(
-    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, tmp_path: Path, phase: str
+    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, topo_file: Path, phase: str
 ) -> None:
     """SIGKILL exactly between two databases' commits, then ``qm queue adopt`` again."""
     make_queue("orders")
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(1000))
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     # the fourth slice taken; or the third slice published on its first shard, not on the other
-    child = _child(topo, "orders", legacy_dsn, phase, 4 if phase == "moved" else 5, MAPPING)
+    child = _child(topo_file, "orders", legacy_dsn, phase, 4 if phase == "moved" else 5, MAPPING)
     try:
         assert _wait_line(child, 60) == f"halted at {phase}"
         child.send_signal(signal.SIGKILL)
         child.wait(10)
     finally:
-        if child.poll() is None:
-            child.kill()
-        for stream in (child.stdout, child.stderr):
-            if stream is not None:
-                stream.close()
+        _reap(child)
     assert outbox_size(legacy_dsn) == 100  # the killed run's slice, taken and not forgotten
     published_before = len(queued(shards))
     if phase == "moved":
@@ -362,39 +371,26 @@ def test_a_killed_process_loses_nothing_and_doubles_nothing(
         assert 200 < published_before < 300 and ledger_size(shards) >= published_before - 200
 
     started = time.monotonic()
-    args = ["queue", "adopt", "orders", "--topology", str(topo), "--from", legacy_dsn, "--table", "jobs"]
-    code = main(
-        [*args, "--payload-col", "args", "--tenant-col", "customer", "--run-at-col", "run_at", "--slice", "100"]
-    )
+    code = main([*adopt_argv(topo_file, legacy_dsn), "--run-at-col", "run_at", "--slice", "100"])
     assert code == 0
     assert time.monotonic() - started < 30  # the dead run's lock went with its connections
     assert_exactly_once(shards, legacy_dsn, set(range(1000)))
 
 
 def test_killed_again_and_again_while_producers_write(
-    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, tmp_path: Path
+    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, topo_file: Path
 ) -> None:
     """``qm queue adopt --follow`` killed with SIGKILL at random moments beside a producer, then re-run."""
     make_queue("orders")
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(1000))
     producer = LegacyProducer(legacy_dsn, 1000, 3000, batch=5, pause=0.003)
     producer.start()
-    command = [sys.executable, "-m", "queue_manager.cli.main", "queue", "adopt", "orders", "--topology", str(topo)]
-    command += ["--from", legacy_dsn, "--table", "jobs", "--payload-col", "args", "--tenant-col", "customer"]
-    command += ["--run-at-col", "run_at", "--slice", "50"]
+    command = [*QM, *adopt_argv(topo_file, legacy_dsn), "--run-at-col", "run_at", "--slice", "50"]
     rng = random.Random(13)
     kills = 0
     while producer.is_alive() or kills < 3:
-        proc = subprocess.Popen(
-            [*command, "--follow", "--poll", "0.02", "--progress", "0"],
-            cwd=_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _spawn([*command, "--follow", "--poll", "0.02", "--progress", "0"])
         try:
             assert _wait_line(proc, 60).startswith("adopt ")  # a first slice done: the run is under way
             time.sleep(rng.uniform(0.0, 0.4))
@@ -404,12 +400,7 @@ def test_killed_again_and_again_while_producers_write(
             err = proc.stderr.read()
             assert "error" not in err, err
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+            _reap(proc)
         kills += 1
     producer.finish()
     done = subprocess.run(
@@ -639,16 +630,14 @@ def test_the_cli(
     make_queue: Callable[..., str],
     legacy_dsn: str,
     tmp_path: Path,
+    topo_file: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     make_queue("orders")
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(50))
         c.execute("UPDATE jobs SET customer = NULL WHERE id = 7")
-    base = ["queue", "adopt", "orders", "--topology", str(topo), "--from", legacy_dsn, "--table", "jobs"]
-    base += ["--payload-col", "args", "--tenant-col", "customer", "--run-at-col", "run_at"]
+    base = [*adopt_argv(topo_file, legacy_dsn), "--run-at-col", "run_at"]
 
     assert main([*base, "--check"]) == 1
     out = capsys.readouterr().out
@@ -684,23 +673,14 @@ def test_the_cli(
 
 
 def test_sigterm_stops_a_follow_run_after_its_slice(
-    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, tmp_path: Path
+    shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, topo_file: Path
 ) -> None:
     """A graceful stop leaves nothing in between: no outbox row, no ledger row."""
     make_queue("orders")
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     with psycopg.connect(legacy_dsn, autocommit=True) as c:
         write_jobs(c, range(3000))
-    command = [sys.executable, "-m", "queue_manager.cli.main", "queue", "adopt", "orders", "--topology", str(topo)]
-    command += ["--from", legacy_dsn, "--table", "jobs", "--payload-col", "args", "--tenant-col", "customer"]
-    proc = subprocess.Popen(
-        [*command, "--slice", "10", "--follow", "--progress", "0"],
-        cwd=_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command = [*QM, *adopt_argv(topo_file, legacy_dsn)]
+    proc = _spawn([*command, "--slice", "10", "--follow", "--progress", "0"])
     try:
         assert _wait_line(proc, 60).startswith("adopt ")
         proc.send_signal(signal.SIGTERM)

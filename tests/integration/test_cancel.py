@@ -115,13 +115,11 @@ def test_the_sql_function_cancels_in_the_callers_transaction(shards: Topology, q
 
 
 def test_the_cli_cancels_by_id_and_by_filter_after_a_confirmation_and_lists_and_shows_events(
-    shards: Topology, queue: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+    shards: Topology, queue: str, topo_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
     s0, s1 = shards.shards
     t0, t1 = tenants_of(s0, 1)[0], tenants_of(s1, 1)[0]
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
-    base = ["--topology", str(topo)]
+    base = ["--topology", str(topo_file)]
     ids0 = asyncio.run(insert(s0.dsn, [(t0, {"i": i}) for i in range(3)], fire_in=3600))
     ids1 = asyncio.run(insert(s1.dsn, [(t1, {"i": i}) for i in range(2)], fire_in=3600))
     monkeypatch.setattr("sys.stdin.isatty", lambda: False)
@@ -180,7 +178,7 @@ async def _cancelled_at(dsn: str, ident: int) -> float:
 
 
 async def test_a_running_handler_cancelled_from_the_cli_sees_it_within_100_ms_and_is_never_refired(
-    shards: Topology, queue: str, tmp_path: Path
+    shards: Topology, queue: str, topo_file: Path
 ) -> None:
     """The receiver library asks for cancel frames: a slow coroutine handler's task is cancelled
     within 100 ms of the CLI's cancel; the event ends cancelled at attempt 1, never fired again past
@@ -189,8 +187,6 @@ async def test_a_running_handler_cancelled_from_the_cli_sees_it_within_100_ms_an
 
     s0 = shards.shards[0]
     t = tenants_of(s0, 1)[0]
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
     started: list[int] = []
     stopped: list[float] = []
     done: list[int] = []
@@ -211,7 +207,7 @@ async def test_a_running_handler_cancelled_from_the_cli_sees_it_within_100_ms_an
             [slow] = await insert(s0.dsn, [(t, {"slow": True})])
             await wait_for(lambda: slow in started, 10, "the slow handler started")
             code = await asyncio.to_thread(
-                main, ["events", "cancel", "orders", "--id", str(slow), "--topology", str(topo)]
+                main, ["events", "cancel", "orders", "--id", str(slow), "--topology", str(topo_file)]
             )
             assert code == 0
             await wait_for(lambda: bool(stopped), 2, "the handler's task cancelled")

@@ -31,13 +31,9 @@ def qm(*argv: str, env: dict[str, str] | None = None, importtime: bool = False) 
     )
 
 
-def test_qm_enqueue_imports_no_migration_tool_no_sqlalchemy_no_reshard_workflow(
-    shards: Topology, tmp_path: Path, make_queue
-) -> None:  # type: ignore[no-untyped-def]
+def test_qm_enqueue_imports_no_migration_tool_no_sqlalchemy_no_reshard_workflow(topo_file: Path, make_queue) -> None:  # type: ignore[no-untyped-def]
     make_queue("orders")
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
-    out = qm("enqueue", "orders", "acme", '{"n": 1}', "--topology", str(topo), importtime=True)
+    out = qm("enqueue", "orders", "acme", '{"n": 1}', "--topology", str(topo_file), importtime=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.match(r"enqueued event \d+ on shard s[01]", out.stdout), out.stdout
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)$", out.stderr, flags=re.M))
@@ -51,19 +47,17 @@ def test_qm_enqueue_imports_no_migration_tool_no_sqlalchemy_no_reshard_workflow(
 
 
 def test_create_names_the_shard_of_an_existing_queue_and_if_not_exists_leaves_it(
-    shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    shards: Topology, topo_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
-    assert main(["queue", "create", "jobs", "--partitions", "8", "--topology", str(topo)]) == 0
+    assert main(["queue", "create", "jobs", "--partitions", "8", "--topology", str(topo_file)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "s0: queue jobs created, partitions=8 shuffle=4",
         "s1: queue jobs created, partitions=8 shuffle=4",
     ]
-    assert main(["queue", "create", "jobs", "--topology", str(topo)]) == 2
+    assert main(["queue", "create", "jobs", "--topology", str(topo_file)]) == 2
     err = capsys.readouterr().err
     assert 'shard s0: queue "jobs" already exists (qm queue alter changes its settings)' in err, err
-    assert main(["queue", "create", "jobs", "--partitions", "4", "--if-not-exists", "--topology", str(topo)]) == 0
+    assert main(["queue", "create", "jobs", "--partitions", "4", "--if-not-exists", "--topology", str(topo_file)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [
         f"{s}: queue jobs exists (unchanged) (settings given are not applied: qm queue alter changes them)"
@@ -75,10 +69,8 @@ def test_create_names_the_shard_of_an_existing_queue_and_if_not_exists_leaves_it
         assert row == (8,), "unchanged"
 
 
-def test_shard_for_names_the_tenants_shard_and_its_dsn(shards: Topology, tmp_path: Path) -> None:
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
-    env = {**os.environ, "QM_TOPOLOGY": str(topo)}
+def test_shard_for_names_the_tenants_shard_and_its_dsn(shards: Topology, topo_file: Path) -> None:
+    env = {**os.environ, "QM_TOPOLOGY": str(topo_file)}
     for shard in shards.shards:
         tenant = tenants_of(shard, 1)[0]
         out = qm("shard-for", tenant, env=env)

@@ -70,6 +70,13 @@ async def settle(dsn: str, ids: list[int], state: str, age: str, queue: str = "o
     await execute(dsn, stmt, {"age": age, "ids": ids})
 
 
+async def acked_an_hour_ago(shard: Shard, tenants: list[str]) -> list[int]:
+    """One event per tenant, acked an hour ago (past the tests' retention): their ids."""
+    ids = await insert(shard.dsn, [(t, {}) for t in tenants], fire_in=3600)
+    await settle(shard.dsn, ids, "acked", "1 hour")
+    return ids
+
+
 async def states(dsn: str, queue: str = "orders") -> dict[int, str]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(f"SELECT id, state::text FROM {queue}")
@@ -222,8 +229,7 @@ async def test_a_retention_slice_gives_up_behind_a_table_lock_and_skips_locked_r
     is skipped: the slice deletes the rest, and the row goes in a later slice."""
     make_queue("orders", partitions=1, shuffle=1, retention_seconds=60)
     tenants = tenants_of(shard, 3)
-    ids = await insert(shard.dsn, [(t, {}) for t in tenants], fire_in=3600)
-    await settle(shard.dsn, ids, "acked", "1 hour")
+    ids = await acked_an_hour_ago(shard, tenants)
     q = await settings_of(shard.dsn, "orders")
     async with slicer(shard.dsn) as (m, s):
         async with await psycopg.AsyncConnection.connect(shard.dsn) as holder:
@@ -314,8 +320,7 @@ async def test_idle_moments_take_slices(shard: Shard, make_queue) -> None:  # ty
     quick = {"purge_interval": 3600.0, "reconcile_interval": 3600.0, "slice_interval": 0.02, "rescan_interval": 0.2}
     async with running_manager(shard.dsn, **quick) as m:
         await wait_leader(m)
-        ids = await insert(shard.dsn, [(t, {}) for t in tenants], fire_in=3600)
-        await settle(shard.dsn, ids, "acked", "1 hour")
+        await acked_an_hour_ago(shard, tenants)
         await wait_for(lambda: m.metrics.purged.get(queue="orders", state="acked") == 8, what="the idle slices' purge")
     assert await states(shard.dsn) == {}
     assert m.metrics.slices.get(job="retention", outcome="finished", source="idle") >= 1
@@ -368,8 +373,7 @@ async def test_a_standby_takes_slices_while_the_leader_leads(shard: Shard, make_
         async with running_manager(shard.dsn, slice_interval=0.02) as standby:
             await wait_for(lambda: standby.role == "standby", what="the standby")
             before = await counts(shard.dsn)
-            ids = await insert(shard.dsn, [(t, {}) for t in tenants], fire_in=3600)
-            await settle(shard.dsn, ids, "acked", "1 hour")
+            await acked_an_hour_ago(shard, tenants)
             await wait_for(
                 lambda: standby.metrics.purged.get(queue="orders", state="acked") == 8, what="the standby's purge"
             )
@@ -461,8 +465,7 @@ async def test_reconciliation_slices_beside_a_stream_of_acks_leave_the_counters_
 async def test_qm_status_shows_the_slices_of_every_manager(shards: Topology, shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
     make_queue("orders", partitions=2, shuffle=1, retention_seconds=60)
     tenants = tenants_of(shard, 2)
-    ids = await insert(shard.dsn, [(t, {}) for t in tenants], fire_in=3600)
-    await settle(shard.dsn, ids, "acked", "1 hour")
+    await acked_an_hour_ago(shard, tenants)
     q = await settings_of(shard.dsn, "orders")
     async with slicer(shard.dsn) as (_, s):
         await drain_partitions(s, q)
@@ -528,8 +531,7 @@ async def test_with_the_leader_stopped_the_standby_still_purges(
     term, _ = await lease(shard.dsn)
     os.kill(leader.pid, signal.SIGSTOP)
     try:
-        ids = await insert(shard.dsn, [(t, {}) for t in tenants_of(shard, 8)], fire_in=3600)
-        await settle(shard.dsn, ids, "acked", "1 hour")
+        await acked_an_hour_ago(shard, tenants_of(shard, 8))
         started = time.monotonic()
         while await states(shard.dsn):
             assert time.monotonic() - started < PURGE_WITHIN, "the standby did not purge while the leader was stopped"

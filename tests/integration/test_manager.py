@@ -851,6 +851,16 @@ FIRE_DUE = {
     "since": None,
     "queue_id": 1,
 }
+#: the parameters of mgr_sweep in the plan tests
+SWEEP = {
+    "term": 1,
+    "resume_at": None,
+    "limit": 1000,
+    "max_attempts": 3,
+    "backoff_min": 0.1,
+    "backoff_max": 0.3,
+    "queue_id": 1,
+}
 
 
 def test_the_pick_reads_each_level_of_each_partition_in_index_order_and_fires_by_primary_key(
@@ -877,16 +887,7 @@ def test_the_pick_reads_each_level_of_each_partition_in_index_order_and_fires_by
         floor = c.execute("SELECT extract(epoch FROM min(fire_at))::float8 + 0.001 FROM " + queue).fetchone()
         assert floor is not None
         low = floor[0]
-        sweep = {
-            "term": 1,
-            "resume_at": None,
-            "limit": 1000,
-            "max_attempts": 3,
-            "backoff_min": 0.1,
-            "backoff_max": 0.3,
-            "queue_id": 1,
-        }
-        plan = _explain(c, store.queue_sql("mgr_sweep", queue).as_string(c), sweep)
+        plan = _explain(c, store.queue_sql("mgr_sweep", queue).as_string(c), SWEEP)
         scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan) if n.get("Relation Name") == queue]
         assert ("Seq Scan", None) not in scans and ("Index Scan", f"{queue}_pkey") in scans, scans
         floors = "{" + ",".join(str(low) if i % 3 else "NULL" for i in range(20)) + "}"
@@ -1002,15 +1003,7 @@ def test_statements_on_named_rows_find_them_by_primary_key_while_vacuum_is_held_
         }
         picked = {
             "mgr_fire_due": {**FIRE_DUE, "since": 0.0},
-            "mgr_sweep": {
-                "term": 1,
-                "resume_at": None,
-                "limit": 1000,
-                "max_attempts": 3,
-                "backoff_min": 0.1,
-                "backoff_max": 0.3,
-                "queue_id": 1,
-            },
+            "mgr_sweep": SWEEP,
         }
         for setting, value in store.PLANNER_SETTINGS.items():
             c.execute(f"SET {setting} = {value}")

@@ -345,13 +345,11 @@ async def test_a_rate_key_is_fired_at_most_its_rate_plus_one_in_any_second(shard
 
 
 def test_the_cli_sets_priorities_and_key_limits_and_a_keys_own_limits(
-    shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    shards: Topology, topo_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from queue_manager.cli.main import main
 
-    topo = tmp_path / "t.toml"
-    topo.write_text(shards.to_toml())
-    t = ["--topology", str(topo)]
+    t = ["--topology", str(topo_file)]
     create = [
         "queue",
         "create",

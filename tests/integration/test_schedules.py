@@ -9,6 +9,7 @@ import itertools
 import json
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -217,15 +218,13 @@ CLI_BAD = [
 
 
 def test_the_cli_adds_lists_shows_pauses_resumes_removes_and_refuses_bad_input(
-    shards: Topology, queue: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+    shards: Topology, queue: str, topo_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from queue_manager.cli.main import main
 
     s0, s1 = shards.shards
     t, other = tenants_of(s0, 1)[0], tenants_of(s1, 1)[0]
-    topo = tmp_path / "topology.toml"
-    topo.write_text(shards.to_toml())
-    base = ["--topology", str(topo)]
+    base = ["--topology", str(topo_file)]
     add = ["schedule", "add", "--queue", "orders", "--tenant", t, *base]
     assert main([*add[:2], "taken", *add[2:], "--every", "1h"]) == 0
     assert main(["schedule", "add", "on-s1", "--queue", "orders", "--tenant", other, "--every", "1h", *base]) == 0

@@ -168,9 +168,9 @@ def test_status_reports_an_unreachable_shard(shards: Topology, make_queue: Any) 
     assert data["shards"][0]["queues"][0]["queue"] == "orders"
 
 
-def test_cli_queue_lifecycle(shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    topo = tmp_path / "t.toml"
-    topo.write_text(shards.to_toml())
+def test_cli_queue_lifecycle(
+    shards: Topology, tmp_path: Path, topo_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert (
         main(
             [
@@ -184,32 +184,35 @@ def test_cli_queue_lifecycle(shards: Topology, tmp_path: Path, capsys: pytest.Ca
                 "--ack-timeout",
                 "5",
                 "--topology",
-                str(topo),
+                str(topo_file),
             ]
         )
         == 0
     )
-    assert main(["queue", "create", "jobs", "--topology", str(topo)]) == 2  # exists
+    assert main(["queue", "create", "jobs", "--topology", str(topo_file)]) == 2  # exists
     assert "already exists" in capsys.readouterr().err
-    assert main(["queue", "create", "jobs", "--if-not-exists", "--topology", str(topo)]) == 0
-    assert main(["queue", "create", "Bad", "--topology", str(topo)]) == 2
+    assert main(["queue", "create", "jobs", "--if-not-exists", "--topology", str(topo_file)]) == 0
+    assert main(["queue", "create", "Bad", "--topology", str(topo_file)]) == 2
     assert "invalid queue name" in capsys.readouterr().err
-    assert main(["queue", "create", "bad_shuffle", "--partitions", "2", "--shuffle", "4", "--topology", str(topo)]) == 2
+    assert (
+        main(["queue", "create", "bad_shuffle", "--partitions", "2", "--shuffle", "4", "--topology", str(topo_file)])
+        == 2
+    )
     assert "invalid settings" in capsys.readouterr().err
-    assert main(["queue", "alter", "jobs", "--max-attempts", "3", "--topology", str(topo)]) == 0
-    assert main(["queue", "pause", "jobs", "--topology", str(topo)]) == 0
+    assert main(["queue", "alter", "jobs", "--max-attempts", "3", "--topology", str(topo_file)]) == 0
+    assert main(["queue", "pause", "jobs", "--topology", str(topo_file)]) == 0
     capsys.readouterr()
-    assert main(["queue", "list", "--json", "--topology", str(topo)]) == 0
+    assert main(["queue", "list", "--json", "--topology", str(topo_file)]) == 0
     listing = json.loads(capsys.readouterr().out)
     for shard in ("s0", "s1"):
         (jobs,) = [q for q in listing[shard] if q["name"] == "jobs"]
         assert (jobs["partitions"], jobs["shuffle"], jobs["max_attempts"], jobs["paused"]) == (8, 2, 3, True)
         assert jobs["ack_timeout_seconds"] == 5
     tenant = tenants_of(shards.shards[1], 1)[0]
-    assert main(["enqueue", "jobs", tenant, '{"hello": 1}', "--topology", str(topo)]) == 0
+    assert main(["enqueue", "jobs", tenant, '{"hello": 1}', "--topology", str(topo_file)]) == 0
     assert "on shard s1" in capsys.readouterr().out
-    assert main(["enqueue", "jobs", tenant, "not json", "--topology", str(topo)]) == 2
-    assert main(["status", "--topology", str(topo)]) == 0
+    assert main(["enqueue", "jobs", tenant, "not json", "--topology", str(topo_file)]) == 2
+    assert main(["status", "--topology", str(topo_file)]) == 0
     out = capsys.readouterr().out
     assert "jobs: length 1" in out and "PAUSED" in out
     assert main(["status", "--topology", str(tmp_path / "missing.toml")]) == 2
@@ -274,24 +277,20 @@ def test_producers_notify_only_a_waiting_manager(shard: Shard, make_queue: Any) 
 
 
 def test_cli_manager_refuses_bad_maintenance_intervals(
-    shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    shards: Topology, tmp_path: Path, topo_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    topo = tmp_path / "t.toml"
-    topo.write_text(shards.to_toml())
     tokens = fleet.write_tokens(tmp_path / "tokens.toml", [fleet.Token("all", "secret-all-queues-0001")])
     shard = shards.shards[0].name
     for option in ("sweep_interval", "purge_interval", "reconcile_interval", "slice_interval"):
-        assert main(fleet.manager_argv(topo, shard, tokens, **{option: 0})) == 2
+        assert main(fleet.manager_argv(topo_file, shard, tokens, **{option: 0})) == 2
         err = capsys.readouterr().err
         assert option + " must be a positive number of seconds" in err
 
 
 def test_cli_sets_lists_and_unsets_tenant_overrides_on_the_tenant_shard(
-    shards: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    shards: Topology, topo_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    topo = tmp_path / "t.toml"
-    topo.write_text(shards.to_toml())
-    t = ["--topology", str(topo)]
+    t = ["--topology", str(topo_file)]
     assert main(["queue", "create", "jobs", "--tenant-max-in-flight", "20", *t]) == 0
     tenant = tenants_of(shards.shards[1], 1)[0]
     assert main(["queue", "tenant", "set", "jobs", tenant, "--weight", "3", "--max-in-flight", "5", *t]) == 0

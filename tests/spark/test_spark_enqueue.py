@@ -21,6 +21,7 @@ from queue_manager.db.sqlfiles import query
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import ConfigurationError, InvalidEventError, UnknownQueueError
 from spark_jobs import enqueue as ej
+from tests.conftest import count_on_shards
 
 pytestmark = pytest.mark.spark
 
@@ -51,12 +52,7 @@ def stored(topology: Topology, queue: str) -> dict[str, list[tuple[str, int, int
 
 
 def count_events(topology: Topology, queue: str) -> int:
-    total = 0
-    for s in topology.shards:
-        with psycopg.connect(s.dsn) as conn:
-            row = conn.execute(f"SELECT count(*) FROM {queue}").fetchone()
-            total += int(row[0]) if row else 0
-    return total
+    return count_on_shards(topology, f"SELECT count(*) FROM {queue}")
 
 
 def all_ns(topology: Topology, queue: str) -> list[int]:
@@ -82,23 +78,13 @@ def ledger(topology: Topology, run: str) -> dict[str, tuple[Any, ...] | None]:
 
 
 def stage_tables(topology: Topology) -> int:
-    total = 0
-    for s in topology.shards:
-        with psycopg.connect(s.dsn) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_tables WHERE schemaname = 'qm' AND tablename LIKE 'spark_stage_%'"
-            ).fetchone()
-            total += int(row[0]) if row else 0
-    return total
+    return count_on_shards(
+        topology, "SELECT count(*) FROM pg_tables WHERE schemaname = 'qm' AND tablename LIKE 'spark_stage_%'"
+    )
 
 
 def prepared(topology: Topology) -> int:
-    total = 0
-    for s in topology.shards:
-        with psycopg.connect(s.dsn) as conn:
-            row = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()").fetchone()
-            total += int(row[0]) if row else 0
-    return total
+    return count_on_shards(topology, "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()")
 
 
 def test_100k_rows_land_on_the_right_shards_and_partitions(

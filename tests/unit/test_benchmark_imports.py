@@ -5,8 +5,9 @@
   benchmark, no private module (``_x``) and no private name, and reaches no private attribute
   of a helper module; nothing edits ``sys.path``; imports are absolute.
 - ``benchmarks/peers/`` runs in the peers' own virtualenv, which does not have this project
-  installed: it imports the standard library, the peers and their drivers, itself and
-  ``benchmarks.lib.machine`` (itself standard library only at import time), nothing else.
+  installed: it imports the standard library, the peers and their drivers, itself,
+  ``benchmarks.lib.wal`` (the driver only), ``benchmarks.lib.machine`` and
+  ``benchmarks.lib.timings`` (themselves standard library only at import time), nothing else.
 
 A new benchmark module needs no change here: it is checked by being in ``benchmarks/``.
 """
@@ -24,7 +25,7 @@ BENCH = ROOT / "benchmarks"
 #: what the peers' virtualenv has besides the standard library (benchmarks/peers/requirements.txt)
 PEERS_PACKAGES = {"psycopg", "psycopg_pool", "asyncpg", "uvloop", "pgqueuer", "procrastinate"}
 #: the project modules the peers' code may import (helpers of the standard library and the driver only)
-PEERS_MAY_IMPORT = ("benchmarks.peers", "benchmarks.lib.machine", "benchmarks.lib.wal")
+PEERS_MAY_IMPORT = ("benchmarks.peers", "benchmarks.lib.machine", "benchmarks.lib.wal", "benchmarks.lib.timings")
 
 
 def module_name(path: Path) -> str:
@@ -47,7 +48,7 @@ def problems(module: str, source: str, benchmarks: set[str]) -> list[str]:
     """What breaks the rules above in ``source`` (the text of ``module``)."""
     tree = ast.parse(source)
     out: list[str] = []
-    peers_side = module.startswith("benchmarks.peers") or module == "benchmarks.lib.machine"
+    peers_side = module.startswith("benchmarks.peers") or module in ("benchmarks.lib.machine", "benchmarks.lib.timings")
     bench_aliases: set[str] = set()  # local names bound to a benchmarks module
 
     def check_target(target: str, line: int) -> None:

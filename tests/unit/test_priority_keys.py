@@ -108,9 +108,7 @@ def test_an_aged_backlog_does_not_shut_out_a_stream_of_higher_events() -> None:
     """A backlog of level 3 that waited two intervals counts 1: the fresh events of level 1 still
     get every other place of a pick, not the place after the whole backlog."""
     c = WindowCache()
-    c.replace(
-        [entry(i, i % 4, 3, NOW - 300.0 + i * 0.01) for i in range(200)] + [entry(1000, 1, 1, NOW - 0.001)], []
-    )
+    c.replace([entry(i, i % 4, 3, NOW - 300.0 + i * 0.01) for i in range(200)] + [entry(1000, 1, 1, NOW - 0.001)], [])
     assert 1000 in [e.id for e, _ in c.take(NOW, 2, anyone, aging=30.0)]
 
 

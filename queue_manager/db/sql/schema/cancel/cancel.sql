@@ -14,10 +14,7 @@ DECLARE
     waiting_parts smallint[];
     held bigint[];
 BEGIN
-    SELECT * INTO q FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    q := qm.queue_named(queue_name);
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN ARRAY[]::bigint[];
     END IF;

@@ -6,10 +6,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     q qm.queues;
 BEGIN
-    SELECT * INTO q FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    q := qm.queue_named(queue_name);
     PERFORM nextval(q.enq_seqs[p.part + 1])
        FROM unnest(partitions, counts) AS p(part, cnt), generate_series(1, p.cnt)
       WHERE p.part >= 0 AND p.part < cardinality(q.enq_seqs);

@@ -8,10 +8,7 @@ DECLARE
     q qm.queues;
     live bigint[];
 BEGIN
-    SELECT * INTO q FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    q := qm.queue_named(queue_name);
     SELECT array_agg((qm.reconcile_partition(queue_name, p))[2] ORDER BY p) INTO live
       FROM generate_series(0, q.partitions_physical - 1) p;
     RETURN live;

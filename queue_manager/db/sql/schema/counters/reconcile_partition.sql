@@ -17,10 +17,7 @@ DECLARE
     d0 bigint;
     d1 bigint;
 BEGIN
-    SELECT * INTO q FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    q := qm.queue_named(queue_name);
     IF part IS NULL OR part < 0 OR part >= q.partitions_physical THEN
         RAISE EXCEPTION 'queue "%" has no partition % (it has %)', queue_name, part, q.partitions_physical
             USING ERRCODE = '22023';

@@ -6,10 +6,7 @@ DECLARE
     q qm.queues;
     remaining bigint;
 BEGIN
-    SELECT * INTO q FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    q := qm.queue_named(queue_name);
     IF q.partitions_physical = q.partitions THEN
         RETURN 0;
     END IF;

@@ -20,9 +20,7 @@ DECLARE
     n integer;
     m integer;
 BEGIN
-    IF NOT EXISTS (SELECT FROM qm.queues WHERE name = queue_name) THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    PERFORM qm.queue_named(queue_name);
     t := format('public.%I', queue_name);
     seq := pg_get_serial_sequence(t, 'id');
     PERFORM set_config('session_replication_role', 'replica', true);

@@ -9,10 +9,7 @@ DECLARE
     qid integer;
     n integer;
 BEGIN
-    SELECT id INTO qid FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    qid := (qm.queue_named(queue_name)).id;
     DELETE FROM qm.tenant_settings ts
      WHERE ts.queue_id = qid
        AND (range_start = '' OR qm.keyspace_hex(ts.tenant) COLLATE "C" >= range_start)

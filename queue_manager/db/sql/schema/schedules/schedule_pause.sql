@@ -4,14 +4,10 @@
 -- policy): a resume goes on from its own time. Unknown name: 42704.
 CREATE OR REPLACE FUNCTION qm.schedule_pause(name text) RETURNS qm.schedules
 LANGUAGE plpgsql AS $$
-#variable_conflict use_variable
 DECLARE
     r qm.schedules;
 BEGIN
-    SELECT * INTO r FROM qm.schedules s WHERE s.name = name FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no schedule named % on this shard', quote_literal(name) USING ERRCODE = '42704';
-    END IF;
+    r := qm.schedule_locked(name);
     PERFORM qm.schedule_drop_pending(r);
     UPDATE qm.schedules s SET paused = true, next_at = least(s.next_at, now()), updated_at = now()
      WHERE s.id = r.id RETURNING * INTO r;

@@ -6,12 +6,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r qm.schedules;
 BEGIN
-    SELECT * INTO r FROM qm.schedules s WHERE s.name = name FOR UPDATE;
+    DELETE FROM qm.schedules s WHERE s.name = name RETURNING * INTO r;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     PERFORM qm.schedule_drop_pending(r);
-    DELETE FROM qm.schedules s WHERE s.id = r.id;
     RETURN true;
 END
 $$;

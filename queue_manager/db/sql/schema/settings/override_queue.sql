@@ -9,10 +9,7 @@ DECLARE
     qid integer;
     name text;
 BEGIN
-    SELECT id INTO qid FROM qm.queues WHERE qm.queues.name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    qid := (qm.queue_named(queue_name)).id;
     IF settings IS NULL OR jsonb_typeof(settings) <> 'object' THEN
         RAISE EXCEPTION '% settings must be a JSON object, got %', what, coalesce(jsonb_typeof(settings), 'NULL')
             USING ERRCODE = '22023';

@@ -4,10 +4,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     qid integer;
 BEGIN
-    SELECT id INTO qid FROM qm.queues WHERE name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    qid := (qm.queue_named(queue_name)).id;
     DELETE FROM qm.key_settings WHERE queue_id = qid AND tenant = tenant_name AND key = key_name;
     RETURN FOUND;
 END

@@ -32,9 +32,7 @@ BEGIN
         RAISE EXCEPTION 'Spark run % of queue "%" is not staged on this shard (state %): run the job again',
             quote_literal(run), queue_name, coalesce(r.state, 'none') USING ERRCODE = '55000';
     END IF;
-    IF NOT EXISTS (SELECT FROM qm.queues WHERE name = queue_name) THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    PERFORM qm.queue_named(queue_name);
     IF two_phase THEN
         PERFORM set_config('qm.defer_wake', 'on', true);
     END IF;

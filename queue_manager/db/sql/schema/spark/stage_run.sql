@@ -8,9 +8,7 @@ DECLARE
     r qm.spark_runs;
     t text;
 BEGIN
-    IF NOT EXISTS (SELECT FROM qm.queues WHERE name = queue_name) THEN
-        RAISE EXCEPTION 'queue "%" does not exist on this shard', queue_name USING ERRCODE = '42P01';
-    END IF;
+    PERFORM qm.queue_named(queue_name);
     INSERT INTO qm.spark_runs (run_id, queue, state) VALUES (run, queue_name, 'staging') ON CONFLICT DO NOTHING;
     SELECT * INTO STRICT r FROM qm.spark_runs WHERE run_id = run AND queue = queue_name FOR UPDATE;
     IF r.state IN ('published', 'staged') THEN
