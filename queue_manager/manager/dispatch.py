@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
@@ -365,7 +366,7 @@ class Dispatcher:
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
             choose = self._chooser(q, subs)
-            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows}, started)
+            self._push(q, rows, [choose(r[1]) or subs[0] for r in rows], started)
         return len(rows)
 
     def _started(self) -> int:
@@ -436,7 +437,7 @@ class Dispatcher:
             if len(q.cache):
                 q.cache.discard_ids({r[0] for r in rows})
             choose = self._chooser(q, subs)
-            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows}, started)
+            self._push(q, rows, [choose(r[1]) or subs[0] for r in rows], started)
         self._keys_passed(q, ckeys, rkeys, rows)
         return len(rows)
 
@@ -502,7 +503,7 @@ class Dispatcher:
         if q.policy.active and rows:
             q.fair.charge((r[1] for r in rows), q.policy)
         by_id = {e.id: (e, c) for e, c in taken}
-        self._push(q, rows, {i: c for i, (_, c) in by_id.items()}, started)
+        self._push(q, rows, [by_id[r[0]][1] for r in rows], started)
         if admit.passed:
             self._keys_passed(q, ckeys, rkeys, rows)
         for r in rows:
@@ -516,66 +517,58 @@ class Dispatcher:
             db_clock.lean_later(LEAN_LATER)
         return len(rows)
 
-    def _push(self, q: QueueRuntime, rows: list[_Row], assign: dict[int, Subscriber], started: int = 0) -> None:
+    def _push(self, q: QueueRuntime, rows: list[_Row], assign: list[Subscriber], started: int = 0) -> None:
         """Record fired rows in the ledger and send them, one or more deliver frames per receiver
-        (with each event's trace context, when it has one). ``started``: the fire's start when this
-        batch is traced (its span ends here)."""
+        (with each event's trace context, when it has one); ``assign[i]`` takes ``rows[i]``.
+        ``started``: the fire's start when this batch is traced (its span ends here)."""
         rt = self.rt
         pushed_db = rt.db_clock.now()
         mono = rt.clock.monotonic()
-        out: dict[Subscriber, list[str]] = {}
+        #: per receiver of this batch, its events (frames.event) and ledger records; None: it went away or
+        #: fell silent (a receiver's state does not change during this call)
+        dest: dict[Subscriber, tuple[list[dict[str, Any]], list[tuple[int, int, str, str | None]]] | None] = {}
         orphans: list[ReleaseItem] = []
         unheard: list[ReleaseItem] = []
         ledger = q.ledger
-        hold = ledger.hold
         delays = []
         tenants = []
-        event_json = frames.event_json
-        trace_json = frames.trace_json
+        event = frames.event
         rates = q.rates if q.keys.limits_rate else None
-        for ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage, priority, ck, rk in rows:
-            c = assign[ident]
+        for row, c in zip(rows, assign, strict=True):
+            ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage, priority, ck, rk = row
             key = None if ck is None else tenant + SEP + ck
             if rates is not None and rk is not None:
                 rate_key = tenant + SEP + rk
                 rate = q.keys.max_qps(rate_key)
                 if rate is not None:
                     rates.spent(rate_key, rate, mono)
-            if c.closed:
-                orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
+            try:
+                to = dest[c]
+            except KeyError:
+                to = dest[c] = None if c.closed or c.silent else ([], [])
+            if to is None:
+                if c.closed:
+                    orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
+                else:  # the collector found it silent while this fire was on its way
+                    unheard.append((ident, attempt, 0.0, "receiver fell silent before the push"))
                 ledger.stray(ident, attempt, key)  # its key counts it until the release commits
                 continue
-            if c.silent:  # the collector found it silent while this fire was on its way
-                unheard.append((ident, attempt, 0.0, "receiver fell silent before the push"))
-                ledger.stray(ident, attempt, key)
-                continue
-            hold(c.id, ident, attempt, mono, tenant, key)
-            events = out.get(c)
-            if events is None:
-                events = out[c] = []
-            if traceparent is None and tracestate is None and baggage is None:
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, "", priority))
-            else:
-                trace = trace_json(traceparent, tracestate, baggage)
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace, priority))
+            to[0].append(
+                event(ident, attempt, tenant, part, fire_at, payload, priority, traceparent, tracestate, baggage)
+            )
+            to[1].append((ident, attempt, tenant, key))
             delays.append(pushed_db - fire_at if pushed_db > fire_at else 0.0)
             tenants.append(tenant)
+        per_frame = rt.config.max_events_per_frame
+        for c, to in dest.items():
+            if to is not None:
+                ledger.hold_many(c.id, mono, to[1])
+                for text in frames.deliver_frames(q.name, to[0], per_frame):
+                    c.send(text)
         if delays:
             rt.metrics.pickup.observe_many(delays, queue=q.name)
             rt.metrics.observe_dwell(q.name, tenants, delays, mono)
             rt.metrics.fired.inc(len(delays), queue=q.name)
-        per_frame = rt.config.max_events_per_frame
-        for c, events in out.items():
-            chunk: list[str] = []
-            size = 0
-            for ev in events:
-                if chunk and (len(chunk) >= per_frame or size + len(ev) > frames.MAX_FRAME_BYTES):
-                    c.send(frames.deliver_frame(q.name, chunk))
-                    chunk, size = [], 0
-                chunk.append(ev)
-                size += len(ev) + 1
-            if chunk:
-                c.send(frames.deliver_frame(q.name, chunk))
         rt.release_soon(q, orphans, "disconnect")
         rt.release_soon(q, unheard, "silent")
         if started and rt.tracer is not None:

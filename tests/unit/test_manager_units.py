@@ -385,6 +385,31 @@ def test_deliver_frame() -> None:
     assert json.loads(proto.deliver_frame("orders", [])) == {"type": "deliver", "queue": "orders", "events": []}
 
 
+def test_deliver_frames_cut_by_count_and_by_bytes_and_keep_the_order() -> None:
+    """The manager's path: one orjson call per frame; at most per_frame events and MAX_FRAME_BYTES
+    bytes a frame, an event larger than that alone in its own; the same members as event_json's,
+    the trace context's only when set."""
+    small = [proto.event(i, 1, "t", 0, 1.5 + i, json.dumps({"i": i}), 2) for i in range(1, 8)]
+    texts = proto.deliver_frames("orders", small, 3)
+    got = [json.loads(t) for t in texts]
+    assert [[e["id"] for e in g["events"]] for g in got] == [[1, 2, 3], [4, 5, 6], [7]]
+    assert all(g["type"] == "deliver" and g["queue"] == "orders" for g in got)
+    assert texts[0].startswith('{"type":"deliver","queue":"orders","events":[{"id":1,')
+    assert got[0]["events"][0] == json.loads(proto.event_json(1, 1, "t", 0, 2.5, '{"i": 1}', priority=2))
+    big = "x" * (proto.MAX_FRAME_BYTES // 3)
+    large = [proto.event(i, 1, "t", 0, 1.0, json.dumps(big), 3) for i in range(1, 6)]
+    large.append(proto.event(6, 1, "t", 0, 1.0, json.dumps(big * 4), 3))
+    texts = proto.deliver_frames("orders", large, 500)
+    ids = [[e["id"] for e in json.loads(t)["events"]] for t in texts]
+    assert [i for frame in ids for i in frame] == [1, 2, 3, 4, 5, 6] and ids[-1] == [6]
+    assert all(len(t.encode()) <= proto.MAX_FRAME_BYTES for t in texts[:-1]) and len(texts) <= 5
+    traced = proto.event(9, 2, "t", 1, 1.0, "null", 3, "00-" + "a" * 32 + "-" + "b" * 16 + "-01", None, "a=b")
+    (one,) = json.loads(proto.deliver_frames("orders", [traced], 10)[0])["events"]
+    members = ["id", "attempt", "tenant", "partition", "fire_at", "priority", "payload", "traceparent", "baggage"]
+    assert list(one) == members
+    assert proto.deliver_frames("orders", [], 10) == []
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     tenant=st.text(st.characters(blacklist_categories=["Cs"]), min_size=1),
