@@ -967,6 +967,19 @@ def test_histogram_buckets_are_cumulative() -> None:
     )
 
 
+def test_histogram_observe_many_counts_as_one_observe_each() -> None:
+    """A batch's values (the fired and acked batches' path: sorted, one bisection per bucket) land
+    where observing them one by one puts them, bounds and values above the last bound included."""
+    values = [0.5, 1, 1, 1.5, 2, 7, 0.0, 2, 3]
+    one, many = Registry(), Registry()
+    h1 = one.histogram("qm_h", "H.", buckets=(1, 2, 5))
+    for v in values:
+        h1.observe(v, queue="q")
+    many.histogram("qm_h", "H.", buckets=(1, 2, 5)).observe_many(iter(values), queue="q")
+    assert one.render() == many.render()
+    assert 'qm_h_bucket{queue="q",le="1"} 4' in many.render().splitlines()
+
+
 def test_histogram_default_buckets_and_no_labels() -> None:
     r = Registry()
     h = r.histogram("qm_d", "Default buckets.")
