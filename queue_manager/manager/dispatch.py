@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from queue_manager.manager import plan, store
@@ -33,8 +33,49 @@ from queue_manager.wire.session import ReleaseItem
 MAX_REFUSALS = 20
 #: how much later the database clock is assumed after a fire refused as a hair early
 LEAN_LATER = 0.0005
+_INF = float("inf")
 
 _Row = store.FiredRow
+
+
+def streams_fired(
+    rows: list[_Row], levels: int, counts: Sequence[int]
+) -> tuple[dict[int, int], dict[int, float], dict[int, float], dict[int, float], dict[int, int]]:
+    """What a ``mgr_fire_due`` pick fired, by stream (slot ``partition * levels + level - 1``, as
+    the floors' slots, WakeState.slot): the events per slot, the latest fire_at per slot, the
+    earliest per partition and per level, and the events per partition of the levels of the last
+    count served, where the batch was cut (the cursor turns at those; the levels before them gave
+    all they had, or their streams' caps). One dictionary step per event, the rest per stream."""
+    stats: dict[int, list[Any]] = {}  # slot -> [events, latest fire_at, earliest fire_at]
+    for r in rows:
+        fire_at = r[4]
+        slot = r[2] * levels + r[9] - 1
+        st = stats.get(slot)
+        if st is None:
+            stats[slot] = [1, fire_at, fire_at]
+        else:
+            st[0] += 1
+            if fire_at > st[1]:
+                st[1] = fire_at
+            elif fire_at < st[2]:
+                st[2] = fire_at
+    per_slot: dict[int, int] = {}
+    tops: dict[int, float] = {}
+    heads: dict[int, float] = {}
+    lows: dict[int, float] = {}
+    per_part: dict[int, int] = {}
+    last = max((counts[slot % levels] for slot in stats), default=0)
+    for slot, (n, top, first) in stats.items():
+        p, v = divmod(slot, levels)
+        per_slot[slot] = n
+        tops[slot] = top
+        if first < heads.get(p, _INF):
+            heads[p] = first
+        if first < lows.get(v + 1, _INF):
+            lows[v + 1] = first
+        if counts[v] == last:
+            per_part[p] = per_part.get(p, 0) + n
+    return per_slot, tops, heads, lows, per_part
 
 
 class Dispatcher:
@@ -321,34 +362,14 @@ class Dispatcher:
         )
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
-        # the cursor turns at the levels of the last count served, where the batch was cut; the levels
-        # before them gave all they had (or their streams' caps)
-        last = max((counts[r[9] - 1] for r in rows), default=0)
-        per_part: dict[int, int] = {}
-        per_slot: dict[int, int] = {}  # by stream, as the floors' slots (WakeState.slot)
-        tops: dict[int, float] = {}
-        heads: dict[int, float] = {}
-        lows: dict[int, float] = {}
         levels = ws.levels
-        inf = float("inf")
-        for r in rows:
-            p, fire_at, v = r[2], r[4], r[9]
-            slot = p * levels + v - 1
-            per_slot[slot] = per_slot.get(slot, 0) + 1
-            if fire_at > tops.get(slot, -inf):
-                tops[slot] = fire_at
-            if fire_at < heads.get(p, inf):
-                heads[p] = fire_at
-            if fire_at < lows.get(v, inf):
-                lows[v] = fire_at
-            if counts[v - 1] == last:
-                per_part[p] = per_part.get(p, 0) + 1
+        per_slot, tops, heads, lows, per_part = streams_fired(rows, levels, counts)
         if rows:
             # each level's oldest due event: its streams' heads probed (behind a backlog), or its
             # oldest fired
             probed = list(oldest) or [None] * levels
             q.pick.levels_read(
-                [min(t, lows.get(v, inf)) if t is not None else lows.get(v) for v, t in enumerate(probed, 1)]
+                [min(t, lows.get(v, _INF)) if t is not None else lows.get(v) for v, t in enumerate(probed, 1)]
             )
         per_stream = {(s // levels, s % levels + 1): n for s, n in per_slot.items()}
         # short of the limit: every stream was read, and those that gave nothing have nothing due

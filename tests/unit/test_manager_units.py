@@ -1040,3 +1040,34 @@ def test_partial_replace_keeps_the_other_partitions() -> None:
     assert len(cache) == 3
     assert cache.truncated == {3}
     assert [e.id for e, _ in cache.take(100.0, 10, lambda e: "r")] == [1, 3, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 5), st.floats(1e9, 1e9 + 100, allow_nan=False)), max_size=40
+    ),
+    st.lists(st.integers(0, 3), min_size=5, max_size=5),
+)
+def test_streams_fired_sums_up_a_pick_as_a_step_per_event_does(picked: list[Any], counts: list[int]) -> None:
+    """The fired rows' summary by stream (one dictionary step per event, the rest per stream)
+    against the plain loop over every row that it replaced."""
+    from queue_manager.manager.dispatch import streams_fired
+
+    levels = 5
+    rows = [(i, "t", p, 1, t, "{}", None, None, None, v, None, None) for i, (p, v, t) in enumerate(picked)]
+    per_slot: dict[int, int] = {}
+    tops: dict[int, float] = {}
+    heads: dict[int, float] = {}
+    lows: dict[int, float] = {}
+    per_part: dict[int, int] = {}
+    last = max((counts[v - 1] for _, v, _ in picked), default=0)
+    for p, v, t in picked:
+        slot = p * levels + v - 1
+        per_slot[slot] = per_slot.get(slot, 0) + 1
+        tops[slot] = max(t, tops.get(slot, t))
+        heads[p] = min(t, heads.get(p, t))
+        lows[v] = min(t, lows.get(v, t))
+        if counts[v - 1] == last:
+            per_part[p] = per_part.get(p, 0) + 1
+    assert streams_fired(rows, levels, counts) == (per_slot, tops, heads, lows, per_part)
