@@ -124,18 +124,19 @@ def _instrument_store(counters: dict[str, list[float]], slow: list[tuple[str, fl
 
 
 def _instrument_frames(counters: dict[str, list[float]]) -> None:
-    """Count deliver frames and the events in them (wraps ``frames.deliver_frame``)."""
+    """Count deliver frames and the events in them (wraps ``frames.deliver_frames``)."""
     from queue_manager.wire import frames as protocol
 
-    original = protocol.deliver_frame
+    original = protocol.deliver_frames
 
-    def counted(queue: str, events: list[str]) -> str:
+    def counted(queue: str, events: list[dict[str, Any]], per_frame: int) -> list[str]:
+        texts = original(queue, events, per_frame)
         c = counters.setdefault("deliver_frames", [0, 0.0, 0])
-        c[0] += 1
+        c[0] += len(texts)
         c[2] += len(events)
-        return original(queue, events)
+        return texts
 
-    protocol.deliver_frame = counted
+    protocol.deliver_frames = counted
 
 
 def otel_sdk() -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
@@ -32,8 +33,49 @@ from queue_manager.wire.session import ReleaseItem
 MAX_REFUSALS = 20
 #: how much later the database clock is assumed after a fire refused as a hair early
 LEAN_LATER = 0.0005
+_INF = float("inf")
 
 _Row = store.FiredRow
+
+
+def streams_fired(
+    rows: list[_Row], levels: int, counts: Sequence[int]
+) -> tuple[dict[int, int], dict[int, float], dict[int, float], dict[int, float], dict[int, int]]:
+    """What a ``mgr_fire_due`` pick fired, by stream (slot ``partition * levels + level - 1``, as
+    the floors' slots, WakeState.slot): the events per slot, the latest fire_at per slot, the
+    earliest per partition and per level, and the events per partition of the levels of the last
+    count served, where the batch was cut (the cursor turns at those; the levels before them gave
+    all they had, or their streams' caps). One dictionary step per event, the rest per stream."""
+    stats: dict[int, list[Any]] = {}  # slot -> [events, latest fire_at, earliest fire_at]
+    for r in rows:
+        fire_at = r[4]
+        slot = r[2] * levels + r[9] - 1
+        st = stats.get(slot)
+        if st is None:
+            stats[slot] = [1, fire_at, fire_at]
+        else:
+            st[0] += 1
+            if fire_at > st[1]:
+                st[1] = fire_at
+            elif fire_at < st[2]:
+                st[2] = fire_at
+    per_slot: dict[int, int] = {}
+    tops: dict[int, float] = {}
+    heads: dict[int, float] = {}
+    lows: dict[int, float] = {}
+    per_part: dict[int, int] = {}
+    last = max((counts[slot % levels] for slot in stats), default=0)
+    for slot, (n, top, first) in stats.items():
+        p, v = divmod(slot, levels)
+        per_slot[slot] = n
+        tops[slot] = top
+        if first < heads.get(p, _INF):
+            heads[p] = first
+        if first < lows.get(v + 1, _INF):
+            lows[v + 1] = first
+        if counts[v] == last:
+            per_part[p] = per_part.get(p, 0) + n
+    return per_slot, tops, heads, lows, per_part
 
 
 class Dispatcher:
@@ -320,34 +362,14 @@ class Dispatcher:
         )
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
-        # the cursor turns at the levels of the last count served, where the batch was cut; the levels
-        # before them gave all they had (or their streams' caps)
-        last = max((counts[r[9] - 1] for r in rows), default=0)
-        per_part: dict[int, int] = {}
-        per_slot: dict[int, int] = {}  # by stream, as the floors' slots (WakeState.slot)
-        tops: dict[int, float] = {}
-        heads: dict[int, float] = {}
-        lows: dict[int, float] = {}
         levels = ws.levels
-        inf = float("inf")
-        for r in rows:
-            p, fire_at, v = r[2], r[4], r[9]
-            slot = p * levels + v - 1
-            per_slot[slot] = per_slot.get(slot, 0) + 1
-            if fire_at > tops.get(slot, -inf):
-                tops[slot] = fire_at
-            if fire_at < heads.get(p, inf):
-                heads[p] = fire_at
-            if fire_at < lows.get(v, inf):
-                lows[v] = fire_at
-            if counts[v - 1] == last:
-                per_part[p] = per_part.get(p, 0) + 1
+        per_slot, tops, heads, lows, per_part = streams_fired(rows, levels, counts)
         if rows:
             # each level's oldest due event: its streams' heads probed (behind a backlog), or its
             # oldest fired
             probed = list(oldest) or [None] * levels
             q.pick.levels_read(
-                [min(t, lows.get(v, inf)) if t is not None else lows.get(v) for v, t in enumerate(probed, 1)]
+                [min(t, lows.get(v, _INF)) if t is not None else lows.get(v) for v, t in enumerate(probed, 1)]
             )
         per_stream = {(s // levels, s % levels + 1): n for s, n in per_slot.items()}
         # short of the limit: every stream was read, and those that gave nothing have nothing due
@@ -365,7 +387,7 @@ class Dispatcher:
             if len(q.cache):
                 q.cache.discard_heads({r[0] for r in rows})
             choose = self._chooser(q, subs)
-            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows}, started)
+            self._push(q, rows, [choose(r[1]) or subs[0] for r in rows], started)
         return len(rows)
 
     def _started(self) -> int:
@@ -436,7 +458,7 @@ class Dispatcher:
             if len(q.cache):
                 q.cache.discard_ids({r[0] for r in rows})
             choose = self._chooser(q, subs)
-            self._push(q, rows, {r[0]: choose(r[1]) or subs[0] for r in rows}, started)
+            self._push(q, rows, [choose(r[1]) or subs[0] for r in rows], started)
         self._keys_passed(q, ckeys, rkeys, rows)
         return len(rows)
 
@@ -502,7 +524,7 @@ class Dispatcher:
         if q.policy.active and rows:
             q.fair.charge((r[1] for r in rows), q.policy)
         by_id = {e.id: (e, c) for e, c in taken}
-        self._push(q, rows, {i: c for i, (_, c) in by_id.items()}, started)
+        self._push(q, rows, [by_id[r[0]][1] for r in rows], started)
         if admit.passed:
             self._keys_passed(q, ckeys, rkeys, rows)
         for r in rows:
@@ -516,66 +538,58 @@ class Dispatcher:
             db_clock.lean_later(LEAN_LATER)
         return len(rows)
 
-    def _push(self, q: QueueRuntime, rows: list[_Row], assign: dict[int, Subscriber], started: int = 0) -> None:
+    def _push(self, q: QueueRuntime, rows: list[_Row], assign: list[Subscriber], started: int = 0) -> None:
         """Record fired rows in the ledger and send them, one or more deliver frames per receiver
-        (with each event's trace context, when it has one). ``started``: the fire's start when this
-        batch is traced (its span ends here)."""
+        (with each event's trace context, when it has one); ``assign[i]`` takes ``rows[i]``.
+        ``started``: the fire's start when this batch is traced (its span ends here)."""
         rt = self.rt
         pushed_db = rt.db_clock.now()
         mono = rt.clock.monotonic()
-        out: dict[Subscriber, list[str]] = {}
+        #: per receiver of this batch, its events (frames.event) and ledger records; None: it went away or
+        #: fell silent (a receiver's state does not change during this call)
+        dest: dict[Subscriber, tuple[list[dict[str, Any]], list[tuple[int, int, str, str | None]]] | None] = {}
         orphans: list[ReleaseItem] = []
         unheard: list[ReleaseItem] = []
         ledger = q.ledger
-        hold = ledger.hold
         delays = []
         tenants = []
-        event_json = frames.event_json
-        trace_json = frames.trace_json
+        event = frames.event
         rates = q.rates if q.keys.limits_rate else None
-        for ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage, priority, ck, rk in rows:
-            c = assign[ident]
+        for row, c in zip(rows, assign, strict=True):
+            ident, tenant, part, attempt, fire_at, payload, traceparent, tracestate, baggage, priority, ck, rk = row
             key = None if ck is None else tenant + SEP + ck
             if rates is not None and rk is not None:
                 rate_key = tenant + SEP + rk
                 rate = q.keys.max_qps(rate_key)
                 if rate is not None:
                     rates.spent(rate_key, rate, mono)
-            if c.closed:
-                orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
+            try:
+                to = dest[c]
+            except KeyError:
+                to = dest[c] = None if c.closed or c.silent else ([], [])
+            if to is None:
+                if c.closed:
+                    orphans.append((ident, attempt, 0.0, "receiver went away before the push"))
+                else:  # the collector found it silent while this fire was on its way
+                    unheard.append((ident, attempt, 0.0, "receiver fell silent before the push"))
                 ledger.stray(ident, attempt, key)  # its key counts it until the release commits
                 continue
-            if c.silent:  # the collector found it silent while this fire was on its way
-                unheard.append((ident, attempt, 0.0, "receiver fell silent before the push"))
-                ledger.stray(ident, attempt, key)
-                continue
-            hold(c.id, ident, attempt, mono, tenant, key)
-            events = out.get(c)
-            if events is None:
-                events = out[c] = []
-            if traceparent is None and tracestate is None and baggage is None:
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, "", priority))
-            else:
-                trace = trace_json(traceparent, tracestate, baggage)
-                events.append(event_json(ident, attempt, tenant, part, fire_at, payload, trace, priority))
+            to[0].append(
+                event(ident, attempt, tenant, part, fire_at, payload, priority, traceparent, tracestate, baggage)
+            )
+            to[1].append((ident, attempt, tenant, key))
             delays.append(pushed_db - fire_at if pushed_db > fire_at else 0.0)
             tenants.append(tenant)
+        per_frame = rt.config.max_events_per_frame
+        for c, to in dest.items():
+            if to is not None:
+                ledger.hold_many(c.id, mono, to[1])
+                for text in frames.deliver_frames(q.name, to[0], per_frame):
+                    c.send(text)
         if delays:
             rt.metrics.pickup.observe_many(delays, queue=q.name)
             rt.metrics.observe_dwell(q.name, tenants, delays, mono)
             rt.metrics.fired.inc(len(delays), queue=q.name)
-        per_frame = rt.config.max_events_per_frame
-        for c, events in out.items():
-            chunk: list[str] = []
-            size = 0
-            for ev in events:
-                if chunk and (len(chunk) >= per_frame or size + len(ev) > frames.MAX_FRAME_BYTES):
-                    c.send(frames.deliver_frame(q.name, chunk))
-                    chunk, size = [], 0
-                chunk.append(ev)
-                size += len(ev) + 1
-            if chunk:
-                c.send(frames.deliver_frame(q.name, chunk))
         rt.release_soon(q, orphans, "disconnect")
         rt.release_soon(q, unheard, "silent")
         if started and rt.tracer is not None:

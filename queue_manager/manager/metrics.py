@@ -124,18 +124,16 @@ class Histogram(_Metric):
         row = self.series.get(key)
         if row is None:
             row = self.series[key] = [0.0] * (len(self.bounds) + 2)
-        bounds = self.bounds
-        top = len(bounds)
-        total = 0.0
-        n = 0
-        for value in values:
-            i = bisect.bisect_left(bounds, value)
-            if i < top:
-                row[i] += 1
-            total += value
-            n += 1
-        row[-2] += total
-        row[-1] += n
+        # sorted once, each bucket's count is a bisection: no Python step per value (a fired
+        # batch's or an ack's values, on the manager's path of every event)
+        ordered = sorted(values)
+        below = 0
+        for i, bound in enumerate(self.bounds):
+            upto = bisect.bisect_right(ordered, bound)  # the values <= bound
+            row[i] += upto - below
+            below = upto
+        row[-2] += sum(ordered)
+        row[-1] += len(ordered)
 
     def count(self, **labels: str) -> float:
         row = self.series.get(tuple(sorted(labels.items())))

@@ -8,8 +8,8 @@ frame as a typed value, its constructor (``to_json``) and its parser.
   :class:`Deliver`, :class:`AckResult`, :class:`NackResult`, :class:`ExtendResult`, :class:`Pong`,
   :class:`Error`, and :class:`Cancel` for a connection whose subscribe asked for the feature
   ``cancel``: :data:`FEATURES`) are built by the manager with ``to_json()`` and read by receivers with
-  :func:`parse_server`. A ``deliver`` is built on the manager's hot path by :func:`deliver_frame`
-  from :func:`event_json` texts (each payload spliced in as the JSON text the database stored).
+  :func:`parse_server`. A ``deliver`` is built on the manager's hot path by :func:`deliver_frames`
+  from :func:`event` values (each payload spliced in as the JSON text the database stored).
 
 The members' types carry their rules (:class:`Range`, :class:`Length`, :class:`Pattern`,
 :class:`Member`), from which :mod:`queue_manager.wire.schema` generates the JSON Schema of every
@@ -803,18 +803,57 @@ def item_error(ident: int, attempt: int, code: str, message: str) -> ItemError:
     return {"id": ident, "attempt": attempt, "code": code, "message": message}
 
 
-#: tenant -> its JSON string literal; tenants repeat across deliveries (bounded: cleared when full)
-_TENANT_JSON: dict[str, str] = {}
-_TENANT_JSON_MAX = 65_536
+def event(
+    ident: int,
+    attempt: int,
+    tenant: str,
+    partition: int,
+    fire_at: float,
+    payload_json: str,
+    priority: int = 3,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+    baggage: str | None = None,
+) -> dict[str, Any]:
+    """One delivered event, for :func:`deliver_frames`: the payload is spliced in as the JSON text
+    the database stored (not parsed), then its trace context's members, each only when set.
+    ``priority``: the event's (1 highest, docs/protocol.md, "deliver")."""
+    ev = {
+        "id": ident,
+        "attempt": attempt,
+        "tenant": tenant,
+        "partition": partition,
+        "fire_at": fire_at,
+        "priority": priority,
+        "payload": orjson.Fragment(payload_json),
+    }
+    if traceparent is not None:
+        ev["traceparent"] = traceparent
+    if tracestate is not None:
+        ev["tracestate"] = tracestate
+    if baggage is not None:
+        ev["baggage"] = baggage
+    return ev
 
 
-def _tenant_json(tenant: str) -> str:
-    text = _TENANT_JSON.get(tenant)
-    if text is None:
-        if len(_TENANT_JSON) >= _TENANT_JSON_MAX:
-            _TENANT_JSON.clear()
-        text = _TENANT_JSON[tenant] = json.dumps(tenant, ensure_ascii=False)
-    return text
+def deliver_frames(queue: str, events: list[dict[str, Any]], per_frame: int) -> list[str]:
+    """The deliver frames of ``events`` (from :func:`event`), in order: at most ``per_frame`` events
+    and :data:`MAX_FRAME_BYTES` bytes each (an event larger than that alone in its frame). One
+    orjson call writes a frame of events: the manager's hot path."""
+    out: list[str] = []
+    for i in range(0, len(events), per_frame):
+        _deliver_chunk(queue, events[i : i + per_frame], out)
+    return out
+
+
+def _deliver_chunk(queue: str, events: list[dict[str, Any]], out: list[str]) -> None:
+    text = orjson.dumps({"type": "deliver", "queue": queue, "events": events})
+    if len(text) > MAX_FRAME_BYTES and len(events) > 1:
+        half = len(events) // 2
+        _deliver_chunk(queue, events[:half], out)
+        _deliver_chunk(queue, events[half:], out)
+        return
+    out.append(text.decode())
 
 
 def event_json(
@@ -827,13 +866,10 @@ def event_json(
     trace: str = "",
     priority: int = 3,
 ) -> str:
-    """One delivered event; the payload is spliced in as the JSON text the database stored, then
-    its trace context's members when it has one (``trace``, from :func:`trace_json`). ``priority``:
-    the event's (1 highest, docs/protocol.md, "deliver")."""
-    return (
-        f'{{"id":{ident},"attempt":{attempt},"tenant":{_tenant_json(tenant)},'
-        f'"partition":{partition},"fire_at":{fire_at!r},"priority":{priority},"payload":{payload_json}{trace}}}'
-    )
+    """One delivered event's JSON text (:func:`event`'s), then the trace context's members when it
+    has one (``trace``, from :func:`trace_json`): a deliver frame built from texts (tests, tools)."""
+    text = orjson.dumps(event(ident, attempt, tenant, partition, fire_at, payload_json, priority)).decode()
+    return text[:-1] + trace + "}" if trace else text
 
 
 def trace_json(traceparent: str | None, tracestate: str | None, baggage: str | None) -> str:
@@ -851,4 +887,5 @@ def trace_json(traceparent: str | None, tracestate: str | None, baggage: str | N
 
 
 def deliver_frame(queue: str, events: list[str]) -> str:
-    return f'{{"type":"deliver","queue":"{queue}","events":[{",".join(events)}]}}'
+    """A deliver frame of :func:`event_json` texts."""
+    return orjson.dumps({"type": "deliver", "queue": queue, "events": [orjson.Fragment(e) for e in events]}).decode()

@@ -18,6 +18,7 @@ when the database says it left ``fired``. Plain data, no I/O: ``tests/unit/test_
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -146,18 +147,30 @@ class Ledger:
     ) -> None:
         """Record a push. A record of an older fire of the same event (a re-fire that raced the
         collector's notice) is replaced: the database fired it again, so only this one counts."""
-        old = self._events.get(ident)
-        if old is not None:
-            self._forget(old)
-        self._drop_stray(ident, None)
-        d = Delivery(ident, attempt, holder, now, tenant=tenant, key=key)
-        self._events[ident] = d
-        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
-        self._count_key(key, 1)
-        held = self._by_holder.get(holder)
-        if held is None:
-            held = self._by_holder[holder] = {}
-        held[ident] = d
+        self.hold_many(holder, now, ((ident, attempt, tenant, key),))
+
+    def hold_many(self, holder: int, now: float, pushes: Iterable[tuple[int, int, str, str | None]]) -> None:
+        """Record the pushes of one batch to ``holder``, each (id, attempt, tenant, key), as
+        :meth:`hold` does one (the dispatcher's path: one call per batch, not per event)."""
+        events = self._events
+        by_tenant = self._by_tenant
+        by_holder = self._by_holder
+        held = None
+        for ident, attempt, tenant, key in pushes:
+            old = events.get(ident)
+            if old is not None:
+                self._forget(old)
+                held = None  # forgetting a holder's last delivery drops its dict
+            if self._strays:
+                self._drop_stray(ident, None)
+            if held is None:
+                held = by_holder.get(holder)
+                if held is None:
+                    held = by_holder[holder] = {}
+            events[ident] = held[ident] = Delivery(ident, attempt, holder, now, False, tenant, key)
+            by_tenant[tenant] = by_tenant.get(tenant, 0) + 1
+            if key is not None:
+                self._count_key(key, 1)
 
     def lookup(self, holder: int, ident: int, attempt: int) -> tuple[Claim, Delivery | None]:
         """Is (ident, attempt) in hand on ``holder``? (An extend's check: it claims nothing.)"""
@@ -178,6 +191,29 @@ class Ledger:
         d.settling = True
         self._settling[holder] = self._settling.get(holder, 0) + 1
         return Claim.OK, d
+
+    def claim_many(
+        self, holder: int, items: Sequence[tuple[int, int]]
+    ) -> list[tuple[int, Claim, Delivery | None]]:
+        """:meth:`claim` each (id, attempt) of one frame, in order; returns those not claimed, as
+        (their index in ``items``, what was found, the delivery found): empty when all were."""
+        events = self._events
+        refused: list[tuple[int, Claim, Delivery | None]] = []
+        claimed = 0
+        for i, (ident, attempt) in enumerate(items):
+            d = events.get(ident)
+            if d is None or d.holder != holder:
+                refused.append((i, Claim.UNKNOWN, None))
+            elif d.attempt != attempt:
+                refused.append((i, Claim.STALE, d))
+            elif d.settling:
+                refused.append((i, Claim.DUPLICATE, d))
+            else:
+                d.settling = True
+                claimed += 1
+        if claimed:
+            self._settling[holder] = self._settling.get(holder, 0) + claimed
+        return refused
 
     def unclaim(self, ident: int, attempt: int) -> None:
         """The write of a claimed ack or nack of (ident, attempt) was not recorded: it may be tried
@@ -203,6 +239,35 @@ class Ledger:
             return None
         self._forget(d)
         return d
+
+    def settle_many(self, items: Iterable[tuple[int, int]]) -> list[Delivery]:
+        """:meth:`settle` each (id, attempt) of one answered write; returns the deliveries that left."""
+        events = self._events
+        by_holder = self._by_holder
+        by_tenant = self._by_tenant
+        out = []
+        for ident, attempt in items:
+            d = events.get(ident)
+            if d is None or d.attempt != attempt:
+                continue
+            out.append(d)
+            if d.key is not None:
+                self._forget(d)
+                continue
+            # _forget, inline for the common case (no key)
+            del events[ident]
+            if d.settling:
+                self._unsettle(d.holder)
+            held = by_holder[d.holder]
+            del held[ident]
+            if not held:
+                del by_holder[d.holder]
+            n = by_tenant[d.tenant] - 1
+            if n:
+                by_tenant[d.tenant] = n
+            else:
+                del by_tenant[d.tenant]
+        return out
 
     def drop(self, ident: int, attempt: int | None = None) -> Delivery | None:
         """The event left its holder another way (the collector re-fired it, an application acked

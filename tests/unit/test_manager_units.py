@@ -385,6 +385,31 @@ def test_deliver_frame() -> None:
     assert json.loads(proto.deliver_frame("orders", [])) == {"type": "deliver", "queue": "orders", "events": []}
 
 
+def test_deliver_frames_cut_by_count_and_by_bytes_and_keep_the_order() -> None:
+    """The manager's path: one orjson call per frame; at most per_frame events and MAX_FRAME_BYTES
+    bytes a frame, an event larger than that alone in its own; the same members as event_json's,
+    the trace context's only when set."""
+    small = [proto.event(i, 1, "t", 0, 1.5 + i, json.dumps({"i": i}), 2) for i in range(1, 8)]
+    texts = proto.deliver_frames("orders", small, 3)
+    got = [json.loads(t) for t in texts]
+    assert [[e["id"] for e in g["events"]] for g in got] == [[1, 2, 3], [4, 5, 6], [7]]
+    assert all(g["type"] == "deliver" and g["queue"] == "orders" for g in got)
+    assert texts[0].startswith('{"type":"deliver","queue":"orders","events":[{"id":1,')
+    assert got[0]["events"][0] == json.loads(proto.event_json(1, 1, "t", 0, 2.5, '{"i": 1}', priority=2))
+    big = "x" * (proto.MAX_FRAME_BYTES // 3)
+    large = [proto.event(i, 1, "t", 0, 1.0, json.dumps(big), 3) for i in range(1, 6)]
+    large.append(proto.event(6, 1, "t", 0, 1.0, json.dumps(big * 4), 3))
+    texts = proto.deliver_frames("orders", large, 500)
+    ids = [[e["id"] for e in json.loads(t)["events"]] for t in texts]
+    assert [i for frame in ids for i in frame] == [1, 2, 3, 4, 5, 6] and ids[-1] == [6]
+    assert all(len(t.encode()) <= proto.MAX_FRAME_BYTES for t in texts[:-1]) and len(texts) <= 5
+    traced = proto.event(9, 2, "t", 1, 1.0, "null", 3, "00-" + "a" * 32 + "-" + "b" * 16 + "-01", None, "a=b")
+    (one,) = json.loads(proto.deliver_frames("orders", [traced], 10)[0])["events"]
+    members = ["id", "attempt", "tenant", "partition", "fire_at", "priority", "payload", "traceparent", "baggage"]
+    assert list(one) == members
+    assert proto.deliver_frames("orders", [], 10) == []
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     tenant=st.text(st.characters(blacklist_categories=["Cs"]), min_size=1),
@@ -942,6 +967,19 @@ def test_histogram_buckets_are_cumulative() -> None:
     )
 
 
+def test_histogram_observe_many_counts_as_one_observe_each() -> None:
+    """A batch's values (the fired and acked batches' path: sorted, one bisection per bucket) land
+    where observing them one by one puts them, bounds and values above the last bound included."""
+    values = [0.5, 1, 1, 1.5, 2, 7, 0.0, 2, 3]
+    one, many = Registry(), Registry()
+    h1 = one.histogram("qm_h", "H.", buckets=(1, 2, 5))
+    for v in values:
+        h1.observe(v, queue="q")
+    many.histogram("qm_h", "H.", buckets=(1, 2, 5)).observe_many(iter(values), queue="q")
+    assert one.render() == many.render()
+    assert 'qm_h_bucket{queue="q",le="1"} 4' in many.render().splitlines()
+
+
 def test_histogram_default_buckets_and_no_labels() -> None:
     r = Registry()
     h = r.histogram("qm_d", "Default buckets.")
@@ -1002,3 +1040,34 @@ def test_partial_replace_keeps_the_other_partitions() -> None:
     assert len(cache) == 3
     assert cache.truncated == {3}
     assert [e.id for e, _ in cache.take(100.0, 10, lambda e: "r")] == [1, 3, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 5), st.floats(1e9, 1e9 + 100, allow_nan=False)), max_size=40
+    ),
+    st.lists(st.integers(0, 3), min_size=5, max_size=5),
+)
+def test_streams_fired_sums_up_a_pick_as_a_step_per_event_does(picked: list[Any], counts: list[int]) -> None:
+    """The fired rows' summary by stream (one dictionary step per event, the rest per stream)
+    against the plain loop over every row that it replaced."""
+    from queue_manager.manager.dispatch import streams_fired
+
+    levels = 5
+    rows = [(i, "t", p, 1, t, "{}", None, None, None, v, None, None) for i, (p, v, t) in enumerate(picked)]
+    per_slot: dict[int, int] = {}
+    tops: dict[int, float] = {}
+    heads: dict[int, float] = {}
+    lows: dict[int, float] = {}
+    per_part: dict[int, int] = {}
+    last = max((counts[v - 1] for _, v, _ in picked), default=0)
+    for p, v, t in picked:
+        slot = p * levels + v - 1
+        per_slot[slot] = per_slot.get(slot, 0) + 1
+        tops[slot] = max(t, tops.get(slot, t))
+        heads[p] = min(t, heads.get(p, t))
+        lows[v] = min(t, lows.get(v, t))
+        if counts[v - 1] == last:
+            per_part[p] = per_part.get(p, 0) + 1
+    assert streams_fired(rows, levels, counts) == (per_slot, tops, heads, lows, per_part)

@@ -532,3 +532,66 @@ def test_the_ledger_keeps_one_holder_per_event_and_counts_that_agree(steps: list
         for holder in (1, 2, 3):
             assert ledger.held_by(holder) == sum(1 for m in model.values() if m[0] == holder)
         assert {d.id for d in ledger.unsettled()} == {i for i, m in model.items() if not m[2]}
+
+
+pairs = st.lists(st.tuples(st.integers(1, 8), st.integers(1, 3)), max_size=6)
+batches = st.lists(
+    st.one_of(
+        st.tuples(st.just("hold"), st.integers(1, 3), pairs, st.one_of(st.none(), st.sampled_from(["k1", "k2"]))),
+        st.tuples(st.just("claim"), st.integers(1, 3), pairs),
+        st.tuples(st.just("settle"), pairs),
+        st.tuples(st.just("stray"), st.integers(1, 8), st.integers(1, 3)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches)
+def test_the_ledgers_batch_calls_do_what_their_calls_one_by_one_do(steps: list[tuple[Any, ...]]) -> None:
+    """hold_many, claim_many and settle_many (one call per frame or fired batch) leave the ledger as
+    hold, claim and settle item by item do, and report the same: re-fires of an event its holder
+    still has, duplicates within one batch, keys and strays included."""
+    one, many = Ledger(), Ledger()
+    for step in steps:
+        if step[0] == "hold":
+            _, holder, items, key = step
+            for ident, attempt in items:
+                one.hold(holder, ident, attempt, 1.0, f"t{ident % 2}", key)
+            many.hold_many(holder, 1.0, [(ident, attempt, f"t{ident % 2}", key) for ident, attempt in items])
+        elif step[0] == "claim":
+            _, holder, items = step
+            singly = [(i, *one.claim(holder, ident, attempt)) for i, (ident, attempt) in enumerate(items)]
+            assert many.claim_many(holder, items) == [r for r in singly if r[1] is not Claim.OK]
+        elif step[0] == "settle":
+            _, items = step
+            singly = [one.settle(ident, attempt) for ident, attempt in items]
+            assert many.settle_many(items) == [d for d in singly if d is not None]
+        else:
+            _, ident, attempt = step
+            one.stray(ident, attempt, "k1")
+            many.stray(ident, attempt, "k1")
+        one.check()
+        many.check()
+        assert one.in_hand() == many.in_hand()
+        assert one.by_tenant() == many.by_tenant() and one.by_key() == many.by_key()
+        assert [(d.holder, d.settling) for d in one.unsettled()] == [(d.holder, d.settling) for d in many.unsettled()]
+        assert one.strays == many.strays
+        for holder in (1, 2, 3):
+            assert one.held_by(holder) == many.held_by(holder)
+            assert one.settling_by(holder) == many.settling_by(holder)
+
+
+def test_an_ack_written_beside_other_frames_reports_only_its_own_items_as_acked() -> None:
+    """The writer answers a batch of several frames' acks with one set of ids: ids of the other
+    frames in it do not make up for an item of this frame the database did not ack."""
+    h = Harness(credit=5)
+    h.deliver((1, 1), (2, 1), (3, 1))
+    write = only(h.receive(frames.Ack(((1, 1), (2, 1), (3, 1)), ref="a")), Write)
+    result = sent(h.s.settled(write, {1, 3, 98, 99}, h.clock.monotonic()))[0]
+    assert result["acked"] == [1, 3]
+    assert [(e["id"], e["code"]) for e in result["errors"]] == [(2, frames.STALE)]
+    assert len(h.ledger) == 0 and h.metrics.acks == [("orders", 2, [0.0, 0.0])]
+    h.deliver((5, 2))
+    write = only(h.receive(frames.Ack(((5, 2),), ref="c")), Write)
+    assert sent(h.s.settled(write, {5, 6}, h.clock.monotonic()))[0]["acked"] == [5]
