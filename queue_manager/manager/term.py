@@ -1,8 +1,9 @@
 """One leadership term's session: its connections and tasks, which never outlive it.
 
-A session holds four connections: the dispatcher's (scans, fires, wake-up locks), the writer's
-(acks, nacks, extends, releases, maintenance), the listener's (LISTEN ``qm_wake``) and the
-budget's (the lease rows of the queues' limits, ``budget.py``), plus the waiter's when a producer
+A session holds five connections: the dispatcher's (scans, fires, wake-up locks), the writer's
+(acks, nacks, extends, releases, maintenance), the listener's (LISTEN ``qm_wake``), the
+budget's (the lease rows of the queues' limits, ``budget.py``) and the settings' (the
+dispatcher's periodic reload, read beside its rounds), plus the waiter's when a producer
 transaction keeps a wake-up lock, and the budget's links to the other shards' databases. Any
 failure of one of its tasks fails the session (the leadership loop then starts a new one, or gives
 the lease up), and only that session: a task reports to the session that started it, never to the
@@ -96,15 +97,20 @@ class TermSession:
             self._connect("listen", durable=True),
             # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
             self._connect("limits", durable=False),
+            # the dispatcher's periodic reload of the settings: off its own connection, where each
+            # round trip would hold up the fires behind it on a slow link
+            self._connect("settings", durable=True),
             return_exceptions=True,
         )
         for result in opened:
             if isinstance(result, BaseException):
                 raise result
-        work, write, listen, limits = (self.conns[r] for r in ("work", "write", "listen", "limits"))
+        work, write, listen, limits, settings = (
+            self.conns[r] for r in ("work", "write", "listen", "limits", "settings")
+        )
         self._writer = Writer(write, self.term, tracer=rt.tracer)
         self._waiter = waiter = Waiter(cfg.dsn, f"qm-manager-wait {cfg.holder}", self._wake_lock_granted)
-        self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter)
+        self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter, settings)
         listener = Listener(
             listen,
             on_wake=self._on_wake,
