@@ -1,0 +1,97 @@
+"""The dispatcher on a slow link to its database: what a round trip costs it (docs/faults.md,
+"db-link-slow and db-link-lossy: the round trips of a fire").
+
+The link is the fault suite's proxy delaying every chunk by a fixed time each way (no jitter), so
+that a round trip costs at least twice that delay whatever the machine's load: a call that takes
+less than two round trips' worth cannot have made two."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from queue_manager.domain.topology import Shard
+from queue_manager.manager import store
+from tests.conftest import tenants_of
+from tests.faultkit import TcpProxy
+from tests.managerkit import running_manager, wait_for, wait_leader
+
+#: each way, per chunk: a round trip costs at least 2 x DELAY
+DELAY = 0.3
+
+
+async def test_a_rescan_carries_the_fire_of_due_events_in_one_round_trip_and_one_transaction(
+    shard: Shard, make_queue: Any
+) -> None:
+    """``store.scan(fire_first=...)``: the fire and the scan in one round trip; the fire is
+    committed when it returns, the scan (after it) no longer returns the fired events, and a
+    fenced fire changes nothing."""
+    make_queue("orders", partitions=2, shuffle=1)
+    tenants = tenants_of(shard, 2)
+    with psycopg.connect(shard.dsn, autocommit=True) as c:
+        cur = c.execute(
+            "INSERT INTO orders (tenant, payload, fire_at) SELECT (%s::text[])[1 + g %% 2], '{}', "
+            "now() - interval '1 s' + g * interval '1 ms' FROM generate_series(0, 3) g RETURNING id",
+            (tenants,),
+        )
+        due = sorted(r[0] for r in cur.fetchall())
+        (later,) = c.execute(
+            "INSERT INTO orders (tenant, payload, fire_at) VALUES (%s, '{}', now() + interval '10 s') RETURNING id",
+            (tenants[0],),
+        ).fetchone() or (None,)
+    proxy = TcpProxy.for_dsn(shard.dsn)
+    await proxy.start()
+    try:
+        async with await store.connect(proxy.proxied(shard.dsn), "test") as conn:
+            term = await store.acquire(conn, "test-holder", 30.0)
+            assert term is not None
+            settings = {q.name: q for q in await store.load_queues(conn)}["orders"]
+            # a fenced fire (a term that is not current): the pipeline fails, nothing is fired
+            with pytest.raises(psycopg.Error) as fenced:
+                await store.scan(conn, settings, fire_first=(term + 1, due[:2]))
+            assert store.is_fenced(fenced.value)
+            proxy.slow(DELAY, 0)
+            started = time.monotonic()
+            rows, _, clock, fired = await store.scan(conn, settings, fire_first=(term, due[:2]))
+            took = time.monotonic() - started
+            proxy.slow(0, 0)
+    finally:
+        await proxy.close()
+    assert took < 4 * DELAY, f"{took:.2f} s: more than one round trip ({2 * DELAY} s each)"
+    assert sorted(r[0] for r in fired) == due[:2]
+    assert {r[0] for r in rows} == {*due[2:], later}
+    assert clock is not None
+    with psycopg.connect(shard.dsn) as c:
+        states = dict(c.execute("SELECT id, state::text FROM orders").fetchall())
+    assert [states[i] for i in due] == ["fired", "fired", "to_be_fired", "to_be_fired"]
+
+
+async def test_the_periodic_reload_reads_on_a_connection_of_its_own(
+    shard: Shard, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings reload every ``rescan_interval`` runs on the session's settings connection,
+    never on the dispatcher's (where, on a slow link, each reload held up the fires behind it), and
+    what it reads is applied: a change made without a notice is seen at the next reload."""
+    make_queue("orders", partitions=2, shuffle=1)
+    names: list[str] = []
+    real = store.load_settings
+
+    async def recording(conn: store.AsyncConn) -> Any:
+        names.append(conn.info.get_parameters().get("application_name", "").split(" ")[0])
+        return await real(conn)
+
+    monkeypatch.setattr(store, "load_settings", recording)
+    async with running_manager(shard.dsn, rescan_interval=0.2) as m:
+        await wait_leader(m)
+        q = m.queues["orders"]
+        with psycopg.connect(shard.dsn, autocommit=True) as c:
+            # no notice: the queue's settings trigger is bypassed for this one update
+            c.execute("SET session_replication_role = replica")
+            c.execute("UPDATE qm.queues SET ack_timeout_seconds = 7 WHERE name = 'orders'")
+        await wait_for(
+            lambda: q.settings.ack_timeout_seconds == 7 and len(names) >= 3, what="a reload that reads the change"
+        )
+    assert set(names) == {"qm-manager-settings"}
