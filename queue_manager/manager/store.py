@@ -515,6 +515,12 @@ async def fired_keys(conn: AsyncConn, q: QueueSettings) -> list[tuple[int, int, 
     return [(int(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in await cur.fetchall()]
 
 
+async def fired_in_term(conn: AsyncConn, q: QueueSettings, term: int) -> list[tuple[int, int]]:
+    """(id, attempt) of the queue's events fired under ``term`` (through the fired index)."""
+    cur = await conn.execute(queue_sql("mgr_fired_in_term", q.name), {"term": term})
+    return [(int(r[0]), int(r[1])) for r in await cur.fetchall()]
+
+
 async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[int]) -> None:
     """Count events settled by SQL as done (one partition entry each)."""
     await conn.execute(queue_sql("mgr_settled", q.name), {"term": term, "queue_id": q.id, "parts": _ints(parts)})

@@ -1,4 +1,4 @@
-"""The dispatcher on a slow link to its database: what a round trip costs it (docs/faults.md,
+"""The dispatcher on a slow or lossy link to its database: what a round trip costs it (docs/faults.md,
 "db-link-slow and db-link-lossy: the round trips of a fire").
 
 The link is the fault suite's proxy delaying every chunk by a fixed time each way (no jitter), so
@@ -17,7 +17,7 @@ from queue_manager.domain.topology import Shard
 from queue_manager.manager import store
 from tests.conftest import tenants_of
 from tests.faultkit import TcpProxy
-from tests.managerkit import running_manager, wait_for, wait_leader
+from tests.managerkit import insert, running_manager, running_receiver, url, wait_for, wait_leader
 
 #: each way, per chunk: a round trip costs at least 2 x DELAY
 DELAY = 0.3
@@ -95,3 +95,39 @@ async def test_the_periodic_reload_reads_on_a_connection_of_its_own(
             lambda: q.settings.ack_timeout_seconds == 7 and len(names) >= 3, what="a reload that reads the change"
         )
     assert set(names) == {"qm-manager-settings"}
+
+
+async def test_a_session_started_again_under_its_term_releases_the_fires_whose_answer_was_lost(
+    shard: Shard, make_queue: Any
+) -> None:
+    """A link reset that fails the session after a fire committed and before its answer came back
+    leaves the event fired and held by nobody. The session that starts again under the same term
+    releases it at once (it used to wait for its ack deadline: 30 s here, 2 s in the fault suite's
+    ``db-link-lossy``, its worst stalls); events its receivers hold stay where they are."""
+    make_queue("orders", partitions=2, shuffle=1, ack_timeout_seconds=30)
+    tenant = tenants_of(shard, 1)[0]
+    async with running_manager(shard.dsn) as m:
+        await wait_leader(m)
+        async with running_receiver(url(m), mode="hold") as (_, rec):
+            (held,) = await insert(shard.dsn, [(tenant, {"held": True})])
+            await wait_for(lambda: held in rec.ids(), what="the event the receiver holds")
+            (lost,) = await insert(shard.dsn, [(tenant, {"lost": True})], fire_in=3600)
+            # as the dispatcher's fire would have it (a manager's session), its answer never read
+            with psycopg.connect(shard.dsn, autocommit=True, options="-c qm.role=manager") as c:
+                (term,) = c.execute("SELECT term FROM qm.leader").fetchone() or (None,)
+                c.execute(
+                    "UPDATE orders SET state = 'fired', attempts = attempts + 1, fire_at = now(), fired_at = now(), "
+                    "ack_deadline = now() + interval '30 s', fired_term = %s WHERE id = %s",
+                    (term, lost),
+                )
+                # the link resets under the dispatcher: its session fails, the next one starts
+                c.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name LIKE 'qm-manager-work%%'"
+                )
+            await wait_for(lambda: lost in rec.ids(), timeout=10, what="the fire whose answer was lost, again")
+            with psycopg.connect(shard.dsn) as c:
+                assert c.execute("SELECT term FROM qm.leader").fetchone() == (term,)
+                rows = dict(c.execute("SELECT id, attempts FROM orders").fetchall())
+    assert rows == {held: 1, lost: 2}
+    assert rec.ids().count(held) == 1
