@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from queue_manager.domain.settings import KeySettings, QueueSettings, TenantSettings
 from queue_manager.manager import plan, store
 from queue_manager.manager.cache import Entry
 from queue_manager.manager.floors import holder_interval
@@ -78,15 +80,48 @@ def streams_fired(
     return per_slot, tops, heads, lows, per_part
 
 
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """The settings read for a reload, and the reload's waiters they answer."""
+
+    queues: list[QueueSettings]
+    tenants: list[TenantSettings]
+    keys: list[KeySettings]
+    waiters: list[asyncio.Future[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """Cached events taken for a fire, and what its answer needs."""
+
+    #: each event and the subscriber it goes to
+    entries: list[tuple[Entry, Subscriber]]
+    #: the database clock's estimate when they were taken
+    now_db: float
+    #: the keys' rooms passed over some event (keys.py)
+    passed: bool
+    ckeys: KeyRooms
+    rkeys: KeyRooms
+    #: the fire's start, when traced (0: not)
+    started: int
+
+
 class Dispatcher:
     """Runs rounds until cancelled; only while the runtime says this process leads."""
 
-    def __init__(self, rt: Runtime, conn: AsyncConn, term: int, waiter: Waiter) -> None:
+    def __init__(
+        self, rt: Runtime, conn: AsyncConn, term: int, waiter: Waiter, settings_conn: AsyncConn | None = None
+    ) -> None:
         self.rt = rt
         self.conn = conn
+        #: where the settings are read (the periodic reload): not the dispatcher's own connection,
+        #: so that no reload queues ahead of a fire on a slow link
+        self.settings_conn = conn if settings_conn is None else settings_conn
         self.term = term
         self.waiter = waiter
         self.next_reload = 0.0
+        #: the settings being read for the next reload, applied between two rounds
+        self._loading: asyncio.Task[_Loaded] | None = None
         #: monotonic time of the last round's start (the leadership loop's stall check)
         self.heartbeat = rt.clock.monotonic()
 
@@ -103,19 +138,50 @@ class Dispatcher:
             self.rt.nudge(q, Reason.ARMED, since=q.wake_state.wait_ended())
 
     async def reload(self) -> None:
+        """Read the settings and apply them now (the session's opening reload)."""
+        self._apply(await self._load())
+
+    def _load(self) -> Coroutine[Any, Any, _Loaded]:
         rt = self.rt
         # set first: a request that comes while this reload runs asks for one more
         self.next_reload = rt.clock.monotonic() + rt.config.rescan_interval
-        waiters = rt.reload_starts()
-        rows, tenants, keys = await store.load_settings(self.conn)
+        return self._read(rt.reload_starts())
+
+    async def _read(self, waiters: list[asyncio.Future[None]]) -> _Loaded:
+        rt = self.rt
         sent = rt.clock.wall()
-        clock = await store.db_now(self.conn)
+        rows, tenants, keys, clock = await store.load_settings(self.settings_conn)
         rt.db_clock.observe(clock, sent, rt.clock.wall())
-        rt.apply_settings(rows, tenants, keys)
-        rt.reload_done(waiters)
+        return _Loaded(rows, tenants, keys, waiters)
+
+    def _apply(self, loaded: _Loaded) -> None:
+        rt = self.rt
+        rt.apply_settings(loaded.queues, loaded.tenants, loaded.keys)
+        rt.reload_done(loaded.waiters)
         rt.signals.reloaded.emit(None)
 
+    def _reload_between_rounds(self, now: float) -> None:
+        """Start reading the settings when a reload is due, on their own connection; apply them
+        once read (here, between two rounds: a round never sees them change under it). A failed
+        read fails the session, as any statement of the dispatcher does."""
+        loading = self._loading
+        if loading is not None and loading.done():
+            self._loading = None
+            self._apply(loading.result())
+        if self._loading is None and now >= self.next_reload:
+            self._loading = asyncio.get_running_loop().create_task(self._load())
+            self._loading.add_done_callback(lambda _: self.rt.wake.set())
+
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if self._loading is not None:
+                self._loading.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._loading
+
+    async def _run(self) -> None:
         rt = self.rt
         cfg = rt.config
         while True:
@@ -125,8 +191,8 @@ class Dispatcher:
                 # the leadership loop wakes us when the lease is trusted again
                 await self._sleep(cfg.rescan_interval)
                 continue
-            if now >= self.next_reload:  # the session's opening reload counts: not twice at its start
-                await self.reload()
+            # the session's opening reload counts: not twice at its start
+            self._reload_between_rounds(now)
             queues = active(rt.queues.values())
             watched = [q for q in queues if q.wake_state.reading_due(now)]
             if watched:
@@ -180,17 +246,21 @@ class Dispatcher:
             ),
             now,
         )
+        # the cache's due events go in the scan's round trip (store.scan, fire_first), not after it
+        taken = self._take_cached(q) if r.scan is not plan.Scan.NONE else None
         if r.scan is plan.Scan.FULL:
-            await self._scan(q, r.future_only, None)
+            await self._scan(q, r.future_only, None, taken)
         elif r.scan is plan.Scan.SLICE:
-            await self._scan(q, r.future_only, q.next_slice())
+            await self._scan(q, r.future_only, q.next_slice(), taken)
         elif r.scan is plan.Scan.REFILL:
             next_slice = pick.next_scan  # a refill alone does not put the safety net's next slice off
             parts = set(r.refill).union(q.next_slice()) if r.periodic else r.refill
-            await self._scan(q, r.future_only, sorted(parts))
+            await self._scan(q, r.future_only, sorted(parts), taken)
             if not r.periodic:
                 pick.next_scan = next_slice
-        progressed = False
+        progressed = taken is not None
+        if r.scan is not plan.Scan.NONE and self._fire_with_next_scan(q, direct):
+            return True
         if r.fire_direct:
             fired = await self._fire_direct(q)
             if not fired and q.limits.cut and (hint or dirty):
@@ -203,6 +273,17 @@ class Dispatcher:
         if await self._fire_cached(q):
             progressed = True
         return progressed
+
+    def _fire_with_next_scan(self, q: QueueRuntime, direct: bool) -> bool:
+        """Nudged again while a scan ran, with cached events due: leave their fire to the next
+        round, whose rescan carries it (store.scan, fire_first): one round trip for both instead
+        of a fire and then a scan. On a slow link each round trip holds up everything behind it.
+        Not for a direct queue: its due events go by the direct fire, which a rescan before every
+        round would put off for as long as notices come."""
+        pick = q.pick
+        if direct or not plan.rescan_wanted(pick.dirty, pick.due_hint, direct):
+            return False
+        return q.cache.has_due(self.rt.db_clock.now()) and any(c.free > 0 and not c.closed for c in q.subscribers)
 
     async def _idle(self, queues: list[QueueRuntime], now: float) -> bool:
         """Nothing was fired: take or give back wake-up locks, then sleep. True to go on at once."""
@@ -227,7 +308,10 @@ class Dispatcher:
             now,
             db_now,
             rt.config.rescan_interval,
-            self.next_reload,
+            # a reload being read wakes the loop when it is done: a request meanwhile must not make
+            # the loop spin without a wait until then (it starved the read: a subscribe to a queue
+            # created a moment ago was answered unknown_queue)
+            self.next_reload if self._loading is None else _INF,
         )
         by_id = {q.id: q for q in queues}
         for qid in idle.disarm:
@@ -281,8 +365,9 @@ class Dispatcher:
             async with asyncio.timeout(timeout):
                 await self.rt.wake.wait()
 
-    async def _scan(self, q: QueueRuntime, future_only: bool, parts: list[int] | None) -> None:
-        """Rescan the queue's window into its cache: every partition, or only ``parts``.
+    async def _scan(self, q: QueueRuntime, future_only: bool, parts: list[int] | None, taken: _Taken | None) -> None:
+        """Rescan the queue's window into its cache: every partition, or only ``parts``; fire the
+        ``taken`` cached events first, in the same round trip.
 
         The periodic safety-net rescan covers one slice of the partitions per tick, so every
         partition is rescanned every ``rescan_interval`` while no single scan of a large window
@@ -294,9 +379,14 @@ class Dispatcher:
         sent = rt.clock.wall()
         covers = pick_time + q.settings.window_seconds
         q.cache.begin_scan(covers)
-        rows, quota, clock = await store.scan(self.conn, q.settings, future_only, parts, used)
+        fire_first = None if taken is None else (self.term, [e.id for e, _ in taken.entries])
+        rows, quota, clock, fired = await store.scan(
+            self.conn, q.settings, future_only, parts, used, fire_first=fire_first
+        )
         if clock is not None:
             rt.db_clock.observe(clock, sent, rt.clock.wall())
+        if taken is not None:  # before the scan's rows replace the cache: those put back are in them
+            self._fired_cached(q, taken, fired)
         counts: dict[int, int] = {}
         firsts: dict[int, float] = {}
         entries = []
@@ -465,14 +555,21 @@ class Dispatcher:
     async def _fire_cached(self, q: QueueRuntime) -> int:
         """Fire due events of the window cache (scheduled events reach here at their fire_at), by
         effective priority first, within the tenants' shares and the keys' rooms."""
-        if not len(q.cache):
+        taken = self._take_cached(q)
+        if taken is None:
             return 0
+        rows = await store.fire(self.conn, q.settings, self.term, [e.id for e, _ in taken.entries])
+        return self._fired_cached(q, taken, rows)
+
+    def _take_cached(self, q: QueueRuntime) -> _Taken | None:
+        """Take the cache's due events for the subscribers with credit (None: nothing to fire)."""
+        if not len(q.cache):
+            return None
         subs, limit = self._capacity(q)
         if limit <= 0:
-            return 0
+            return None
         chooser = self._chooser(q, subs)
-        db_clock = self.rt.db_clock
-        now_db = db_clock.now()
+        now_db = self.rt.db_clock.now()
         ckeys, rkeys = self._key_rooms(q, limit)
         admit = KeyAdmission(ckeys, rkeys)
 
@@ -516,26 +613,30 @@ class Dispatcher:
             q.limits.spent(0, self.rt.clock.monotonic())
             if admit.passed:
                 self._keys_passed(q, ckeys, rkeys, [])
-            return 0
-        started = self._started()
-        rows = await store.fire(self.conn, q.settings, self.term, [e.id for e, _ in taken])
+            return None
+        return _Taken(taken, now_db, admit.passed, ckeys, rkeys, self._started())
+
+    def _fired_cached(self, q: QueueRuntime, taken: _Taken, rows: list[_Row]) -> int:
+        """The fire of ``taken`` came back with ``rows``: push them, put back what the database
+        found not yet due."""
         q.limits.spent(len(rows), self.rt.clock.monotonic())
         self.rt.signals.fired.emit(q.name)
         if q.policy.active and rows:
             q.fair.charge((r[1] for r in rows), q.policy)
-        by_id = {e.id: (e, c) for e, c in taken}
-        self._push(q, rows, [by_id[r[0]][1] for r in rows], started)
-        if admit.passed:
-            self._keys_passed(q, ckeys, rkeys, rows)
+        by_id = {e.id: (e, c) for e, c in taken.entries}
+        self._push(q, rows, [by_id[r[0]][1] for r in rows], taken.started)
+        if taken.passed:
+            self._keys_passed(q, taken.ckeys, taken.rkeys, rows)
         for r in rows:
             by_id.pop(r[0], None)
         # not fired: already taken elsewhere, or a hair too early for the database clock
+        now_db = taken.now_db
         put_back = [e for e, _ in by_id.values() if e.refusals < MAX_REFUSALS and e.fire_at > now_db - 0.5]
         for e in put_back:
             e.refusals += 1
         if put_back:
             q.cache.put_back(put_back)
-            db_clock.lean_later(LEAN_LATER)
+            self.rt.db_clock.lean_later(LEAN_LATER)
         return len(rows)
 
     def _push(self, q: QueueRuntime, rows: list[_Row], assign: list[Subscriber], started: int = 0) -> None:

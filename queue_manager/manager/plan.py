@@ -74,8 +74,14 @@ class Round:
     periodic: bool = False
 
 
+def rescan_wanted(dirty: bool, due_hint: bool, direct: bool) -> bool:
+    """Do these nudges ask for a rescan of the window? A due hint does when a subscriber filters
+    tenants (its due events go through the cache)."""
+    return dirty or (due_hint and not direct)
+
+
 def plan_round(s: QueueState, now: float) -> Round:
-    dirty = s.dirty or (s.due_hint and not s.direct)  # filtered subscribers: due events go through the cache
+    dirty = rescan_wanted(s.dirty, s.due_hint, s.direct)
     polling = s.direct and s.polling
     periodic = now >= s.next_scan
     full = dirty or s.needs_refill or s.direct != s.scanned_future_only

@@ -88,6 +88,8 @@ class Runtime:
         )
         self.queues: dict[str, QueueRuntime] = {}
         self.session: Session | None = None
+        #: the term of the last session started (a session of the same term starts again after a failure)
+        self.session_term: int | None = None
         self.shard_name: str | None = config.shard
         #: the database was checked to be the configured shard (the leadership loop's first connection)
         self.shard_checked = False

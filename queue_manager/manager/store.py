@@ -115,22 +115,26 @@ async def load_tenant_settings(conn: AsyncConn) -> list[TenantSettings]:
 
 async def load_settings(
     conn: AsyncConn,
-) -> tuple[list[QueueSettings], list[TenantSettings], list[KeySettings]]:
-    """The queues, the tenant overrides and the keys' limits, in one round trip (a pipeline): on a
-    slow link to the database every round trip of the dispatcher's periodic reload held up its fires."""
+) -> tuple[list[QueueSettings], list[TenantSettings], list[KeySettings], float]:
+    """The queues, the tenant overrides, the keys' limits and the database clock, in one round trip
+    (a pipeline): on a slow link to the database every round trip of the dispatcher's periodic
+    reload held up its fires."""
     async with conn.pipeline():
         queues = conn.cursor(row_factory=class_row(QueueSettings))
         tenants = conn.cursor(row_factory=class_row(TenantSettings))
         keys = conn.cursor(row_factory=class_row(KeySettings))
+        clock = conn.cursor()
         await queues.execute(_static("mgr_queues"))
         await tenants.execute(_static("mgr_tenant_settings"))
         await keys.execute(_static("mgr_key_settings"))
+        await clock.execute(_static("mgr_db_now"))
     try:
-        return await queues.fetchall(), await tenants.fetchall(), await keys.fetchall()
+        row = await clock.fetchone()
+        assert row is not None
+        return await queues.fetchall(), await tenants.fetchall(), await keys.fetchall(), float(row[0])
     finally:
-        await queues.close()
-        await tenants.close()
-        await keys.close()
+        for cur in (queues, tenants, keys, clock):
+            await cur.close()
 
 
 async def acquire(conn: AsyncConn, holder: str, ttl: float) -> int | None:
@@ -211,48 +215,68 @@ async def db_now(conn: AsyncConn) -> float:
 ScanRow = tuple[int, str, int, float, int, str | None, str | None]
 
 
-async def scan(
-    conn: AsyncConn,
-    q: QueueSettings,
-    future_only: bool = False,
-    parts: Sequence[int] | None = None,
-    floors: Sequence[float | None] | None = None,
-) -> tuple[list[ScanRow], int, float | None]:
-    """The queue's window (all partitions, or ``parts``): its rows, the per-partition quota and the
-    database clock. ``floors`` (by slot: partition * PRIORITY_LEVELS + level - 1) bound the scan
-    below when it is not ``future_only``."""
-    quota = max(1, math.ceil(q.cache_size / max(1, q.partitions_physical)))
-    partitions = list(range(q.partitions_physical)) if parts is None else list(parts)
-    cur = await conn.execute(
-        queue_sql("mgr_scan", q.name),
-        {
-            "parts": partitions,
-            "levels": PRIORITY_LEVELS,
-            "floors": _array(floors or ()),
-            "window": q.window_seconds,
-            "quota": quota,
-            "future_only": future_only,
-        },
-        prepare=True,
-    )
-    rows = await cur.fetchall()
-    clock = float(rows[0][4]) if rows else None
-    return [(r[0], r[1], r[2], r[3], r[5], r[6], r[7]) for r in rows], quota, clock
-
-
 #: a fired event: id, tenant, partition, attempt, fire_at (epoch seconds), payload (JSON text), its
 #: trace context (traceparent, tracestate, baggage; NULL when it has none), its priority and its keys
 #: (concurrency_key, rate_key; NULL when it has none)
 FiredRow = tuple[int, str, int, int, float, str, str | None, str | None, str | None, int, str | None, str | None]
 
 
+async def scan(
+    conn: AsyncConn,
+    q: QueueSettings,
+    future_only: bool = False,
+    parts: Sequence[int] | None = None,
+    floors: Sequence[float | None] | None = None,
+    *,
+    fire_first: tuple[int, list[int]] | None = None,
+) -> tuple[list[ScanRow], int, float | None, list[FiredRow]]:
+    """The queue's window (all partitions, or ``parts``): its rows, the per-partition quota, the
+    database clock, and the rows fired by ``fire_first``. ``floors`` (by slot: partition *
+    PRIORITY_LEVELS + level - 1) bound the scan below when it is not ``future_only``.
+
+    ``fire_first``: (term, ids) of cached events due now, fired (as :func:`fire`) before the scan in the
+    same round trip (a pipeline). The two statements then form one transaction (a pipeline's
+    statements up to its sync do): the scan sees the fired rows as fired, both commit at the sync,
+    and the sync's answer comes before any row is returned, so a fire still commits before anything
+    is pushed. The scan takes no lock that the fire does not hold first (its queue table, which the
+    fire locks before its fence: the lock order of docs/operations.md). On a slow link each round
+    trip of the dispatcher holds up every fire queued behind it: a rescan that follows a notice no
+    longer costs a round trip of its own before the due events of the cache go."""
+    quota = max(1, math.ceil(q.cache_size / max(1, q.partitions_physical)))
+    partitions = list(range(q.partitions_physical)) if parts is None else list(parts)
+    params = {
+        "parts": partitions,
+        "levels": PRIORITY_LEVELS,
+        "floors": _array(floors or ()),
+        "window": q.window_seconds,
+        "quota": quota,
+        "future_only": future_only,
+    }
+    fired: list[FiredRow] = []
+    if fire_first:
+        async with conn.pipeline():
+            fire_cur = conn.cursor()
+            cur = conn.cursor()
+            await fire_cur.execute(
+                queue_sql("mgr_fire", q.name), _fire_params(q, *fire_first), prepare=True, binary=True
+            )
+            await cur.execute(queue_sql("mgr_scan", q.name), params, prepare=True)
+        fired = await fire_cur.fetchall()
+    else:
+        cur = await conn.execute(queue_sql("mgr_scan", q.name), params, prepare=True)
+    rows = await cur.fetchall()
+    clock = float(rows[0][4]) if rows else None
+    return [(r[0], r[1], r[2], r[3], r[5], r[6], r[7]) for r in rows], quota, clock, fired
+
+
+def _fire_params(q: QueueSettings, term: int, ids: list[int]) -> dict[str, Any]:
+    return {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds, "queue_id": q.id}
+
+
 async def fire(conn: AsyncConn, q: QueueSettings, term: int, ids: list[int]) -> list[FiredRow]:
     """Mark events fired; returns the rows fired (:data:`FiredRow`)."""
     cur = await conn.execute(
-        queue_sql("mgr_fire", q.name),
-        {"term": term, "ids": _ints(ids), "ack_timeout": q.ack_timeout_seconds, "queue_id": q.id},
-        prepare=True,
-        binary=True,  # see fire_due
+        queue_sql("mgr_fire", q.name), _fire_params(q, term, ids), prepare=True, binary=True  # see fire_due
     )
     return await cur.fetchall()
 
@@ -496,6 +520,12 @@ async def fired_keys(conn: AsyncConn, q: QueueSettings) -> list[tuple[int, int, 
     (through the fired index: as many as are in flight)."""
     cur = await conn.execute(queue_sql("mgr_fired_keys", q.name))
     return [(int(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in await cur.fetchall()]
+
+
+async def fired_in_term(conn: AsyncConn, q: QueueSettings, term: int) -> list[tuple[int, int]]:
+    """(id, attempt) of the queue's events fired under ``term`` (through the fired index)."""
+    cur = await conn.execute(queue_sql("mgr_fired_in_term", q.name), {"term": term})
+    return [(int(r[0]), int(r[1])) for r in await cur.fetchall()]
 
 
 async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[int]) -> None:

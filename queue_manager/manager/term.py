@@ -1,12 +1,14 @@
 """One leadership term's session: its connections and tasks, which never outlive it.
 
-A session holds four connections: the dispatcher's (scans, fires, wake-up locks), the writer's
-(acks, nacks, extends, releases, maintenance), the listener's (LISTEN ``qm_wake``) and the
-budget's (the lease rows of the queues' limits, ``budget.py``), plus the waiter's when a producer
-transaction keeps a wake-up lock, and the budget's links to the other shards' databases. Any
-failure of one of its tasks fails the session (the leadership loop then starts a new one, or gives
-the lease up), and only that session: a task reports to the session that started it, never to the
-manager as a whole, and a session that has ended ignores its tasks' last words.
+A session holds six connections, opened at once: the dispatcher's (scans, fires, wake-up locks),
+the writer's (acks, nacks, extends, releases, maintenance), the listener's (LISTEN ``qm_wake``),
+the budget's (the lease rows of the queues' limits, ``budget.py``), the settings' (the
+dispatcher's periodic reload, read beside its rounds) and the schedules' (``schedules.py``), plus
+the waiter's when a producer transaction keeps a wake-up lock, and the budget's links to the other
+shards' databases. Any failure of one of its tasks fails the session (the leadership loop then
+starts a new one, or gives the lease up), and only that session: a task reports to the session
+that started it, never to the manager as a whole, and a session that has ended ignores its tasks'
+last words.
 :meth:`TermSession.close` cancels every task and waits until each has finished.
 """
 
@@ -30,6 +32,7 @@ from queue_manager.manager.slices import Slicer
 from queue_manager.manager.store import AsyncConn
 from queue_manager.manager.wakeups import Listener, Waiter
 from queue_manager.manager.writer import Unavailable, Writer
+from queue_manager.wire.session import ReleaseItem
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +99,22 @@ class TermSession:
             self._connect("listen", durable=True),
             # the lease rows of the queues' limits need no WAL flush: they are renewed ten times a second
             self._connect("limits", durable=False),
+            # the dispatcher's periodic reload of the settings: off its own connection, where each
+            # round trip would hold up the fires behind it on a slow link
+            self._connect("settings", durable=True),
+            # the periodic schedules' (opened after the others, it held up the session's first fire)
+            self._connect("schedules", durable=True),
             return_exceptions=True,
         )
         for result in opened:
             if isinstance(result, BaseException):
                 raise result
-        work, write, listen, limits = (self.conns[r] for r in ("work", "write", "listen", "limits"))
+        work, write, listen, limits, settings, schedules = (
+            self.conns[r] for r in ("work", "write", "listen", "limits", "settings", "schedules")
+        )
         self._writer = Writer(write, self.term, tracer=rt.tracer)
         self._waiter = waiter = Waiter(cfg.dsn, f"qm-manager-wait {cfg.holder}", self._wake_lock_granted)
-        self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter)
+        self._dispatcher = dispatcher = Dispatcher(rt, work, self.term, waiter, settings)
         listener = Listener(
             listen,
             on_wake=self._on_wake,
@@ -123,6 +133,16 @@ class TermSession:
             if held:
                 still = await store.in_hand(work, q.settings, held)
                 rt.settled_unheard(q, [h for h in held if h[0] not in still])
+        # started again under the term of a session that failed: what it fired and never pushed (the
+        # fire committed, its answer was lost with the connection) goes again now, not at its ack
+        # deadline. A fire of this term that no receiver of ours holds was never delivered by us
+        unanswered: dict[str, list[ReleaseItem]] = {}
+        if rt.session_term == self.term:
+            for q in rt.queues.values():
+                holding = {i for i, _ in q.ledger.in_hand()}
+                mine = await store.fired_in_term(work, q.settings, self.term)
+                unanswered[q.name] = [(i, a, 0.0, "its fire's answer was lost") for i, a in mine if i not in holding]
+        rt.session_term = self.term
         # events fired with a concurrency key that no connection of ours holds (the previous
         # leader's, still in its receivers' hands until settled or collected): they count for their
         # keys from the first pick on, so that a failover never admits more than a key's limit
@@ -139,9 +159,17 @@ class TermSession:
         self._budget = Budget(rt, limits, self.term, rt.shard_name or cfg.shard or "")
         self._spawn(self._budget.run(), "qm-limits")
         # periodic schedules: their slots enqueued ahead, fenced by the term (schedules.py)
-        self._spawn(Scheduler(rt, await self._connect("schedules", durable=True), self.term).run(), "qm-schedules")
+        self._spawn(Scheduler(rt, schedules, self.term).run(), "qm-schedules")
         self.maintenance = Maintenance(rt, self.slicer)
         rt.session = self
+        for name, items in unanswered.items():
+            lost = rt.queues.get(name)
+            if lost is not None and items:
+                logger.info(
+                    "fires whose answer was lost released",
+                    extra={"action": "release_unanswered", "queue": name, "events": len(items)},
+                )
+                rt.release_soon(lost, items, "unanswered")
         self.maintenance.start()
         rt.signals.session_started.emit(self.term)
         rt.wake.set()

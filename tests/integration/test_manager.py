@@ -706,10 +706,10 @@ async def test_wake_ups_fire_without_waiting_for_a_rescan(
     full_scans = 0
     real_scan = store.scan
 
-    async def counting_scan(conn, q, future_only=False, parts=None, floors=None):  # type: ignore[no-untyped-def]
+    async def counting_scan(conn, q, future_only=False, parts=None, floors=None, **kw):  # type: ignore[no-untyped-def]
         nonlocal full_scans
         full_scans += parts is None
-        return await real_scan(conn, q, future_only, parts, floors)
+        return await real_scan(conn, q, future_only, parts, floors, **kw)
 
     monkeypatch.setattr(store, "scan", counting_scan)
     tenants = tenants_of(shard, 4)
@@ -750,9 +750,9 @@ async def test_a_notice_rescans_only_what_the_cache_does_not_hold_and_refills_co
     scans: list[tuple[int, ...] | None] = []
     real_scan = store.scan
 
-    async def counting_scan(conn, q, future_only=False, parts=None, floors=None):  # type: ignore[no-untyped-def]
+    async def counting_scan(conn, q, future_only=False, parts=None, floors=None, **kw):  # type: ignore[no-untyped-def]
         scans.append(None if parts is None else tuple(parts))
-        return await real_scan(conn, q, future_only, parts, floors)
+        return await real_scan(conn, q, future_only, parts, floors, **kw)
 
     monkeypatch.setattr(store, "scan", counting_scan)
     tenants = tenants_of(shard, 8)

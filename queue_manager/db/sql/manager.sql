@@ -323,6 +323,15 @@ SELECT q.id, q.attempts, q.tenant, q.concurrency_key
   FROM {queue} q
  WHERE q.state = 'fired' AND q.concurrency_key IS NOT NULL
 
+-- mgr_fired_in_term --
+-- The events fired under this term, (id, attempt), by the fired index (as many as are in flight): a
+-- session that starts again under the term of the one that failed releases at once those its
+-- receivers do not hold: fires that committed while their answer was lost with the failed
+-- session's connection (a link reset). Left to the collector, each waited its ack deadline.
+SELECT q.id, q.attempts
+  FROM {queue} q
+ WHERE q.state = 'fired' AND q.fired_term = %(term)s
+
 -- mgr_settled --
 -- Events an application settled by SQL (acked, dead-lettered or deleted while fired): count them
 -- done, one partition entry per event.
