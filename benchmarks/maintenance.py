@@ -156,7 +156,7 @@ async def acks_beside_slices(dsn: str, phase: float, events: int) -> dict[str, A
                 cursor = 0
                 deadline = time.perf_counter() + phase
                 while time.perf_counter() < deadline:
-                    rows, _ = await store.fire_due(writer, q, term, cursor, ACK_BATCH)
+                    rows, _, _ = await store.fire_due(writer, q, term, cursor, ACK_BATCH)
                     if not rows:
                         break
                     cursor = (rows[-1][2] + 1) % PARTITIONS
