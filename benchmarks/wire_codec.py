@@ -120,10 +120,18 @@ def client_side(events: int, batch: int) -> float:
     took = 0.0
     for _ in range(events // batch):
         evs = [
-            frames.event_json(i, 1, "tenant-1", 3, 1763719200.104512, '{"n": 1}') for i in range(ident, ident + batch)
+            {
+                "id": i,
+                "attempt": 1,
+                "tenant": "tenant-1",
+                "partition": 3,
+                "fire_at": 1763719200.104512,
+                "payload": {"n": 1},
+            }
+            for i in range(ident, ident + batch)
         ]
         ident += batch
-        deliver = frames.deliver_frame("orders", evs)
+        deliver = json.dumps({"type": "deliver", "queue": "orders", "events": evs}, separators=(",", ":"))
         t0 = time.process_time()
         effects = session.receive(deliver)
         for e in effects:

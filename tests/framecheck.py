@@ -129,3 +129,11 @@ class FrameCheck:
         finally:
             for owner, name, old in saved:
                 setattr(owner, name, old)
+
+
+def delivered(*events: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events (from ``frames.event``) as a receiver reads them: written by the manager's own
+    ``deliver_frames`` and parsed back."""
+    from queue_manager.wire import frames
+
+    return [e for text in frames.deliver_frames("q", list(events), 500) for e in json.loads(text)["events"]]

@@ -854,38 +854,3 @@ def _deliver_chunk(queue: str, events: list[dict[str, Any]], out: list[str]) -> 
         _deliver_chunk(queue, events[half:], out)
         return
     out.append(text.decode())
-
-
-def event_json(
-    ident: int,
-    attempt: int,
-    tenant: str,
-    partition: int,
-    fire_at: float,
-    payload_json: str,
-    trace: str = "",
-    priority: int = 3,
-) -> str:
-    """One delivered event's JSON text (:func:`event`'s), then the trace context's members when it
-    has one (``trace``, from :func:`trace_json`): a deliver frame built from texts (tests, tools)."""
-    text = orjson.dumps(event(ident, attempt, tenant, partition, fire_at, payload_json, priority)).decode()
-    return text[:-1] + trace + "}" if trace else text
-
-
-def trace_json(traceparent: str | None, tracestate: str | None, baggage: str | None) -> str:
-    """The optional members of a delivered event that carry its W3C trace context, each only when
-    set (``,"traceparent":"...",...``; empty when it has none). Receivers that do not know them
-    ignore them (docs/protocol.md, "deliver")."""
-    out = ""
-    if traceparent is not None:
-        out += f',"traceparent":{json.dumps(traceparent)}'
-    if tracestate is not None:
-        out += f',"tracestate":{json.dumps(tracestate)}'
-    if baggage is not None:
-        out += f',"baggage":{json.dumps(baggage)}'
-    return out
-
-
-def deliver_frame(queue: str, events: list[str]) -> str:
-    """A deliver frame of :func:`event_json` texts."""
-    return orjson.dumps({"type": "deliver", "queue": queue, "events": [orjson.Fragment(e) for e in events]}).decode()

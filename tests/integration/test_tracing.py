@@ -35,6 +35,7 @@ from queue_manager.producer import Event as NewEvent
 from queue_manager.producer import Router, enqueue, enqueue_batch
 from receivers import Event, Retry
 from tests.conftest import tenants_of
+from tests.framecheck import delivered
 from tests.integration.test_receiver_library import receiving
 from tests.managerkit import running_manager, url, wait_for, wait_leader
 
@@ -382,10 +383,11 @@ def test_an_old_style_delivery_without_trace_members_still_works_and_old_receive
     from queue_manager.wire.client import ClientSession, Start
 
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    old = frames.event_json(1, 1, "t", 0, 1.5, '{"a":1}')
-    new = frames.event_json(2, 1, "t", 0, 1.5, '{"a":2}', frames.trace_json(tp, 'k="v"\\', None))
-    assert json.loads(new)["tracestate"] == 'k="v"\\' and "baggage" not in json.loads(new)
-    assert "traceparent" not in json.loads(old)
+    old = frames.event(1, 1, "t", 0, 1.5, '{"a":1}')
+    new = frames.event(2, 1, "t", 0, 1.5, '{"a":2}', 3, tp, 'k="v"\\', None)
+    old_read, new_read = delivered(old, new)
+    assert new_read["tracestate"] == 'k="v"\\' and "baggage" not in new_read
+    assert "traceparent" not in old_read
 
     class Stats:
         delivered = acked = nacked = dead_lettered = extended = dropped = 0
@@ -404,7 +406,8 @@ def test_an_old_style_delivery_without_trace_members_still_works_and_old_receive
     session: ClientSession[Any] = ClientSession("s0", "orders", slots=5, make_event=old_make_event, stats=Stats())
     session.connected()
     session.receive(frames.Welcome(frames.PROTOCOL, "s0", 1, "m", frames.limits(500)).to_json())
-    effects = session.receive(frames.deliver_frame("orders", [old, new]))
+    (frame,) = frames.deliver_frames("orders", [old, new], 10)
+    effects = session.receive(frame)
     assert [type(e) for e in effects] == [Start, Start] and [m["payload"] for m in made] == [{"a": 1}, {"a": 2}]
 
 
@@ -423,10 +426,11 @@ def test_the_receivers_event_reads_the_trace_members_and_none_without_them() -> 
 
     link = _Link(R(), "s0", ["ws://x"])  # type: ignore[arg-type]
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    old = link._event("orders", json.loads(frames.event_json(1, 1, "t", 0, 1.5, "{}")))
-    new = link._event(
-        "orders", json.loads(frames.event_json(2, 1, "t", 0, 1.5, "{}", frames.trace_json(tp, None, "a=b")))
+    old_read, new_read = delivered(
+        frames.event(1, 1, "t", 0, 1.5, "{}"), frames.event(2, 1, "t", 0, 1.5, "{}", 3, tp, None, "a=b")
     )
+    old = link._event("orders", old_read)
+    new = link._event("orders", new_read)
     assert (old.traceparent, old.tracestate, old.baggage) == (None, None, None)
     assert (new.traceparent, new.tracestate, new.baggage) == (tp, None, "a=b")
 

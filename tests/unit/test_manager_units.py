@@ -17,6 +17,7 @@ from queue_manager.manager.auth import Grant, TokenStore
 from queue_manager.manager.cache import LOOKAHEAD, REFILL_LEAD, Entry, WindowCache
 from queue_manager.manager.metrics import Registry
 from queue_manager.wire import frames as proto
+from tests.framecheck import delivered
 
 # ============================================================================ protocol.parse
 
@@ -357,8 +358,7 @@ def test_event_json_round_trips_unicode_and_nested_payload() -> None:
     tenant = 'Zürich—東京 "quoted" \\ back\nline\u2028'
     payload = {"a": [1, 2.5, None, True, {"deep": {"x": "ünï\u0000"}}], "emoji": "\U0001f600", "n": -(2**62)}
     stored = json.dumps(payload, ensure_ascii=False)
-    ev = proto.event_json(2**63 - 1, 3, tenant, 15, 1_700_000_000.123456, stored, priority=1)
-    got = json.loads(ev)
+    [got] = delivered(proto.event(2**63 - 1, 3, tenant, 15, 1_700_000_000.123456, stored, 1))
     assert got == {
         "id": 2**63 - 1,
         "attempt": 3,
@@ -373,21 +373,20 @@ def test_event_json_round_trips_unicode_and_nested_payload() -> None:
 
 @pytest.mark.parametrize("stored", ["null", "[]", '"text"', "42", '{"k": {"k": {"k": []}}}'])
 def test_event_json_any_stored_json(stored: str) -> None:
-    assert json.loads(proto.event_json(1, 1, "t", 0, 0.5, stored))["payload"] == json.loads(stored)
+    assert delivered(proto.event(1, 1, "t", 0, 0.5, stored))[0]["payload"] == json.loads(stored)
 
 
 def test_deliver_frame() -> None:
-    events = [proto.event_json(i, 1, f"tenant-{i}", i % 4, 1.0 + i, json.dumps({"i": i})) for i in range(1, 4)]
-    got = json.loads(proto.deliver_frame("orders", events))
+    events = [proto.event(i, 1, f"tenant-{i}", i % 4, 1.0 + i, json.dumps({"i": i})) for i in range(1, 4)]
+    got = json.loads(proto.deliver_frames("orders", events, 10)[0])
     assert got["type"] == "deliver" and got["queue"] == "orders"
     assert [e["id"] for e in got["events"]] == [1, 2, 3]
     assert [e["payload"] for e in got["events"]] == [{"i": 1}, {"i": 2}, {"i": 3}]
-    assert json.loads(proto.deliver_frame("orders", [])) == {"type": "deliver", "queue": "orders", "events": []}
 
 
 def test_deliver_frames_cut_by_count_and_by_bytes_and_keep_the_order() -> None:
     """The manager's path: one orjson call per frame; at most per_frame events and MAX_FRAME_BYTES
-    bytes a frame, an event larger than that alone in its own; the same members as event_json's,
+    bytes a frame, an event larger than that alone in its own; the same members as a lone event's,
     the trace context's only when set."""
     small = [proto.event(i, 1, "t", 0, 1.5 + i, json.dumps({"i": i}), 2) for i in range(1, 8)]
     texts = proto.deliver_frames("orders", small, 3)
@@ -395,7 +394,7 @@ def test_deliver_frames_cut_by_count_and_by_bytes_and_keep_the_order() -> None:
     assert [[e["id"] for e in g["events"]] for g in got] == [[1, 2, 3], [4, 5, 6], [7]]
     assert all(g["type"] == "deliver" and g["queue"] == "orders" for g in got)
     assert texts[0].startswith('{"type":"deliver","queue":"orders","events":[{"id":1,')
-    assert got[0]["events"][0] == json.loads(proto.event_json(1, 1, "t", 0, 2.5, '{"i": 1}', priority=2))
+    assert got[0]["events"][0] == delivered(proto.event(1, 1, "t", 0, 2.5, '{"i": 1}', 2))[0]
     big = "x" * (proto.MAX_FRAME_BYTES // 3)
     large = [proto.event(i, 1, "t", 0, 1.0, json.dumps(big), 3) for i in range(1, 6)]
     large.append(proto.event(6, 1, "t", 0, 1.0, json.dumps(big * 4), 3))
@@ -421,8 +420,8 @@ def test_deliver_frames_cut_by_count_and_by_bytes_and_keep_the_order() -> None:
     ),
 )
 def test_deliver_frame_round_trips(tenant: str, fire_at: float, payload: Any) -> None:
-    ev = proto.event_json(12345678901234, 2, tenant, 3, fire_at, json.dumps(payload, ensure_ascii=False))
-    got = json.loads(proto.deliver_frame("q1", [ev, ev]))
+    ev = proto.event(12345678901234, 2, tenant, 3, fire_at, json.dumps(payload, ensure_ascii=False))
+    got = json.loads(proto.deliver_frames("q1", [ev, ev], 10)[0])
     assert got["events"][0] == got["events"][1]
     assert got["events"][0] == {
         "id": 12345678901234,
@@ -434,7 +433,7 @@ def test_deliver_frame_round_trips(tenant: str, fire_at: float, payload: Any) ->
         "payload": payload,
     }
     # the frame is valid UTF-8, as a websocket text frame must be
-    proto.deliver_frame("q1", [ev]).encode("utf-8")
+    proto.deliver_frames("q1", [ev], 10)[0].encode("utf-8")
 
 
 def test_error_frame_and_dumps() -> None:
@@ -1044,9 +1043,7 @@ def test_partial_replace_keeps_the_other_partitions() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.integers(0, 5), st.integers(1, 5), st.floats(1e9, 1e9 + 100, allow_nan=False)), max_size=40
-    ),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(1, 5), st.floats(1e9, 1e9 + 100, allow_nan=False)), max_size=40),
     st.lists(st.integers(0, 3), min_size=5, max_size=5),
 )
 def test_streams_fired_sums_up_a_pick_as_a_step_per_event_does(picked: list[Any], counts: list[int]) -> None:

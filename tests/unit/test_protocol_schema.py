@@ -91,9 +91,9 @@ def test_server_frames_match_the_schema_and_read_back_through_the_receivers_pars
 
 
 def test_the_managers_deliver_frame_matches_the_schema() -> None:
-    trace = f.trace_json("00-" + "a" * 32 + "-" + "b" * 16 + "-01", "k=v", "a=b")
-    events = [f.event_json(1, 1, "acme", 0, 1.5, '{"a": [1, 2]}'), f.event_json(2, 3, "é", 7, 2.0, "null", trace)]
-    text = f.deliver_frame("orders", events)
+    tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    events = [f.event(1, 1, "acme", 0, 1.5, '{"a": [1, 2]}'), f.event(2, 3, "é", 7, 2.0, "null", 3, tp, "k=v", "a=b")]
+    (text,) = f.deliver_frames("orders", events, 10)
     assert problems(json.loads(text), "server") == []
     parsed = f.parse_server(text)
     assert isinstance(parsed, f.Deliver) and [e["id"] for e in parsed.events] == [1, 2]
