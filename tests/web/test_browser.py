@@ -91,14 +91,13 @@ class Live:
         self.url = ""
 
     async def _main(self) -> None:
-        from tests.managerkit import running_manager, running_receiver, url, wait_leader
+        from tests.managerkit import leading_manager, running_receiver, url
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
             # maintenance at a relaxed pace: these tests watch dispatch, not the sweeps
-            async with running_manager(self.dsn, purge_interval=5.0, reconcile_interval=5.0) as manager:
-                await wait_leader(manager)
+            async with leading_manager(self.dsn, purge_interval=5.0, reconcile_interval=5.0) as manager:
                 self.url = url(manager)
                 async with running_receiver(url(manager)) as (_, recorder):
                     recorder_events = recorder.events
