@@ -353,6 +353,22 @@ def _qm_receive(*args: str, env: dict[str, str] | None = None, **popen: Any) -> 
     )
 
 
+@contextlib.contextmanager
+def _qm_receive_logged(log: Path, handlers: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``qm receive`` with its stderr in ``log`` and ``tests.receiver_handlers``' directory
+    ``handlers``; killed at the exit if it still runs."""
+    with log.open("w") as log_file:
+        proc = _qm_receive(
+            *args, env={"QM_TEST_HANDLER_DIR": str(handlers)}, stdout=subprocess.DEVNULL, stderr=log_file
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -385,25 +401,18 @@ async def test_sigterm_drains_qm_receive_without_losing_or_duplicating_acks(  # 
     log = tmp_path / "receiver.log"
     async with leading_manager(shard.dsn) as m:
         ids = await insert(shard.dsn, [(t, {}) for t in tenants])
-        with log.open("w") as log_file:
-            proc = _qm_receive(
-                "--queue", "orders", "--manager", f"s0={url(m)}", "--token", SECRET_ALL, "--concurrency", "3",
-                "--log-level", "INFO", "tests.receiver_handlers:blocking",
-                env={"QM_TEST_HANDLER_DIR": str(tmp_path)},
-                stdout=subprocess.DEVNULL, stderr=log_file,
-            )  # fmt: skip
-            try:
-                started = tmp_path / "started"
-                await wait_for(lambda: started.exists() and len(list(started.iterdir())) == 3, 20, "3 handlers")
-                proc.send_signal(signal.SIGTERM)
-                await wait_for(lambda: "draining shard s0" in log.read_text(), 10, "the drain to start")
-                assert proc.poll() is None
-                (tmp_path / "release").touch()
-                rc = await asyncio.to_thread(proc.wait, 20)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        with _qm_receive_logged(
+            log, tmp_path,
+            "--queue", "orders", "--manager", f"s0={url(m)}", "--token", SECRET_ALL, "--concurrency", "3",
+            "--log-level", "INFO", "tests.receiver_handlers:blocking",
+        ) as proc:  # fmt: skip
+            started = tmp_path / "started"
+            await wait_for(lambda: started.exists() and len(list(started.iterdir())) == 3, 20, "3 handlers")
+            proc.send_signal(signal.SIGTERM)
+            await wait_for(lambda: "draining shard s0" in log.read_text(), 10, "the drain to start")
+            assert proc.poll() is None
+            (tmp_path / "release").touch()
+            rc = await asyncio.to_thread(proc.wait, 20)
         assert rc == 0, log.read_text()
         handled = sorted(p.name for p in started.iterdir())
         assert sorted(p.name for p in (tmp_path / "done").iterdir()) == handled
@@ -428,21 +437,14 @@ async def test_qm_receive_finds_the_managers_in_the_topology_file(  # type: igno
     async with leading_manager(shard.dsn) as m:
         write_topology(path, replace(shard, key_range=KeyRange.parse("-"), managers=(url(m),)))
         ids = await insert(shard.dsn, [(t, {}) for t in tenants_of(shard, 2)])
-        with log.open("w") as log_file:
-            proc = _qm_receive(
-                "--queue", "orders", "--topology", str(path), "--token", SECRET_ALL,
-                "tests.receiver_handlers:blocking",
-                env={"QM_TEST_HANDLER_DIR": str(tmp_path)}, stdout=subprocess.DEVNULL, stderr=log_file,
-            )  # fmt: skip
-            try:
-                done = tmp_path / "done"
-                await wait_for(lambda: done.exists() and len(list(done.iterdir())) == 2, 20, "2 handled")
-                proc.send_signal(signal.SIGTERM)
-                rc = await asyncio.to_thread(proc.wait, 20)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        with _qm_receive_logged(
+            log, tmp_path, "--queue", "orders", "--topology", str(path), "--token", SECRET_ALL,
+            "tests.receiver_handlers:blocking",
+        ) as proc:  # fmt: skip
+            done = tmp_path / "done"
+            await wait_for(lambda: done.exists() and len(list(done.iterdir())) == 2, 20, "2 handled")
+            proc.send_signal(signal.SIGTERM)
+            rc = await asyncio.to_thread(proc.wait, 20)
         assert rc == 0, log.read_text()
         assert {v[:2] for i, v in (await rows(shard.dsn)).items() if i in ids} == {("acked", 1)}
 
