@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.lib.backlog import preload, reset
+from benchmarks.lib.backlog import count_where, preload, reset, wait_none_left
 from benchmarks.lib.fleet import manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server
 from benchmarks.lib.report import emit, header, pct_ms, run_main
@@ -98,21 +98,9 @@ def run_once(
             prod.go.set()
             prod.result(timeout=args.seconds + 120)
             t1 = time.time()
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                row = conn.execute(
-                    f"SELECT count(*) FROM {QUEUE} WHERE tenant = %s AND state = 'to_be_fired'", (NOISY,)
-                ).fetchone()
-                noisy_left = int(row[0]) if row else 0
+            noisy_left = count_where(dsn, "tenant = %s AND state = 'to_be_fired'", NOISY)
             # the quiet tenant's last events: wait until they are in (the receivers count every event)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    row = conn.execute(
-                        f"SELECT count(*) FROM {QUEUE} WHERE tenant = %s AND state = 'to_be_fired'", (quiet,)
-                    ).fetchone()
-                if row is not None and int(row[0]) == 0:
-                    break
-                time.sleep(0.1)
+            wait_none_left(dsn, "tenant = %s AND state = 'to_be_fired'", quiet)
             time.sleep(0.5)
         finally:
             results = recv.finish()

@@ -49,7 +49,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.lib.backlog import preload, reset
+from benchmarks.lib.backlog import count_where, preload, reset, wait_none_left
 from benchmarks.lib.fleet import make_events, manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server
 from benchmarks.lib.report import emit, header, pct_ms, run_main
@@ -115,20 +115,9 @@ def run_once(
             prod.go.set()
             prod.result(timeout=args.seconds + 120)
             t1 = time.time()
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                row = conn.execute(
-                    f"SELECT count(*) FROM {QUEUE} WHERE priority = 3 AND state = 'to_be_fired'"
-                ).fetchone()
-                backlog_left = int(row[0]) if row else 0
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # the stream's (and the late) events: all handled
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    row = conn.execute(
-                        f"SELECT count(*) FROM {QUEUE} WHERE priority <> 3 AND state IN ('to_be_fired', 'fired')"
-                    ).fetchone()
-                if row is not None and int(row[0]) == 0:
-                    break
-                time.sleep(0.1)
+            backlog_left = count_where(dsn, "priority = 3 AND state = 'to_be_fired'")
+            # the stream's (and the late) events: all handled
+            wait_none_left(dsn, "priority <> 3 AND state IN ('to_be_fired', 'fired')")
             time.sleep(0.5)
         finally:
             results = recv.finish()
