@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -44,10 +43,10 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.lib.backlog import preload, reset
+from benchmarks.lib.backlog import count_where, preload, reset, wait_none_left
 from benchmarks.lib.fleet import manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server
-from benchmarks.lib.report import emit, header, pct_ms, run_main
+from benchmarks.lib.report import alternated, beside_over_alone, emit, header, pct_ms, run_main, spread
 from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
 from queue_manager.domain.routing import shuffle_set
 from queue_manager.producer import Event
@@ -98,21 +97,9 @@ def run_once(
             prod.go.set()
             prod.result(timeout=args.seconds + 120)
             t1 = time.time()
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                row = conn.execute(
-                    f"SELECT count(*) FROM {QUEUE} WHERE tenant = %s AND state = 'to_be_fired'", (NOISY,)
-                ).fetchone()
-                noisy_left = int(row[0]) if row else 0
+            noisy_left = count_where(dsn, "tenant = %s AND state = 'to_be_fired'", NOISY)
             # the quiet tenant's last events: wait until they are in (the receivers count every event)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    row = conn.execute(
-                        f"SELECT count(*) FROM {QUEUE} WHERE tenant = %s AND state = 'to_be_fired'", (quiet,)
-                    ).fetchone()
-                if row is not None and int(row[0]) == 0:
-                    break
-                time.sleep(0.1)
+            wait_none_left(dsn, "tenant = %s AND state = 'to_be_fired'", quiet)
             time.sleep(0.5)
         finally:
             results = recv.finish()
@@ -158,37 +145,20 @@ def run_once(
     }
 
 
-def spread(runs: list[dict[str, Any]], key: str) -> dict[str, float | None]:
-    vals = [r[key] for r in runs if r.get(key) is not None]
-    if not vals:
-        return {"median": None, "min": None, "max": None}
-    return {"median": round(statistics.median(vals), 3), "min": min(vals), "max": max(vals)}
-
-
 def run_case(dsn: str, overlap: int, args: argparse.Namespace) -> dict[str, Any]:
     quiet = quiet_tenant(overlap)
     noisy_set = shuffle_set(NOISY, PARTITIONS, SHUFFLE)
     quiet_set = shuffle_set(quiet, PARTITIONS, SHUFFLE)
     logger.info("overlap %d: quiet %s %s, noisy %s %s", overlap, quiet, quiet_set, NOISY, noisy_set)
-    alone: list[dict[str, Any]] = []
-    beside: list[dict[str, Any]] = []
-    capped: list[dict[str, Any]] = []
-    for rep in range(args.reps):
-        order = [("alone", 0), ("beside", args.noisy_events)]
-        if rep % 2:
-            order.reverse()
-        if args.tenant_cap:
-            order.append(("capped", args.noisy_events))
-        for name, events in order:
-            r = run_once(dsn, quiet, events, args, seed=rep, cap=args.tenant_cap if name == "capped" else None)
-            logger.info("overlap %d rep %d %s: %s", overlap, rep, name, json.dumps(r))
-            {"alone": alone, "beside": beside, "capped": capped}[name].append(r)
-    a99, b99 = spread(alone, "p99_ms")["median"], spread(beside, "p99_ms")["median"]
-    pairs = [
-        round(b["p99_ms"] / a["p99_ms"], 2) if a["p99_ms"] and b["p99_ms"] else None
-        for a, b in zip(alone, beside, strict=True)
-    ]
-    ratio = round(b99 / a99, 2) if a99 and b99 else None
+    runs: dict[str, list[dict[str, Any]]] = {"alone": [], "beside": [], "capped": []}
+    for rep, side in alternated(args.reps, *(["capped"] if args.tenant_cap else [])):
+        events = 0 if side == "alone" else args.noisy_events
+        r = run_once(dsn, quiet, events, args, seed=rep, cap=args.tenant_cap if side == "capped" else None)
+        logger.info("overlap %d rep %d %s: %s", overlap, rep, side, json.dumps(r))
+        runs[side].append(r)
+    capped = runs["capped"]
+    compared = beside_over_alone(runs["alone"], runs["beside"], "noisy_received_per_s")
+    ratio, a99 = compared["p99_beside_over_alone"], compared["alone"]["p99_ms"]["median"]
     return {
         "overlap": overlap,
         "quiet_tenant": quiet,
@@ -196,15 +166,7 @@ def run_case(dsn: str, overlap: int, args: argparse.Namespace) -> dict[str, Any]
         "noisy_tenant": NOISY,
         "noisy_partitions": list(noisy_set),
         "shared_partitions": sorted(set(noisy_set) & set(quiet_set)),
-        "alone": {"p50_ms": spread(alone, "p50_ms"), "p99_ms": spread(alone, "p99_ms"), "runs": alone},
-        "beside": {
-            "p50_ms": spread(beside, "p50_ms"),
-            "p99_ms": spread(beside, "p99_ms"),
-            "noisy_received_per_s": spread(beside, "noisy_received_per_s"),
-            "saturated_throughout": all(r["saturated_throughout"] for r in beside),
-            "runs": beside,
-        },
-        "p99_beside_over_alone": ratio,
+        **compared,
         "beside_noisy_capped": None
         if not capped
         else {
@@ -216,7 +178,6 @@ def run_case(dsn: str, overlap: int, args: argparse.Namespace) -> dict[str, Any]
             else None,
             "runs": capped,
         },
-        "p99_ratio_per_pair": pairs,
         # a quiet tenant whose every partition the noisy one shares waits behind its backlog by
         # design (shuffle sharding bounds how many tenants that is: about (k/N)^k); reported, not a target
         "counts_for_target": overlap < SHUFFLE,

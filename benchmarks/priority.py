@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import subprocess
 import sys
 import time
@@ -49,10 +48,10 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.lib.backlog import preload, reset
+from benchmarks.lib.backlog import count_where, preload, reset, wait_none_left
 from benchmarks.lib.fleet import make_events, manager_process, start_producer, start_receivers
 from benchmarks.lib.machine import code_version, count_server
-from benchmarks.lib.report import emit, header, pct_ms, run_main
+from benchmarks.lib.report import alternated, beside_over_alone, emit, header, pct_ms, run_main
 from benchmarks.lib.server import QUEUE, bench_server, one_shard_queue, server_info
 
 logger = logging.getLogger("bench.priority")
@@ -115,20 +114,9 @@ def run_once(
             prod.go.set()
             prod.result(timeout=args.seconds + 120)
             t1 = time.time()
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                row = conn.execute(
-                    f"SELECT count(*) FROM {QUEUE} WHERE priority = 3 AND state = 'to_be_fired'"
-                ).fetchone()
-                backlog_left = int(row[0]) if row else 0
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # the stream's (and the late) events: all handled
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    row = conn.execute(
-                        f"SELECT count(*) FROM {QUEUE} WHERE priority <> 3 AND state IN ('to_be_fired', 'fired')"
-                    ).fetchone()
-                if row is not None and int(row[0]) == 0:
-                    break
-                time.sleep(0.1)
+            backlog_left = count_where(dsn, "priority = 3 AND state = 'to_be_fired'")
+            # the stream's (and the late) events: all handled
+            wait_none_left(dsn, "priority <> 3 AND state IN ('to_be_fired', 'fired')")
             time.sleep(0.5)
         finally:
             results = recv.finish()
@@ -163,43 +151,15 @@ def run_once(
     return out
 
 
-def spread(runs: list[dict[str, Any]], key: str) -> dict[str, float | None]:
-    vals = [r[key] for r in runs if r.get(key) is not None]
-    if not vals:
-        return {"median": None, "min": None, "max": None}
-    return {"median": round(statistics.median(vals), 3), "min": min(vals), "max": max(vals)}
-
-
 def bench_stream(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
-    alone: list[dict[str, Any]] = []
-    beside: list[dict[str, Any]] = []
-    for rep in range(args.reps):
-        order = [("alone", 0), ("beside", args.backlog)]
-        if rep % 2:
-            order.reverse()
-        for name, backlog in order:
-            r = run_once(dsn, backlog, args, seed=rep)
-            logger.info("stream rep %d %s: %s", rep, name, json.dumps(r))
-            (alone if name == "alone" else beside).append(r)
-    a99, b99 = spread(alone, "p99_ms")["median"], spread(beside, "p99_ms")["median"]
-    ratio = round(b99 / a99, 2) if a99 and b99 else None
-    return {
-        "alone": {"p50_ms": spread(alone, "p50_ms"), "p99_ms": spread(alone, "p99_ms"), "runs": alone},
-        "beside": {
-            "p50_ms": spread(beside, "p50_ms"),
-            "p99_ms": spread(beside, "p99_ms"),
-            "backlog_received_per_s": spread(beside, "backlog_received_per_s"),
-            "saturated_throughout": all(r["saturated_throughout"] for r in beside),
-            "runs": beside,
-        },
-        "p99_beside_over_alone": ratio,
-        "p99_ratio_per_pair": [
-            round(b["p99_ms"] / a["p99_ms"], 2) if a["p99_ms"] and b["p99_ms"] else None
-            for a, b in zip(alone, beside, strict=True)
-        ],
-        "target": TARGET_RATIO,
-        "met": ratio is not None and ratio <= TARGET_RATIO,
-    }
+    runs: dict[str, list[dict[str, Any]]] = {"alone": [], "beside": []}
+    for rep, side in alternated(args.reps):
+        r = run_once(dsn, args.backlog if side == "beside" else 0, args, seed=rep)
+        logger.info("stream rep %d %s: %s", rep, side, json.dumps(r))
+        runs[side].append(r)
+    out = beside_over_alone(runs["alone"], runs["beside"], "backlog_received_per_s")
+    ratio = out["p99_beside_over_alone"]
+    return {**out, "target": TARGET_RATIO, "met": ratio is not None and ratio <= TARGET_RATIO}
 
 
 def bench_aging(dsn: str, args: argparse.Namespace) -> dict[str, Any]:

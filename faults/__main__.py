@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import dict_row
 
 from faults import checker, history
 from faults import schedules as sched
@@ -110,24 +111,14 @@ async def key_audit(topology: Topology) -> None:
 async def key_states(dep: Deployment) -> None:
     """The recorded changes of state, as ``state`` records of the history."""
     for shard in dep.topology.shards:
-        async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
+        async with await psycopg.AsyncConnection.connect(shard.dsn, row_factory=dict_row) as conn:
             cur = await conn.execute(
-                "SELECT extract(epoch FROM t)::float8, k, tenant, ckey, rkey, attempt, old, new "
-                "FROM faults_key_audit ORDER BY t"
+                "SELECT extract(epoch FROM t)::float8 AS t, k, %s::text AS shard, tenant, ckey, rkey, attempt, old,"
+                " new FROM faults_key_audit ORDER BY t",
+                (shard.name,),
             )
-            for t, k, tenant, ckey, rkey, attempt, old, new in await cur.fetchall():
-                dep.history.write(
-                    "state",
-                    t=t,
-                    k=k,
-                    shard=shard.name,
-                    tenant=tenant,
-                    ckey=ckey,
-                    rkey=rkey,
-                    attempt=attempt,
-                    old=old,
-                    new=new,
-                )
+            for row in await cur.fetchall():
+                dep.history.write("state", **row)
 
 
 async def final_states(dep: Deployment) -> None:

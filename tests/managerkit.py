@@ -69,6 +69,16 @@ async def running_manager(
             await asyncio.wait_for(task, 30)
 
 
+@contextlib.asynccontextmanager
+async def leading_manager(
+    dsn: str, store: TokenStore | None = None, clock: Clock | None = None, **overrides: Any
+) -> AsyncIterator[Manager]:
+    """A :func:`running_manager` that leads its shard (waited for, 10 s at the most)."""
+    async with running_manager(dsn, store, clock, **overrides) as manager:
+        await wait_leader(manager)
+        yield manager
+
+
 async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -159,6 +169,14 @@ async def subscribe(
     """Subscribe ``ws`` (a :func:`raw_client`) and wait for its ``subscribed``, which is returned."""
     await ws.send(f.Subscribe(queue, tenants, credit, ref, features).to_json())
     return await recv_type(ws, "subscribed", timeout)
+
+
+@contextlib.asynccontextmanager
+async def subscribed(manager: Manager, queue: str = "orders", **kwargs: Any) -> AsyncIterator[ClientConnection]:
+    """A :func:`raw_client` subscribed to ``queue`` (``kwargs``: :func:`subscribe`'s), its ``subscribed`` read."""
+    async with raw_client(manager) as ws:
+        await subscribe(ws, queue, **kwargs)
+        yield ws
 
 
 async def recv_type(ws: ClientConnection, kind: str, timeout: float = 5.0) -> dict[str, Any]:

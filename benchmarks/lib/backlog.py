@@ -58,6 +58,23 @@ def state_counts(dsn: str, queue: str = QUEUE) -> dict[str, Any]:
     return {"states": {r[0]: int(r[1]) for r in rows}, "refired": sum(int(r[2]) for r in rows)}
 
 
+def count_where(dsn: str, where: str, *params: Any, queue: str = QUEUE) -> int:
+    """How many events match ``where`` (a fixed condition, its %s parameters ``params``)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE " + where).format(sql.Identifier(queue)), params
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def wait_none_left(dsn: str, where: str, *params: Any, timeout: float = 30.0, queue: str = QUEUE) -> None:
+    """Wait until no event matches ``where`` (:func:`count_where`), ``timeout`` seconds at the most:
+    the run's report then shows what was not received."""
+    deadline = time.monotonic() + timeout
+    while count_where(dsn, where, *params, queue=queue) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def event_rows(dsn: str, where: str, param: Any, queue: str = QUEUE) -> list[dict[str, Any]]:
     """Up to 10 events matching ``where`` (a fixed condition with one %s parameter), as the
     database has them now: what a report shows of events that went missing."""

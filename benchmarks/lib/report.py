@@ -84,6 +84,43 @@ def median_of(samples: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return round(statistics.median(vals), 3) if vals else None
 
 
+def spread(runs: Sequence[Mapping[str, Any]], key: str) -> dict[str, float | None]:
+    """The median, min and max of ``key`` over the runs that have it (None without any)."""
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    if not vals:
+        return {"median": None, "min": None, "max": None}
+    return {"median": round(statistics.median(vals), 3), "min": min(vals), "max": max(vals)}
+
+
+def alternated(reps: int, *then: str) -> list[tuple[int, str]]:
+    """(rep, side) for ``reps`` pairs of runs ``alone`` and ``beside``, which comes first
+    alternating, each pair followed by the sides ``then``."""
+    pairs = (("alone", "beside"), ("beside", "alone"))
+    return [(rep, side) for rep in range(reps) for side in (*pairs[rep % 2], *then)]
+
+
+def beside_over_alone(alone: list[dict[str, Any]], beside: list[dict[str, Any]], beside_rate: str) -> dict[str, Any]:
+    """A latency's runs alone and beside a load: the spreads of their p50 and p99 (and of the
+    beside runs' ``beside_rate``, and whether the load lasted through each), the ratio of the p99
+    medians and the p99 ratio of each pair."""
+    a99, b99 = spread(alone, "p99_ms")["median"], spread(beside, "p99_ms")["median"]
+    return {
+        "alone": {"p50_ms": spread(alone, "p50_ms"), "p99_ms": spread(alone, "p99_ms"), "runs": alone},
+        "beside": {
+            "p50_ms": spread(beside, "p50_ms"),
+            "p99_ms": spread(beside, "p99_ms"),
+            beside_rate: spread(beside, beside_rate),
+            "saturated_throughout": all(r["saturated_throughout"] for r in beside),
+            "runs": beside,
+        },
+        "p99_beside_over_alone": round(b99 / a99, 2) if a99 and b99 else None,
+        "p99_ratio_per_pair": [
+            round(b["p99_ms"] / a["p99_ms"], 2) if a["p99_ms"] and b["p99_ms"] else None
+            for a, b in zip(alone, beside, strict=True)
+        ],
+    }
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None

@@ -24,7 +24,7 @@ from queue_manager.domain.eventfilter import EventFilter
 from queue_manager.domain.topology import Topology
 from queue_manager.errors import InvalidInputError
 from tests.conftest import tenants_of
-from tests.managerkit import running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import leading_manager, running_receiver, url, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,8 +239,7 @@ def test_actions_raced_against_a_busy_manager_fire_each_event_once(topology: Top
     tenant = tenants_of(s0, 1)[0]
 
     async def scenario() -> None:
-        async with running_manager(s0.dsn) as manager:
-            await wait_leader(manager)
+        async with leading_manager(s0.dsn) as manager:
             async with running_receiver(url(manager)) as (_, recorder):
                 with psycopg.connect(s0.dsn, autocommit=True) as c:
                     c.execute(

@@ -71,7 +71,13 @@ def legacy_dsn(pg_admin_dsn: str) -> Iterator[str]:
     pgtest.drop_database(pg_admin_dsn, name)
 
 
-def write_jobs(conn: psycopg.Connection[Any], ns: range | list[int], status: str = "pending") -> None:
+def write_jobs(conn: psycopg.Connection[Any] | str, ns: range | list[int], status: str = "pending") -> None:
+    """The legacy jobs ``ns`` (due, of the tenants ``TENANTS``) through ``conn``, or committed at once in
+    a connection of their own when ``conn`` is a DSN."""
+    if isinstance(conn, str):
+        with psycopg.connect(conn, autocommit=True) as c:
+            write_jobs(c, ns, status)
+        return
     conn.execute(
         f"INSERT INTO jobs (customer, args, run_at, status) "
         f"SELECT (%(tenants)s::text[])[n %% 40 + 1], jsonb_build_object('n', n), {RUN_AT.replace('%', '%%')}, "
@@ -160,8 +166,7 @@ def test_adopt_in_slices_while_a_producer_still_writes(
     shards: Topology, make_queue: Callable[..., str], legacy_dsn: str
 ) -> None:
     make_queue("orders", partitions=8, shuffle=2)
-    with psycopg.connect(legacy_dsn, autocommit=True) as c:
-        write_jobs(c, range(2000))
+    write_jobs(legacy_dsn, range(2000))
     producer = LegacyProducer(legacy_dsn, 2000, 3000)
     samples: list[tuple[int, bool]] = []
 
@@ -277,8 +282,7 @@ def test_a_run_that_fails_between_commits_is_finished_by_the_next_one(
     shards: Topology, make_queue: Callable[..., str], legacy_dsn: str, phase: Phase
 ) -> None:
     make_queue("orders")
-    with psycopg.connect(legacy_dsn, autocommit=True) as c:
-        write_jobs(c, range(1000))
+    write_jobs(legacy_dsn, range(1000))
     with pytest.raises(Crash):
         # the third slice's; "published" comes once per shard, and each slice reaches both shards
         nth = 5 if phase == "published" else 3
@@ -353,8 +357,7 @@ def test_a_killed_process_loses_nothing_and_doubles_nothing(
 ) -> None:
     """SIGKILL exactly between two databases' commits, then ``qm queue adopt`` again."""
     make_queue("orders")
-    with psycopg.connect(legacy_dsn, autocommit=True) as c:
-        write_jobs(c, range(1000))
+    write_jobs(legacy_dsn, range(1000))
     # the fourth slice taken; or the third slice published on its first shard, not on the other
     child = _child(topo_file, "orders", legacy_dsn, phase, 4 if phase == "moved" else 5, MAPPING)
     try:
@@ -382,8 +385,7 @@ def test_killed_again_and_again_while_producers_write(
 ) -> None:
     """``qm queue adopt --follow`` killed with SIGKILL at random moments beside a producer, then re-run."""
     make_queue("orders")
-    with psycopg.connect(legacy_dsn, autocommit=True) as c:
-        write_jobs(c, range(1000))
+    write_jobs(legacy_dsn, range(1000))
     producer = LegacyProducer(legacy_dsn, 1000, 3000, batch=5, pause=0.003)
     producer.start()
     command = [*QM, *adopt_argv(topo_file, legacy_dsn), "--run-at-col", "run_at", "--slice", "50"]
@@ -524,8 +526,7 @@ def test_a_row_refused_when_published_stays_in_the_outbox(
 
 def test_one_run_per_adoption_at_a_time(shards: Topology, make_queue: Callable[..., str], legacy_dsn: str) -> None:
     make_queue("orders")
-    with psycopg.connect(legacy_dsn, autocommit=True) as c:
-        write_jobs(c, range(300))
+    write_jobs(legacy_dsn, range(300))
     halted, release = threading.Event(), threading.Event()
     outcome: list[object] = []
 
@@ -557,8 +558,7 @@ def test_adopted_events_wake_a_waiting_manager(
     shards: Topology, make_queue: Callable[..., str], legacy_dsn: str
 ) -> None:
     make_queue("orders")
-    with psycopg.connect(legacy_dsn, autocommit=True) as c:
-        write_jobs(c, range(1, 7))  # none is a 7th row: all due (run-at in the past)
+    write_jobs(legacy_dsn, range(1, 7))  # none is a 7th row: all due (run-at in the past)
     waiting = {}
     for shard in shards.shards:
         manager = psycopg.connect(shard.dsn, autocommit=True)
@@ -677,8 +677,7 @@ def test_sigterm_stops_a_follow_run_after_its_slice(
 ) -> None:
     """A graceful stop leaves nothing in between: no outbox row, no ledger row."""
     make_queue("orders")
-    with psycopg.connect(legacy_dsn, autocommit=True) as c:
-        write_jobs(c, range(3000))
+    write_jobs(legacy_dsn, range(3000))
     command = [*QM, *adopt_argv(topo_file, legacy_dsn)]
     proc = _spawn([*command, "--slice", "10", "--follow", "--progress", "0"])
     try:

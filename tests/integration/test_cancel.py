@@ -19,7 +19,15 @@ from queue_manager.domain.eventfilter import EventFilter
 from queue_manager.domain.topology import Topology
 from queue_manager.wire import frames as f
 from tests.conftest import tenants_of
-from tests.managerkit import insert, raw_client, recv_type, running_manager, states, url, wait_for, wait_leader
+from tests.managerkit import (
+    insert,
+    leading_manager,
+    raw_client,
+    recv_type,
+    states,
+    url,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,8 +54,7 @@ async def test_cancel_in_each_state_and_a_late_ack_is_refused_with_its_own_code_
 ) -> None:
     s0 = shards.shards[0]
     t = tenants_of(s0, 1)[0]
-    async with running_manager(s0.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(s0.dsn) as m:
         later = await insert(s0.dsn, [(t, {"n": "later"})], fire_in=3600)
         failed, acked = await insert(s0.dsn, [(t, {"n": "failed"}), (t, {"n": "acked"})], fire_in=3600)
         with psycopg.connect(s0.dsn, autocommit=True) as c:
@@ -201,8 +208,7 @@ async def test_a_running_handler_cancelled_from_the_cli_sees_it_within_100_ms_an
                 raise
         done.append(event.id)
 
-    async with running_manager(s0.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(s0.dsn) as m:
         async with receiving({"s0": [url(m)]}, handle, concurrency=2) as receiver:
             [slow] = await insert(s0.dsn, [(t, {"slow": True})])
             await wait_for(lambda: slow in started, 10, "the slow handler started")
@@ -237,8 +243,7 @@ async def test_a_function_handler_sees_the_cancel_flag_and_its_result_is_not_sen
                 return
             time.sleep(0.005)
 
-    async with running_manager(s0.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(s0.dsn) as m:
         async with receiving({"s0": [url(m)]}, handle, concurrency=1) as receiver:
             [ident] = await insert(s0.dsn, [(t, {"n": 1})])
             await wait_for(lambda: ident in m.rt.queues["orders"].ledger, 10, "the event in hand")

@@ -16,7 +16,14 @@ from queue_manager.domain.routing import shuffle_set
 from queue_manager.domain.topology import Shard, Topology
 from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
-from tests.managerkit import insert, rescanned, running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import (
+    insert,
+    leading_manager,
+    rescanned,
+    running_receiver,
+    url,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -76,8 +83,7 @@ async def test_a_tenant_at_its_cap_gets_no_more_fires_until_an_ack_and_others_ke
     gate = Gate(capped, default)
     # a tenant filter sends every event through the window cache (the cached path)
     tenants = [capped, default, free] if path == "cached" else None
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), recorder=gate, credit=50, tenants=tenants) as (receiver, _):
             held = await insert(shard.dsn, [(capped, {"n": i}) for i in range(10)])
             held += await insert(shard.dsn, [(default, {"n": i}) for i in range(6)])
@@ -105,8 +111,7 @@ async def test_weights_share_fires_one_to_three_under_saturation(
     light, heavy = disjoint(shard, 8, 2)
     admin.set_tenant(shards, "orders", heavy, {"weight": 3})
     await insert(shard.dsn, [(t, {"n": i}) for i in range(300) for t in (light, heavy)])
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         # credit 4: the receiver is the bottleneck, so every batch is small and both tenants stay backlogged
         async with running_receiver(url(m), credit=4) as (_, rec):
             await wait_for(lambda: len(rec.events) >= 200, what="200 events")
@@ -118,8 +123,7 @@ async def test_weights_share_fires_one_to_three_under_saturation(
 async def test_per_tenant_dwell_and_the_over_fair_share_gauge_are_published(shard: Shard, make_queue: Any) -> None:
     make_queue("orders", partitions=4, shuffle=2)
     noisy, q1, q2 = tenants_of(shard, 3)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), mode="hold", credit=50) as (_, rec):
             await insert(shard.dsn, [(noisy, {"n": i}) for i in range(10)] + [(q1, {}), (q2, {})])
             await wait_for(lambda: len(rec.events) == 12, what="12 events in hand")

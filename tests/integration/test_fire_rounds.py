@@ -13,7 +13,7 @@ import pytest
 
 from queue_manager.domain.topology import Shard
 from tests.conftest import tenants_of
-from tests.managerkit import running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import leading_manager, running_manager, running_receiver, url, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,8 +54,7 @@ async def test_scheduled_fires_in_rounds_beside_maintenance_and_a_standby_are_ne
     make_queue("orders", partitions=8, shuffle=2, retention_seconds=1)
     tenants = tenants_of(shard, 16)
     rng = random.Random(36)
-    async with running_manager(shard.dsn) as leader:
-        await wait_leader(leader)
+    async with leading_manager(shard.dsn) as leader:
         async with running_manager(shard.dsn) as standby, running_receiver(url(leader), credit=1000) as (_, rec):
             await standby.signals.lease_tried.wait_for(lambda term: term is None)
             ids: list[int] = []

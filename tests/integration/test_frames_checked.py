@@ -18,15 +18,14 @@ from tests.framecheck import FrameCheck
 from tests.managerkit import (
     SECRET_ALL,
     insert,
+    leading_manager,
     raw_client,
     recv_type,
-    running_manager,
     running_receiver,
     states,
     subscribe,
     url,
     wait_for,
-    wait_leader,
 )
 
 
@@ -54,8 +53,7 @@ async def test_every_frame_both_sides_send_is_checked_against_the_schema(
         if event.attempt == 1 and event.id % 2:
             raise Retry("once more", delay=0)  # a nack, then an ack of attempt 2
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         lib = Receiver({"s0": [url(m)]}, "orders", handle, token=SECRET_ALL)
         task = asyncio.create_task(lib.run())
         try:

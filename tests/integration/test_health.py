@@ -15,7 +15,7 @@ from queue_manager.db.health import read_health
 from queue_manager.domain.health import Thresholds
 from queue_manager.domain.topology import Shard, Topology
 from tests.conftest import tenants_of
-from tests.managerkit import running_manager, wait_for, wait_leader
+from tests.managerkit import leading_manager, running_manager, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,8 +149,7 @@ async def test_the_leader_publishes_health_gauges_and_a_standby_none(
     shard: Shard, orders: psycopg.Connection[Any]
 ) -> None:
     orders.execute("INSERT INTO orders (tenant, payload) VALUES (%s, '{}')", (tenants_of(shard, 1)[0],))
-    async with running_manager(shard.dsn, health_interval=0.2) as leader:
-        await wait_leader(leader)
+    async with leading_manager(shard.dsn, health_interval=0.2) as leader:
         await leader.signals.health_read.wait(10)
         text = leader.metrics.render()
         for series in (
@@ -208,8 +207,7 @@ async def test_the_leader_vacuums_a_queue_table_autovacuum_is_late_for(
 ) -> None:
     orders.execute("ALTER TABLE orders SET (autovacuum_vacuum_threshold = 100, autovacuum_vacuum_scale_factor = 0)")
     _insert(orders, shard, 1000)
-    async with running_manager(shard.dsn, health_interval=0.2, vacuum_after=0.5) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, health_interval=0.2, vacuum_after=0.5) as m:
         # under the trigger: nothing to do
         m.signals.health_read.clear()
         for _ in range(3):
@@ -248,8 +246,7 @@ async def test_vacuum_after_zero_leaves_vacuum_to_autovacuum(shard: Shard, order
     orders.execute("ALTER TABLE orders SET (autovacuum_vacuum_threshold = 100, autovacuum_vacuum_scale_factor = 0)")
     _insert(orders, shard, 1000)
     _flushed(orders, "DELETE FROM orders WHERE id <= 500")
-    async with running_manager(shard.dsn, health_interval=0.2, vacuum_after=0) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, health_interval=0.2, vacuum_after=0) as m:
         for _ in range(5):
             await m.signals.health_read.wait(10)
     assert m.metrics.vacuums.total() == 0 and _vacuum_count(orders) == 0

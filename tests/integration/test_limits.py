@@ -23,7 +23,7 @@ from queue_manager.domain.topology import Shard, Topology
 from queue_manager.manager import Manager
 from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
-from tests.managerkit import Recorder, running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import Recorder, leading_manager, running_manager, running_receiver, url, wait_for, wait_leader
 from tests.processkit import ManagerProcess, write_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -108,8 +108,7 @@ async def test_one_shard_fires_a_backlog_at_the_queues_max_qps(shard: Shard, mak
     make_queue("orders", partitions=4, shuffle=2, max_qps=40)
     await backlog(shard, 120)
     await backlog(shard, 60, fire_in=1.0)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), credit=500) as (receiver, rec):
             await wait_for(lambda: len(rec.events) >= 180, timeout=30, what="the backlog at 40/s")
             # leaving sooner closes the receiver before its last acks are out: those events go back
@@ -146,8 +145,7 @@ async def test_two_shards_share_the_limit_and_a_stopped_one_gives_its_share_back
         running_receiver(url(m0), credit=500) as (_, rec0),
     ):
         await wait_leader(m0)
-        async with running_manager(s1.dsn, shard="s1", **cfg) as m1, running_receiver(url(m1), credit=500):
-            await wait_leader(m1)
+        async with leading_manager(s1.dsn, shard="s1", **cfg) as m1, running_receiver(url(m1), credit=500):
             await wait_for(lambda: 0 < shares(m1).get("qps_share", 0) < limit, timeout=10, what="s1 takes a share")
             start = await db_time(s0.dsn)
             await asyncio.sleep(4.0)
@@ -296,8 +294,7 @@ async def test_pause_stops_fires_at_once_acks_still_work_and_resume_picks_up(
     make_queue("orders", partitions=4, shuffle=2, max_qps=50)
     await backlog(shard, 200)
     gate = Gate()  # events stay in hand until the test lets them go
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:
         async with running_receiver(url(m), credit=20, recorder=gate) as (receiver, rec):
             await wait_for(lambda: len(rec.events) >= 20, timeout=10, what="20 events in hand")
             m.signals.reloaded.clear()
@@ -335,8 +332,7 @@ async def test_after_a_pause_scheduled_events_fire_no_earlier_and_no_faster(
     rate: the pause earned no credit to catch up with."""
     limit = 30.0
     make_queue("orders", partitions=4, shuffle=2, max_qps=limit)
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:
         async with running_receiver(url(m), credit=500) as (receiver, rec):
             await backlog(shard, 15)  # the queue's bucket runs before the pause
             await wait_for(lambda: len(rec.events) >= 15, timeout=10, what="the first events")
@@ -386,8 +382,7 @@ async def test_tenant_overrides_and_every_setting_reach_the_manager_at_once(
     after the settings notices (tenant_max_in_flight) still reach the manager within half a second;
     the counters' bookkeeping sends nothing."""
     make_queue("orders", partitions=4, shuffle=2)
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:
         q = m.queues["orders"]
         for change in (
             lambda: admin.set_tenant(shards, "orders", "acme", {"weight": 3}),

@@ -22,7 +22,7 @@ import pytest
 from queue_manager.domain.topology import Shard
 from receivers.testing import Delivery as Event
 from tests.conftest import tenants_of
-from tests.managerkit import Recorder, running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import Recorder, leading_manager, running_receiver, url, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,8 +66,7 @@ async def test_load_counters_stay_exact_under_concurrent_enqueue_and_acks(shard:
                     await asyncio.sleep(0)
 
     total = PRODUCERS * EVENTS_EACH
-    async with running_manager(shard.dsn, reconcile_interval=3600.0, idle_slices=False) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, reconcile_interval=3600.0, idle_slices=False) as m:
         recorder = SometimesBySql(shard.dsn)
         async with running_receiver(url(m), recorder=recorder, credit=40):
             await asyncio.gather(*(produce(j) for j in range(PRODUCERS)))

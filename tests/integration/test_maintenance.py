@@ -30,7 +30,16 @@ from queue_manager.manager import slices as slices_module
 from queue_manager.manager.recruit import Job
 from queue_manager.manager.slices import Slicer, SliceResult
 from tests.conftest import tenants_of
-from tests.managerkit import FAST, insert, running_manager, running_receiver, tokens, url, wait_for, wait_leader
+from tests.managerkit import (
+    FAST,
+    insert,
+    leading_manager,
+    running_manager,
+    running_receiver,
+    tokens,
+    url,
+    wait_for,
+)
 from tests.processkit import ManagerProcess, lease, write_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -284,8 +293,7 @@ async def test_the_baseline_pass_purges_and_reconciles_when_the_manager_is_never
     still purge every partition and remove the drift of rollbacks and SQL acks."""
     make_queue("orders", partitions=4, shuffle=2, retention_seconds=60)
     tenants = tenants_of(shard, 8)
-    async with running_manager(shard.dsn, idle_slices=False) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, idle_slices=False) as m:
         ids = await insert(shard.dsn, [(t, {}) for t in tenants], fire_in=3600)
         await settle(shard.dsn, ids[:6], "acked", "1 hour")
         async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:  # drift: 3 rolled back
@@ -318,8 +326,7 @@ async def test_idle_moments_take_slices(shard: Shard, make_queue) -> None:  # ty
     make_queue("orders", partitions=4, shuffle=2, retention_seconds=60)
     tenants = tenants_of(shard, 8)
     quick = {"purge_interval": 3600.0, "reconcile_interval": 3600.0, "slice_interval": 0.02, "rescan_interval": 0.2}
-    async with running_manager(shard.dsn, **quick) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, **quick) as m:
         await acked_an_hour_ago(shard, tenants)
         await wait_for(lambda: m.metrics.purged.get(queue="orders", state="acked") == 8, what="the idle slices' purge")
     assert await states(shard.dsn) == {}
@@ -334,8 +341,7 @@ async def test_no_idle_slices_while_due_events_wait_for_credit(shard: Shard, mak
     make_queue("orders", partitions=4, shuffle=2, retention_seconds=60)
     tenants = tenants_of(shard, 8)
     quick = {"purge_interval": 3600.0, "reconcile_interval": 3600.0, "slice_interval": 0.02, "rescan_interval": 0.2}
-    async with running_manager(shard.dsn, **quick) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, **quick) as m:
         async with running_receiver(url(m), credit=1, mode="hold") as (_, recorder):
             await insert(shard.dsn, [(t, {}) for t in tenants])
             await wait_for(lambda: len(recorder.events) == 1, what="the one event the credit allows")
@@ -367,8 +373,7 @@ async def test_a_standby_takes_slices_while_the_leader_leads(shard: Shard, make_
     make_queue("orders", partitions=4, shuffle=2, retention_seconds=60)
     tenants = tenants_of(shard, 8)
     quiet = {"idle_slices": False, "purge_interval": 3600.0, "reconcile_interval": 3600.0}
-    async with running_manager(shard.dsn, **quiet) as leader:
-        await wait_leader(leader)
+    async with leading_manager(shard.dsn, **quiet) as leader:
         term = leader.term
         async with running_manager(shard.dsn, slice_interval=0.02) as standby:
             await wait_for(lambda: standby.role == "standby", what="the standby")
@@ -427,8 +432,7 @@ async def test_reconciliation_slices_beside_a_stream_of_acks_leave_the_counters_
                 await asyncio.sleep(0.005)
 
     quiet = {"idle_slices": False, "reconcile_interval": 3600.0}
-    async with running_manager(shard.dsn, **quiet) as leader:
-        await wait_leader(leader)
+    async with leading_manager(shard.dsn, **quiet) as leader:
         async with running_receiver(url(leader), credit=20) as (receiver, _):
             producer = asyncio.create_task(produce())
             try:

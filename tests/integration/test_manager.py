@@ -26,6 +26,7 @@ from tests.managerkit import (
     SECRET_TENANT,
     Recorder,
     insert,
+    leading_manager,
     raw_client,
     recv_type,
     rescanned,
@@ -33,10 +34,10 @@ from tests.managerkit import (
     running_receiver,
     states,
     subscribe,
+    subscribed,
     tokens,
     url,
     wait_for,
-    wait_leader,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,8 +60,7 @@ def queue(make_queue, shard: Shard) -> str:  # type: ignore[no-untyped-def]
 
 async def test_commit_fires_rollback_never(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 5)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m)) as (receiver, rec):
             async with await psycopg.AsyncConnection.connect(shard.dsn) as conn:
                 await conn.execute(
@@ -82,8 +82,7 @@ async def test_commit_fires_rollback_never(shard: Shard, queue: str) -> None:
 
 async def test_future_events_never_fire_early(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 20)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m)) as (receiver, rec):
             ids = []
             for i, t in enumerate(tenants):
@@ -119,8 +118,7 @@ async def test_round_robin_and_bounded_cache(shard: Shard, make_queue) -> None: 
             await conn.execute("INSERT INTO orders (tenant, payload) SELECT %s, '{}' FROM generate_series(1, 10)", (t,))
         await conn.commit()
     cache_sizes: list[int] = []
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), credit=8, concurrency=8) as (_, rec):
 
             async def sample() -> None:
@@ -142,8 +140,7 @@ async def test_round_robin_and_bounded_cache(shard: Shard, make_queue) -> None: 
 
 async def test_receiver_killed_before_ack_gets_events_refired(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 10)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), mode="hold") as (holder, held):
             ids = await insert(shard.dsn, [(t, {}) for t in tenants])
             await wait_for(lambda: len(held.events) == len(ids), what="deliveries to the first receiver")
@@ -158,10 +155,8 @@ async def test_receiver_killed_before_ack_gets_events_refired(shard: Shard, queu
 
 async def test_ack_timeout_refires_and_stale_ack_changes_nothing(shard: Shard, queue: str) -> None:
     tenant = tenants_of(shard, 1)[0]
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=1)
+    async with leading_manager(shard.dsn) as m:
+        async with subscribed(m, "orders", credit=1) as ws:
             [ident] = await insert(shard.dsn, [(tenant, {"x": 1})])
             first = (await recv_type(ws, "deliver"))["events"][0]
             assert (first["id"], first["attempt"]) == (ident, 1)
@@ -190,10 +185,8 @@ async def test_a_queue_without_retention_deletes_on_ack(shard: Shard, make_queue
     and the dedup key is free again once the event is gone."""
     make_queue("orders", partitions=4, shuffle=2, retention_seconds=0, ack_timeout_seconds=1, backoff_min_seconds=0.1)
     tenant = tenants_of(shard, 1)[0]
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=5)
+    async with leading_manager(shard.dsn) as m:
+        async with subscribed(m, "orders", credit=5) as ws:
             async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
                 cur = await conn.execute(
                     "INSERT INTO orders (tenant, payload, dedup_key) VALUES (%s, '{}', 'k1') RETURNING id", (tenant,)
@@ -236,10 +229,8 @@ async def test_a_slot_is_refilled_while_its_ack_commits(shard: Shard, queue: str
     still waits (here on an application's row lock), not after it commits; the ack_result still
     comes only after the commit."""
     tenants = tenants_of(shard, 2)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=1)
+    async with leading_manager(shard.dsn) as m:
+        async with subscribed(m, "orders", credit=1) as ws:
             [a] = await insert(shard.dsn, [(tenants[0], {})])
             assert (await recv_type(ws, "deliver"))["events"][0]["id"] == a
             async with await psycopg.AsyncConnection.connect(shard.dsn) as app:
@@ -258,8 +249,7 @@ async def test_a_slot_is_refilled_while_its_ack_commits(shard: Shard, queue: str
 
 async def test_forged_and_foreign_acks_are_refused(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 2)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with raw_client(m) as a, raw_client(m) as b:
             await subscribe(a, "orders", credit=1)
             [ident] = await insert(shard.dsn, [(tenants[0], {})])
@@ -283,8 +273,7 @@ async def test_unauthenticated_or_wrongly_scoped_clients_get_nothing(shard: Shar
     make_queue("orders", partitions=4, shuffle=2)
     make_queue("other", partitions=4, shuffle=2)
     tenants = tenants_of(shard, 6)
-    async with running_manager(shard.dsn, store=tokens(tenant=tenants[0])) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, store=tokens(tenant=tenants[0])) as m:
         for headers in ({}, {"Authorization": "Bearer wrong-secret-wrong-secret"}, {"Authorization": "Basic abc"}):
             with pytest.raises(InvalidStatus) as info:
                 async with connect(url(m), additional_headers=headers):
@@ -312,8 +301,7 @@ async def test_unauthenticated_or_wrongly_scoped_clients_get_nothing(shard: Shar
 
 async def test_malformed_frames_get_errors_and_others_keep_being_served(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 30)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m)) as (_, rec):
             async with raw_client(m) as bad:
                 bad_frames = [
@@ -355,8 +343,7 @@ async def test_malformed_frames_get_errors_and_others_keep_being_served(shard: S
 
 async def test_nack_backoff_dead_letter_and_retry(shards: Topology, shard: Shard, queue: str) -> None:
     tenant = tenants_of(shard, 1)[0]
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), mode="fail") as (receiver, rec):
             [ident] = await insert(shard.dsn, [(tenant, {"poison": True})])
             await wait_for(lambda: receiver.stats.nacked >= 3, what="3 nacks")
@@ -390,10 +377,8 @@ async def load(dsn: str) -> int:
 
 async def test_nack_with_delay_and_extend(shard: Shard, queue: str) -> None:
     tenant = tenants_of(shard, 1)[0]
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=10)
+    async with leading_manager(shard.dsn) as m:
+        async with subscribed(m, "orders", credit=10) as ws:
             [ident] = await insert(shard.dsn, [(tenant, {})])
             ev = (await recv_type(ws, "deliver"))["events"][0]
             # extend the 1 s ack deadline; the event must not be re-fired meanwhile
@@ -418,8 +403,7 @@ async def test_nack_with_delay_and_extend(shard: Shard, queue: str) -> None:
 
 async def test_metrics_and_health_endpoints(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 3)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m)) as (receiver, _):
             await insert(shard.dsn, [(t, {}) for t in tenants])
             await wait_for(lambda: receiver.stats.acked == 3, what="acks")
@@ -465,8 +449,7 @@ async def test_every_plain_http_answer_has_one_content_type(shard: Shard, queue:
         "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
         "Sec-WebSocket-Protocol": "qm.v1",
     }
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_manager(shard.dsn) as standby:
             cases = [
                 (m.port, "/health", {}, 200, "application/json"),
@@ -491,8 +474,7 @@ async def test_every_plain_http_answer_has_one_content_type(shard: Shard, queue:
 async def test_a_result_for_ten_thousand_refused_items_fits_a_one_mib_client(shard: Shard, queue: str) -> None:
     """An ack of 10,000 unknown ids is answered within the 1 MiB most clients accept, and the
     connection stays open (its reply used to be 1.4 MB, and the client closed)."""
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with raw_client(m) as ws:  # the websockets client accepts 1 MiB messages by default
             await subscribe(ws, "orders", credit=1)
             big = 9_000_000_000_000_000_000
@@ -511,8 +493,7 @@ async def test_a_queue_created_a_moment_ago_can_be_subscribed_at_once(
     shards: Topology, shard: Shard, queue: str
 ) -> None:
     """The subscribe waits for a settings reload (no polling) instead of answering unknown_queue."""
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:  # no periodic reload soon
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:  # no periodic reload soon
         admin.create_queue(shards, "fresh", {"partitions": 2, "shuffle": 1})
         async with raw_client(m) as ws:
             await ws.send(f.Subscribe("fresh", credit=1, ref="s").to_json())
@@ -527,11 +508,9 @@ async def test_a_queue_created_a_moment_ago_can_be_subscribed_at_once(
 
 async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 4)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         old_term = m.term
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=10)
+        async with subscribed(m, "orders", credit=10) as ws:
             [ident] = await insert(shard.dsn, [(tenants[0], {})])
             await recv_type(ws, "deliver")
             # another manager takes over behind this one's back (its lease forcibly expired); it stays
@@ -561,8 +540,7 @@ async def test_fencing_refuses_a_deposed_managers_writes(shard: Shard, queue: st
 
 async def test_sigterm_drain_hands_over_at_once(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 20)
-    async with running_manager(shard.dsn, lease_ttl=30.0) as active:
-        await wait_leader(active)
+    async with leading_manager(shard.dsn, lease_ttl=30.0) as active:
         async with running_manager(shard.dsn, lease_ttl=30.0) as standby:
             await standby.signals.lease_tried.wait_for(lambda term: term is None)
             assert standby.role == "standby"
@@ -581,8 +559,7 @@ async def test_sigterm_drain_hands_over_at_once(shard: Shard, queue: str) -> Non
 
 async def test_credit_right_after_subscribe_and_a_second_subscribe(shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 3)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with raw_client(m) as ws:
             # no wait for "subscribed": credit and a second subscribe arrive while the first is pending
             await ws.send(f.Subscribe("orders", ref="a").to_json())
@@ -603,8 +580,7 @@ async def test_credit_right_after_subscribe_and_a_second_subscribe(shard: Shard,
 async def test_paused_queue_fires_nothing_until_resumed(shards: Topology, shard: Shard, queue: str) -> None:
     tenants = tenants_of(shard, 4)
     admin.alter_queue(shards, "orders", {"paused": True})
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m)) as (_, rec):
             ids = await insert(shard.dsn, [(t, {"i": i}) for i, t in enumerate(tenants)])
             ids += await insert(shard.dsn, [(tenants[0], {"scheduled": True})], fire_in=0.2)
@@ -635,8 +611,7 @@ async def test_max_concurrency_caps_events_in_flight(shards: Topology, shard: Sh
             await gate.wait()
             holding.remove(event.id)
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), recorder=Gated(), credit=20, concurrency=20) as (receiver, rec):
             ids = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(12)])
             await wait_for(lambda: len(holding) == 3, what="three events in hand")
@@ -655,8 +630,7 @@ async def test_max_concurrency_caps_events_in_flight(shards: Topology, shard: Sh
 async def test_a_burst_of_wake_ups_switches_to_polling_and_back(shard: Shard, queue: str) -> None:
     """Fast single-row producers: the manager stops asking for NOTIFYs and polls, then arms again."""
     tenants = tenants_of(shard, 8)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), credit=200, concurrency=50) as (receiver, rec):
             q = m.queues["orders"]
             await wait_for(lambda: q.wake_state.armed, what="the queue armed (idle)")
@@ -714,8 +688,7 @@ async def test_wake_ups_fire_without_waiting_for_a_rescan(
     monkeypatch.setattr(store, "scan", counting_scan)
     tenants = tenants_of(shard, 4)
     # safety-net ticks every 30 s / 4: anything faster than that is a wake-up or a timer
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:
         async with running_receiver(url(m)) as (_, rec):
             q = m.queues["orders"]
             await wait_for(lambda: q.wake_state.armed, what="the queue armed (idle)")
@@ -764,8 +737,7 @@ async def test_a_notice_rescans_only_what_the_cache_does_not_hold_and_refills_co
             (tenants,),
         )
         backlog = [r[0] for r in await cur.fetchall()]
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:
         async with running_receiver(url(m)) as (receiver, rec):
             q = m.queues["orders"]
             await wait_for(lambda: q.wake_state.armed and q.cache.truncated, what="the queue armed, cache cut short")
@@ -820,8 +792,7 @@ async def test_fires_are_durable_unless_configured_otherwise_and_acks_always_are
         finally:
             await conn.close()
     for durable_fires, fires in ((True, "on"), (False, "off")):
-        async with running_manager(shard.dsn, durable_fires=durable_fires) as m:
-            await wait_leader(m)
+        async with leading_manager(shard.dsn, durable_fires=durable_fires) as m:
             s = m.leadership.session
             assert isinstance(s, TermSession)
             assert await (await s.conns["work"].execute("SHOW synchronous_commit")).fetchone() == (fires,)

@@ -20,7 +20,7 @@ from queue_manager.db.migrate import set_identity, upgrade
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from queue_manager.local.embedded import LocalServer
 from queue_manager.wire import frames as f
-from tests.managerkit import insert, raw_client, recv_type, running_manager, subscribe, wait_leader
+from tests.managerkit import insert, leading_manager, recv_type, subscribed
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
@@ -47,10 +47,8 @@ async def test_after_a_postgres_crash_a_refire_gets_a_new_attempt_number(
     crashable: tuple[LocalServer, Shard],
 ) -> None:
     server, shard = crashable
-    async with running_manager(shard.dsn, lease_ttl=30.0) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=2)
+    async with leading_manager(shard.dsn, lease_ttl=30.0) as m:
+        async with subscribed(m, "orders", credit=2) as ws:
             [ident] = await insert(shard.dsn, [("acme", {"n": 1})])
             first = (await recv_type(ws, "deliver"))["events"][0]
             assert (first["id"], first["attempt"]) == (ident, 1)

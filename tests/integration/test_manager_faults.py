@@ -17,10 +17,9 @@ from queue_manager.domain.topology import Shard, Topology
 from tests.conftest import tenants_of
 from tests.faultkit import TcpProxy
 from tests.managerkit import (
-    raw_client,
-    running_manager,
+    leading_manager,
     running_receiver,
-    subscribe,
+    subscribed,
     url,
     wait_for,
     wait_leader,
@@ -111,8 +110,7 @@ async def test_unreachable_shard_stops_dispatch_and_recovery_resumes_it(shard: S
     proxy = TcpProxy.for_dsn(shard.dsn)
     await proxy.start()
     try:
-        async with running_manager(proxy.proxied(shard.dsn)) as m:
-            await wait_leader(m)
+        async with leading_manager(proxy.proxied(shard.dsn)) as m:
             async with running_receiver(url(m)) as (receiver, rec):
                 async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
                     for t in tenants[:10]:
@@ -145,10 +143,8 @@ async def test_a_leader_whose_database_link_goes_silent_closes_its_receivers_wit
     proxy = TcpProxy.for_dsn(shard.dsn)
     await proxy.start()
     try:
-        async with running_manager(proxy.proxied(shard.dsn)) as m:
-            await wait_leader(m)
-            async with raw_client(m) as ws:
-                await subscribe(ws, "orders", credit=10)
+        async with leading_manager(proxy.proxied(shard.dsn)) as m:
+            async with subscribed(m, "orders", credit=10) as ws:
                 stalled_at = time.monotonic()
                 proxy.stall()
                 with pytest.raises(ConnectionClosed) as closed:
@@ -180,8 +176,7 @@ async def test_read_only_shard_stops_dispatch_and_writable_again_resumes(shard: 
                 "WHERE datname = current_database() AND application_name LIKE 'qm-manager%%'"
             )
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m)) as (receiver, rec):
             async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
                 for t in tenants[:5]:
@@ -204,8 +199,7 @@ async def test_collector_pages_past_rows_it_cannot_lock(shard: Shard, make_queue
         "orders", partitions=4, shuffle=2, ack_timeout_seconds=0.5, backoff_min_seconds=0.05, backoff_max_seconds=0.1
     )
     tenants = tenants_of(shard, 6)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), mode="hold") as (holder, held):
             async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
                 for t in tenants:
@@ -226,8 +220,7 @@ async def test_collector_pages_past_rows_it_cannot_lock(shard: Shard, make_queue
 async def test_a_statement_waiting_on_an_application_lock_does_not_cost_the_lease(shard: Shard, make_queue) -> None:  # type: ignore[no-untyped-def]
     make_queue("orders", partitions=4, shuffle=2)
     tenants = tenants_of(shard, 3)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         term = m.term
         async with running_receiver(url(m), mode="hold") as (holder, held):
             async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:

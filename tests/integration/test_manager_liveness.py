@@ -36,11 +36,12 @@ from tests.conftest import tenants_of
 from tests.managerkit import (
     ACK_BY_SQL,
     insert,
+    leading_manager,
     raw_client,
     recv_type,
-    running_manager,
     running_receiver,
     subscribe,
+    subscribed,
     wait_for,
     wait_leader,
 )
@@ -178,10 +179,8 @@ async def test_an_ack_by_sql_gives_the_credit_slot_back(shards: Topology, shard:
             assert cur.rowcount == 1
             await app.commit()
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=1)
+    async with leading_manager(shard.dsn) as m:
+        async with subscribed(m, "orders", credit=1) as ws:
             [first] = await insert(shard.dsn, [(tenants[0], {"n": 1})])
             ev = (await recv_type(ws, "deliver"))["events"][0]
             assert ev["id"] == first
@@ -236,10 +235,8 @@ async def test_an_ack_by_sql_that_outlives_the_deadline_and_rolls_back_is_fired_
         backoff_max_seconds=BACKOFF_MAX,
     )
     tenants = tenants_of(shard, 2)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=2)
+    async with leading_manager(shard.dsn) as m:
+        async with subscribed(m, "orders", credit=2) as ws:
             kept, undone = await insert(shard.dsn, [(tenants[0], {"n": 1}), (tenants[1], {"n": 2})])
             got: dict[int, Any] = {}
             while len(got) < 2:
@@ -302,10 +299,8 @@ async def test_an_ack_by_sql_committed_while_the_manager_cannot_listen_frees_the
 
     listening = "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name LIKE 'qm-manager-listen%%'"
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with raw_client(m) as a:
-            await subscribe(a, "orders", credit=1)
+    async with leading_manager(shard.dsn) as m:
+        async with subscribed(m, "orders", credit=1) as a:
             [first] = await insert(shard.dsn, [(tenants[0], {"n": 1})])
             ev = (await recv_type(a, "deliver"))["events"][0]
             assert ev["id"] == first
@@ -370,10 +365,8 @@ async def test_an_open_producer_transaction_does_not_delay_other_producers(shard
     make_queue("orders", partitions=4, shuffle=2)
     tenants = tenants_of(shard, 12)
     # the safety-net rescan is slow here, so only a wake-up can deliver promptly
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=1)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:
+        async with subscribed(m, "orders", credit=1) as ws:
             [e1] = await insert(shard.dsn, [(tenants[0], {"n": 1})])
             held = (await recv_type(ws, "deliver"))["events"][0]
             assert held["id"] == e1
@@ -456,17 +449,14 @@ async def test_a_late_commit_is_delivered_at_once_after_a_burst(shard: Shard, ma
     make_queue("orders", partitions=4, shuffle=2)
     tenants = tenants_of(shard, 20)
     # a slow safety net: only the mechanisms under test can deliver within LATE_WITHIN
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=1000)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:
+        async with subscribed(m, "orders", credit=1000) as ws:
             await m.signals.armed.wait_for(lambda q: q == "orders")
             for backdated in (False, True):
                 latency = await _burst_then_late_commit(shard, tenants, ws, backdated=backdated)
                 assert latency < LATE_WITHIN, f"late commit (idle manager, backdated={backdated}): {latency:.3f}s"
         # busy: due events and no free credit, so the manager gives its wake-up lock back
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=1)
+        async with subscribed(m, "orders", credit=1) as ws:
             [a, b] = await insert(shard.dsn, [(tenants[1], {"a": 1}), (tenants[2], {"b": 2})])
             first = (await recv_type(ws, "deliver"))["events"][0]
             deadline = time.monotonic() + 5
@@ -504,10 +494,8 @@ async def test_an_event_an_application_makes_due_is_delivered_at_once(shard: Sha
     a retry of a dead letter) is announced at commit like an insert."""
     make_queue("orders", partitions=4, shuffle=2)
     tenants = tenants_of(shard, 20)
-    async with running_manager(shard.dsn, rescan_interval=30.0) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=1000)
+    async with leading_manager(shard.dsn, rescan_interval=30.0) as m:
+        async with subscribed(m, "orders", credit=1000) as ws:
             [later] = await insert(shard.dsn, [(tenants[0], {"later": True})], fire_in=3600)
             # a burst moves every floor past now
             got = 0
@@ -549,10 +537,8 @@ async def test_a_step_of_the_managers_wall_clock_makes_no_event_late_or_early(  
     make_queue("orders", partitions=4, shuffle=2)
     tenants = tenants_of(shard, 8)
     clock = SteppedClock()
-    async with running_manager(shard.dsn, clock=clock) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=100)
+    async with leading_manager(shard.dsn, clock=clock) as m:
+        async with subscribed(m, "orders", credit=100) as ws:
 
             async def take(count: int) -> list[tuple[dict[str, Any], float]]:
                 got: list[tuple[dict[str, Any], float]] = []

@@ -26,15 +26,15 @@ from tests.managerkit import (
     ACK_BY_SQL,
     SECRET_ALL,
     insert,
+    leading_manager,
     raw_client,
     recv_type,
     rescanned,
-    running_manager,
     running_receiver,
     subscribe,
+    subscribed,
     url,
     wait_for,
-    wait_leader,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -132,8 +132,7 @@ async def test_a_frozen_receiver_gets_nothing_after_a_missed_deadline_until_it_w
     sent nothing more; every event is acked by the others within ACKED_WITHIN of its commit;
     after SIGCONT it gets events again within BACK_WITHIN."""
     tenants = tenants_of(shard, 8)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         proc = fleet.ReceiverProcess(
             "orders",
             "receivers.demo:handle",
@@ -194,10 +193,8 @@ async def test_a_lone_silent_receiver_gets_its_events_again_once_it_answers_a_pi
     events time out and are not fired again while it stays silent; when it reads again, the pong
     to the manager's ping (it sends no frame) brings them back to it within BACK_WITHIN."""
     tenants = tenants_of(shard, 3)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
-        async with raw_client(m) as ws:
-            await subscribe(ws, "orders", credit=5)
+    async with leading_manager(shard.dsn) as m:
+        async with subscribed(m, "orders", credit=5) as ws:
             [conn] = list(m.connections)
             sent = Sent(conn, monkeypatch)
             timed_out = first_timeout(m, monkeypatch)
@@ -245,8 +242,7 @@ async def test_an_event_a_live_receiver_sits_on_goes_to_another_one_after_its_de
         backoff_max_seconds=BACKOFF_MAX,
     )
     first_tenant, second_tenant = tenants_of(shard, 2)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with raw_client(m) as a, raw_client(m) as b:
             await subscribe(a, "orders", credit=1)
             [first] = await insert(shard.dsn, [(first_tenant, {"n": 1})])

@@ -20,7 +20,7 @@ from queue_manager.domain.topology import Shard, Topology
 from queue_manager.errors import InvalidEventError
 from queue_manager.producer import Event, Router, enqueue, enqueue_batch
 from tests.conftest import tenants_of
-from tests.managerkit import Recorder, running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import Recorder, leading_manager, running_receiver, url, wait_for
 from tests.processkit import ManagerProcess, lease, write_config
 
 #: a test's own audit, in the database: at every fire of an event with a concurrency key, how many
@@ -141,8 +141,7 @@ async def test_higher_priorities_go_first_across_tenants_and_carry_their_priorit
     tenants = tenants_of(shard, 40)
     fill(shard.dsn, [{"tenant": tenants[i % 20], "payload": {"i": i}} for i in range(200)])
     fill(shard.dsn, [{"tenant": tenants[20 + i % 20], "payload": {"hi": i}, "priority": 1} for i in range(20)])
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), credit=1) as (_, rec):
             await wait_for(lambda: len(rec.events) >= 60, timeout=30, what="deliveries")
     first = rec.events[:20]
@@ -173,8 +172,7 @@ async def test_a_waiting_level_ages_past_a_stream_of_higher_priority_events(shar
         def low(rec: Recorder = rec) -> list[Any]:
             return [e for e in rec.events if e.payload == {"low": 1}]
 
-        async with running_manager(shard.dsn) as m:
-            await wait_leader(m)
+        async with leading_manager(shard.dsn) as m:
             async with running_receiver(url(m), queue=queue, credit=1, recorder=slow):
                 await wait_for(lambda: bool(low()), timeout=30, what="the priority-5 event")
                 i = rec.events.index(low()[0])
@@ -210,8 +208,7 @@ async def test_a_keys_events_in_hand_never_exceed_its_limit_and_other_keys_are_n
         await rec(event)
         await asyncio.sleep(0.05)
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), credit=20, recorder=slow) as (_, _r):
             await wait_for(lambda: len({e.id for e in rec.events}) >= len(rows), timeout=60, what="every event")
     most = most_fired(shard.dsn)
@@ -237,8 +234,7 @@ async def test_a_cancelled_event_in_hand_frees_its_keys_slot_as_an_ack_does(shar
         await rec(event)
         await asyncio.sleep(120)  # in hand until cancelled
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         ledger = m.rt.queues["orders"].ledger
         async with running_receiver(url(m), credit=5, recorder=hold) as (_, _r):
             await wait_for(lambda: len(rec.events) == 1, 10, "the key's first event")
@@ -320,8 +316,7 @@ async def test_a_rate_key_is_fired_at_most_its_rate_plus_one_in_any_second(shard
     rows = [{"tenant": tenant, "payload": {"k": "r"}, "rate_key": "r"} for _ in range(30)]
     rows += [{"tenant": tenant, "payload": {"k": f"o{i}"}, "rate_key": f"o{i}"} for i in range(30)]
     fill(shard.dsn, rows)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), credit=50) as (_, rec):
             await wait_for(lambda: len(rec.events) >= 60, timeout=30, what="every event")
     with psycopg.connect(shard.dsn) as c:
@@ -414,8 +409,7 @@ async def test_status_metrics_and_health_show_the_keys_in_hand_and_those_at_thei
     tenant = tenants_of(shard, 1)[0]
     rows = [{"tenant": tenant, "payload": {"i": i}, "concurrency_key": f"k{i % 3}"} for i in range(9)]
     fill(shard.dsn, rows)
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), credit=10, mode="hold") as (_, rec):
             await wait_for(lambda: len(rec.events) >= 6, timeout=20, what="two events of each key in hand")
             health = m.health()["queues"]["orders"]

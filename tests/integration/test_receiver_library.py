@@ -34,11 +34,10 @@ from tests.managerkit import (
     SECRET_OTHER,
     Recorder,
     insert,
+    leading_manager,
     rescanned,
-    running_manager,
     url,
     wait_for,
-    wait_leader,
 )
 from tests.processkit import ManagerProcess, lease, write_config
 
@@ -83,8 +82,7 @@ async def test_a_receiver_acks_what_its_handler_returns(shard: Shard, make_queue
     async def handle(event: Event) -> None:
         seen.append(event)
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with receiving({"s0": [url(m)]}, handle, concurrency=3) as r:
             ids = await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(20)])
             await wait_for(lambda: r.stats.acked == 20, what="20 acks")
@@ -113,8 +111,7 @@ async def test_credit_follows_free_handler_slots(shard: Shard, make_queue) -> No
             cur = await conn.execute("SELECT count(*) FROM orders WHERE state = 'fired'")
             return int((await cur.fetchone())[0])  # type: ignore[index]
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with receiving(url(m), handle, concurrency=3) as r:
             await insert(shard.dsn, [(tenants[i % 4], {"i": i}) for i in range(10)])
             await wait_for(lambda: len(started) == 3, what="3 handlers running")
@@ -142,8 +139,7 @@ async def test_a_failing_handler_is_nacked_retried_then_dead_lettered(shard: Sha
         attempts.append(event.attempt)
         raise ValueError(f"cannot handle {event.payload['n']}")
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with receiving(url(m), handle, concurrency=2) as r:
             [ident] = await insert(shard.dsn, [(tenant, {"n": 7})])
             await wait_for(lambda: r.stats.dead_lettered == 1, what="the dead letter")
@@ -163,8 +159,7 @@ async def test_retry_asks_for_a_delay(shard: Shard, make_queue) -> None:  # type
         if event.attempt == 1:
             raise Retry("not yet", delay=0.3)
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with receiving(url(m), handle) as r:
             [ident] = await insert(shard.dsn, [(tenant, {})])
             await wait_for(lambda: r.stats.acked == 1, what="the second attempt acked")
@@ -185,8 +180,7 @@ async def test_a_long_handler_gets_its_lease_extended_and_is_not_fired_again(sha
         calls.append(event.attempt)
         await done.wait()
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with receiving(url(m), handle, extend_after=0.2, extend_by=2.0) as r:
             [ident] = await insert(shard.dsn, [(tenant, {})])
             await wait_for(lambda: r.stats.extended >= 1, what="a lease extension")
@@ -231,8 +225,7 @@ async def test_a_handler_timeout_nacks(shard: Shard, make_queue, kind: str) -> N
             thread_unblock.wait(10)
 
     handler = handle_async if kind == "async" else handle_thread
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with receiving(url(m), handler, handler_timeout=0.3, concurrency=2) as r:
             [ident] = await insert(shard.dsn, [(tenant, {})])
             await wait_for(lambda: r.stats.acked == 1, what="the second attempt acked")
@@ -268,8 +261,7 @@ async def test_ack_in_transaction_commits_the_effects_and_the_ack_together(shard
             conn.execute("INSERT INTO effects VALUES (%s, %s)", (event.id, event.attempt))
             ack_in_transaction(conn, "orders", event)
 
-    async with running_manager(shard.dsn, reconcile_interval=3600.0, idle_slices=False) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, reconcile_interval=3600.0, idle_slices=False) as m:
         async with receiving(url(m), handle, concurrency=3) as r:
             later = await insert(shard.dsn, [(t, {"later": True}) for t in tenants[:5]], fire_in=3600)
             ids = await insert(shard.dsn, [(tenants[i % 8], {"i": i}) for i in range(30)])
@@ -316,8 +308,7 @@ async def test_a_rolled_back_ack_in_transaction_gets_the_event_back(shard: Shard
                 if event.payload["name"] == "A":
                     raise
 
-    async with running_manager(shard.dsn, reconcile_interval=3600.0, idle_slices=False) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, reconcile_interval=3600.0, idle_slices=False) as m:
         async with receiving(url(m), handle) as r:
             a, b = await insert(shard.dsn, [(tenant, {"name": "A"}), (tenant, {"name": "B"})])
             # A: attempt 1 nacked, attempt 2 settled; B: both attempts "settled" (the first rolled back)
@@ -362,6 +353,22 @@ def _qm_receive(*args: str, env: dict[str, str] | None = None, **popen: Any) -> 
     )
 
 
+@contextlib.contextmanager
+def _qm_receive_logged(log: Path, handlers: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``qm receive`` with its stderr in ``log`` and ``tests.receiver_handlers``' directory
+    ``handlers``; killed at the exit if it still runs."""
+    with log.open("w") as log_file:
+        proc = _qm_receive(
+            *args, env={"QM_TEST_HANDLER_DIR": str(handlers)}, stdout=subprocess.DEVNULL, stderr=log_file
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -392,28 +399,20 @@ async def test_sigterm_drains_qm_receive_without_losing_or_duplicating_acks(  # 
     make_queue("orders", partitions=2, shuffle=1)
     tenants = tenants_of(shard, 5)
     log = tmp_path / "receiver.log"
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         ids = await insert(shard.dsn, [(t, {}) for t in tenants])
-        with log.open("w") as log_file:
-            proc = _qm_receive(
-                "--queue", "orders", "--manager", f"s0={url(m)}", "--token", SECRET_ALL, "--concurrency", "3",
-                "--log-level", "INFO", "tests.receiver_handlers:blocking",
-                env={"QM_TEST_HANDLER_DIR": str(tmp_path)},
-                stdout=subprocess.DEVNULL, stderr=log_file,
-            )  # fmt: skip
-            try:
-                started = tmp_path / "started"
-                await wait_for(lambda: started.exists() and len(list(started.iterdir())) == 3, 20, "3 handlers")
-                proc.send_signal(signal.SIGTERM)
-                await wait_for(lambda: "draining shard s0" in log.read_text(), 10, "the drain to start")
-                assert proc.poll() is None
-                (tmp_path / "release").touch()
-                rc = await asyncio.to_thread(proc.wait, 20)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        with _qm_receive_logged(
+            log, tmp_path,
+            "--queue", "orders", "--manager", f"s0={url(m)}", "--token", SECRET_ALL, "--concurrency", "3",
+            "--log-level", "INFO", "tests.receiver_handlers:blocking",
+        ) as proc:  # fmt: skip
+            started = tmp_path / "started"
+            await wait_for(lambda: started.exists() and len(list(started.iterdir())) == 3, 20, "3 handlers")
+            proc.send_signal(signal.SIGTERM)
+            await wait_for(lambda: "draining shard s0" in log.read_text(), 10, "the drain to start")
+            assert proc.poll() is None
+            (tmp_path / "release").touch()
+            rc = await asyncio.to_thread(proc.wait, 20)
         assert rc == 0, log.read_text()
         handled = sorted(p.name for p in started.iterdir())
         assert sorted(p.name for p in (tmp_path / "done").iterdir()) == handled
@@ -435,25 +434,17 @@ async def test_qm_receive_finds_the_managers_in_the_topology_file(  # type: igno
     (tmp_path / "release").touch()
     path = tmp_path / "topology.toml"
     log = tmp_path / "receiver.log"
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         write_topology(path, replace(shard, key_range=KeyRange.parse("-"), managers=(url(m),)))
         ids = await insert(shard.dsn, [(t, {}) for t in tenants_of(shard, 2)])
-        with log.open("w") as log_file:
-            proc = _qm_receive(
-                "--queue", "orders", "--topology", str(path), "--token", SECRET_ALL,
-                "tests.receiver_handlers:blocking",
-                env={"QM_TEST_HANDLER_DIR": str(tmp_path)}, stdout=subprocess.DEVNULL, stderr=log_file,
-            )  # fmt: skip
-            try:
-                done = tmp_path / "done"
-                await wait_for(lambda: done.exists() and len(list(done.iterdir())) == 2, 20, "2 handled")
-                proc.send_signal(signal.SIGTERM)
-                rc = await asyncio.to_thread(proc.wait, 20)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        with _qm_receive_logged(
+            log, tmp_path, "--queue", "orders", "--topology", str(path), "--token", SECRET_ALL,
+            "tests.receiver_handlers:blocking",
+        ) as proc:  # fmt: skip
+            done = tmp_path / "done"
+            await wait_for(lambda: done.exists() and len(list(done.iterdir())) == 2, 20, "2 handled")
+            proc.send_signal(signal.SIGTERM)
+            rc = await asyncio.to_thread(proc.wait, 20)
         assert rc == 0, log.read_text()
         assert {v[:2] for i, v in (await rows(shard.dsn)).items() if i in ids} == {("acked", 1)}
 
@@ -598,8 +589,7 @@ async def test_a_restarted_manager_that_leads_is_found_while_another_holds_the_p
         task = asyncio.create_task(receiver.run())
         try:
             await asyncio.wait_for(probed.wait(), 10)
-            async with running_manager(shard.dsn, port=port) as m:
-                await wait_leader(m)
+            async with leading_manager(shard.dsn, port=port):
                 leading = time.monotonic()
                 await receiver.wait_subscribed(10)
                 found = time.monotonic() - leading
@@ -616,8 +606,7 @@ async def test_a_refused_token_or_queue_stops_the_receiver_with_a_clear_error(sh
 
     async def handle(event: Event) -> None: ...
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         for token, message in [
             ("not-a-known-token-0000", r"refused the token \(HTTP 401\)"),
             (SECRET_OTHER, r"subscribe to 'orders' refused: token 'other' may not read queue 'orders'"),
@@ -636,9 +625,7 @@ async def test_one_receiver_takes_every_shard_and_honours_a_tenant_filter(shards
     async def handle(event: Event) -> None:
         seen.append(event)
 
-    async with running_manager(s0.dsn) as m0, running_manager(s1.dsn) as m1:
-        await wait_leader(m0)
-        await wait_leader(m1)
+    async with leading_manager(s0.dsn) as m0, leading_manager(s1.dsn) as m1:
         urls = {"s0": [url(m0)], "s1": [url(m1)]}
         async with receiving(urls, handle, concurrency=2) as r:
             ids = {s.name: await insert(s.dsn, [(t, {}) for t in tenants_of(s, 3)]) for s in (s0, s1)}
@@ -678,9 +665,7 @@ async def test_a_receiver_following_the_topology_file_opens_and_drains_links_as_
             await hold.wait()
 
     path = tmp_path / "topology.toml"
-    async with running_manager(s0.dsn) as m0, running_manager(s1.dsn) as m1:
-        await wait_leader(m0)
-        await wait_leader(m1)
+    async with leading_manager(s0.dsn) as m0, leading_manager(s1.dsn) as m1:
         whole = KeyRange.parse("-")
         write_topology(path, replace(s0, key_range=whole, managers=(url(m0),)))
         async with receiving({}, handle, topology_file=path, topology_check=0.1) as r:

@@ -31,6 +31,7 @@ from tests.managerkit import (
     SECRET_ALL,
     Recorder,
     insert,
+    leading_manager,
     raw_client,
     recv_type,
     running_manager,
@@ -376,10 +377,8 @@ async def test_a_split_while_producers_and_receivers_run_loses_nothing_and_fires
             )
         }
     async with contextlib.AsyncExitStack() as stack:
-        m0 = await stack.enter_async_context(running_manager(s0.dsn))
-        m1 = await stack.enter_async_context(running_manager(shards.by_name("s1").dsn))
-        await wait_leader(m0)
-        await wait_leader(m1)
+        m0 = await stack.enter_async_context(leading_manager(s0.dsn))
+        m1 = await stack.enter_async_context(leading_manager(shards.by_name("s1").dsn))
         with Reshard(topo) as r:
             await asyncio.to_thread(r.start, targets)
         m2 = await stack.enter_async_context(running_manager(targets[0].dsn))
@@ -484,8 +483,7 @@ async def test_a_manager_writes_its_limit_slices_to_the_shards_of_the_rewritten_
         with psycopg.connect(dsn) as c:
             return {str(r[0]) for r in c.execute("SELECT shard FROM qm.rate_leases WHERE NOT resigned")}
 
-    async with running_manager(s0.dsn, topology=shards, topology_file=topo, shard="s0") as m0:
-        await wait_leader(m0)
+    async with leading_manager(s0.dsn, topology=shards, topology_file=topo, shard="s0"):
         await wait_for(lambda: "s0" in slices_in(s1.dsn), 10, "s0's slices in s1's database")
         assert "s0" not in slices_in(s9.dsn)
         write_topology(topo, replaced)

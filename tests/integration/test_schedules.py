@@ -19,7 +19,7 @@ from queue_manager.domain.topology import Topology
 from queue_manager.manager import store
 from queue_manager.manager.schedules import Scheduler
 from tests.conftest import tenants_of
-from tests.managerkit import running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import leading_manager, running_receiver, url, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,8 +79,7 @@ async def test_the_leader_enqueues_each_slot_once_ahead_and_it_fires_at_its_inst
 ) -> None:
     s0 = shards.shards[0]
     t = tenants_of(s0, 1)[0]
-    async with running_manager(s0.dsn) as m, running_receiver(url(m)) as (_, rec):
-        await wait_leader(m)
+    async with leading_manager(s0.dsn) as m, running_receiver(url(m)) as (_, rec):
         with psycopg.connect(s0.dsn, autocommit=True) as c:
             c.execute(
                 "SELECT qm.schedule_add('tick', 'orders', %s, '{\"job\": \"tick\"}', interval_seconds => 1,"
@@ -114,8 +113,7 @@ async def test_a_schedules_slot_events_have_its_priority_or_the_queues_default(
     make_queue("urgent_jobs", partitions=4, shuffle=2, window_seconds=3, default_priority=4)
     s0 = shards.shards[0]
     t = tenants_of(s0, 1)[0]
-    async with running_manager(s0.dsn) as m, running_receiver(url(m), queue="urgent_jobs") as (_, rec):
-        await wait_leader(m)
+    async with leading_manager(s0.dsn) as m, running_receiver(url(m), queue="urgent_jobs") as (_, rec):
         with psycopg.connect(s0.dsn, autocommit=True) as c:
             for name, priority in (("first", 1), ("plain", None)):
                 c.execute(
@@ -138,8 +136,7 @@ async def test_a_deposed_leaders_pass_is_fenced_and_a_cursor_sent_back_enqueues_
 ) -> None:
     s0 = shards.shards[0]
     t = tenants_of(s0, 1)[0]
-    async with running_manager(s0.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(s0.dsn) as m:
         with psycopg.connect(s0.dsn, autocommit=True) as c:
             c.execute("SELECT qm.schedule_add('fast', 'orders', %s, interval_seconds => 1)", (t,))
             await wait_for(lambda: _count(c, "SELECT count(*) FROM orders") >= 4, 10, "slots enqueued")
@@ -174,8 +171,7 @@ async def test_pause_drops_the_slots_enqueued_ahead_resume_goes_on_remove_ends_i
     s0 = shards.shards[0]
     t = tenants_of(s0, 1)[0]
     pending = "SELECT count(*) FROM orders WHERE state = 'to_be_fired' AND fire_at > now()"
-    async with running_manager(s0.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(s0.dsn):
         with psycopg.connect(s0.dsn, autocommit=True) as c:
             c.execute("SELECT qm.schedule_add('p', 'orders', %s, interval_seconds => 1)", (t,))
             await wait_for(lambda: _count(c, pending) >= 3, 10, "slots ahead")
@@ -282,8 +278,7 @@ async def test_thousands_of_schedules_are_enqueued_in_bounded_transactions(shard
     them all ran the server's lock table out; the pass commits them in transactions of at most 500."""
     s0 = shards.shards[0]
     tenants = tenants_of(s0, 50)
-    async with running_manager(s0.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(s0.dsn) as m:
         with psycopg.connect(s0.dsn, autocommit=True) as c:
             c.execute("SELECT qm.alter_queue('orders', '{\"window_seconds\": 25}')")
             # the server's lock table: max_locks_per_transaction per connection slot
@@ -346,8 +341,7 @@ async def test_a_schedule_whose_event_the_queue_refuses_gets_its_error_and_the_o
         )
         c.execute("SELECT qm.schedule_add('small', 'orders', %s, interval_seconds => 1)", (t2,))
         c.execute("SELECT qm.alter_queue('orders', '{\"payload_limit_bytes\": 100}')")
-    async with running_manager(s0.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(s0.dsn) as m:
         with psycopg.connect(s0.dsn, autocommit=True) as c:
             err = "SELECT count(*) FROM qm.schedules WHERE name = 'big' AND error LIKE 'its event was refused:%%'"
             await wait_for(lambda: _count(c, err) == 1, 15, "the big schedule's error recorded")

@@ -18,7 +18,7 @@ from queue_manager.domain.topology import Shard
 from queue_manager.manager import store
 from tests.conftest import tenants_of
 from tests.faultkit import TcpProxy
-from tests.managerkit import insert, running_manager, running_receiver, url, wait_for, wait_leader
+from tests.managerkit import insert, leading_manager, running_receiver, url, wait_for
 
 #: each way, per chunk: a round trip costs at least 2 x DELAY
 DELAY = 0.3
@@ -91,8 +91,7 @@ async def test_on_a_slow_link_the_rescans_after_notices_carry_the_fires_of_a_fil
     proxy = TcpProxy.for_dsn(shard.dsn)
     await proxy.start()
     try:
-        async with running_manager(proxy.proxied(shard.dsn)) as m:
-            await wait_leader(m)
+        async with leading_manager(proxy.proxied(shard.dsn)) as m:
             async with running_receiver(url(m), tenants=[tenants[0]]) as (_, rec):
                 proxy.slow(DELAY / 3, 0)
                 ids: list[int] = []
@@ -126,8 +125,7 @@ async def test_the_periodic_reload_reads_on_a_connection_of_its_own(
         return await real(conn)
 
     monkeypatch.setattr(store, "load_settings", recording)
-    async with running_manager(shard.dsn, rescan_interval=0.2) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, rescan_interval=0.2) as m:
         q = m.queues["orders"]
         with psycopg.connect(shard.dsn, autocommit=True) as c:
             # no notice: the queue's settings trigger is bypassed for this one update
@@ -148,8 +146,7 @@ async def test_a_session_started_again_under_its_term_releases_the_fires_whose_a
     ``db-link-lossy``, its worst stalls); events its receivers hold stay where they are."""
     make_queue("orders", partitions=2, shuffle=1, ack_timeout_seconds=30)
     tenant = tenants_of(shard, 1)[0]
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with running_receiver(url(m), mode="hold") as (_, rec):
             (held,) = await insert(shard.dsn, [(tenant, {"held": True})])
             await wait_for(lambda: held in rec.ids(), what="the event the receiver holds")

@@ -37,7 +37,7 @@ from receivers import Event, Retry
 from tests.conftest import tenants_of
 from tests.framecheck import delivered
 from tests.integration.test_receiver_library import receiving
-from tests.managerkit import running_manager, url, wait_for, wait_leader
+from tests.managerkit import leading_manager, url, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,8 +144,7 @@ async def test_a_request_enqueues_by_the_helper_by_sql_and_by_a_batch_and_each_h
         context.detach(token)
     req = ctx_of(request)
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with receiving({"s0": [url(m)]}, handle) as r:
             await wait_for(lambda: r.stats.acked == 4, what="4 acks")
 
@@ -211,8 +210,7 @@ async def test_a_nack_and_refire_make_a_second_process_span_in_the_mode_configur
     creation = ctx_of(send)
     assert creation.trace_id == ctx_of(request).trace_id
 
-    async with running_manager(shard.dsn) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn) as m:
         async with receiving(url(m), handle, trace_mode=mode) as r:
             await wait_for(lambda: r.stats.acked == 1, what="the re-fire's ack")
     assert attempts == [1, 2]
@@ -302,8 +300,7 @@ async def test_the_manager_traces_a_sample_of_its_fire_and_ack_batches_linked_to
     async def handle(event: Event) -> None:
         pass
 
-    async with running_manager(shard.dsn, trace_sample=1.0) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, trace_sample=1.0) as m:
         async with receiving(url(m), handle) as r:
             await wait_for(lambda: r.stats.acked == 5, what="5 acks")
             await wait_for(
@@ -341,15 +338,14 @@ import queue_manager, receivers
 from queue_manager.producer import enqueue, enqueue_batch, Event as NewEvent
 from receivers import Receiver
 from tests.integration.test_receiver_library import receiving
-from tests.managerkit import running_manager, url, wait_for, wait_leader
+from tests.managerkit import leading_manager, url, wait_for
 
 async def main():
     with psycopg.connect({shard.dsn!r}) as conn:
         enqueue(conn, "orders", {tenant!r}, {{"n": sys.argv[1]}})
         enqueue_batch(conn, "orders", [NewEvent({tenant!r}, {{"n": "b"}})])
     seen = []
-    async with running_manager({shard.dsn!r}) as m:
-        await wait_leader(m)
+    async with leading_manager({shard.dsn!r}) as m:
         async with receiving(url(m), lambda e: seen.append(e)) as r:
             await wait_for(lambda: r.stats.acked == 2, what="2 acks")
             assert r.tracer is None
@@ -446,8 +442,7 @@ async def test_an_event_enqueued_while_the_manager_runs_and_traces_reaches_its_h
     async def handle(event: Event) -> None:
         got.append(event)
 
-    async with running_manager(shard.dsn, trace_sample=1.0) as m:
-        await wait_leader(m)
+    async with leading_manager(shard.dsn, trace_sample=1.0) as m:
         async with receiving(url(m), handle) as r:
             with trace.get_tracer("t").start_as_current_span("POST"), psycopg.connect(shard.dsn) as conn:
                 enqueue(conn, "orders", tenants_of(shard, 1)[0], {"n": 1})

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -48,6 +49,14 @@ def crash_at(stage: str, *, shard: str | None = None, times: int = 1) -> Callabl
                 raise Crash(f"crash at {stage} of shard {p.shard}")
 
     return hook
+
+
+def crashed_run(
+    spark: SparkSession, shards: Topology, out: Path, crash: Callable[[ArchiveProgress], None], **options: Any
+) -> None:
+    """Run ``r1`` of the archive until ``crash`` (a :func:`crash_at`) stops it, as a killed process would stop."""
+    with pytest.raises(Crash):
+        archive_events(spark, shards, older_than=OLDER_THAN, output=out, run_id="r1", progress=crash, **options)
 
 
 @dataclass
@@ -223,8 +232,7 @@ def test_a_run_interrupted_before_its_commit_is_rewritten_and_nothing_is_deleted
     before = ids_in_shards(shards)
     out = tmp_path / "archive"
     # the Parquet is written to staging, the process dies before anything is verified or renamed
-    with pytest.raises(Crash):
-        archive_events(spark, shards, older_than=OLDER_THAN, output=out, run_id="r1", progress=crash_at("written"))
+    crashed_run(spark, shards, out, crash_at("written"))
     assert ids_in_shards(shards) == before
     assert archived_keys(spark, out) == []  # staged files are not part of the archive
     layout = ArchiveLayout(out.resolve(), "r1")
@@ -250,10 +258,7 @@ def test_a_run_interrupted_between_two_shard_commits_keeps_the_first_and_writes_
     before = ids_in_shards(shards)
     out = tmp_path / "archive"
     layout = ArchiveLayout(out.resolve(), "r1")
-    with pytest.raises(Crash):
-        archive_events(
-            spark, shards, older_than=OLDER_THAN, output=out, run_id="r1", progress=crash_at("committed", shard="s0")
-        )
+    crashed_run(spark, shards, out, crash_at("committed", shard="s0"))
     assert ids_in_shards(shards) == before  # committed, but nothing deleted
     assert layout.manifest_file("s0").is_file() and not layout.shard_dir("s1").exists()
     s0_files = file_tree(layout.shard_dir("s0"))
@@ -277,16 +282,7 @@ def test_a_run_interrupted_between_delete_slices_finishes_the_deletion_without_d
     data = populate(shards)
     before = ids_in_shards(shards)
     out = tmp_path / "archive"
-    with pytest.raises(Crash):
-        archive_events(
-            spark,
-            shards,
-            older_than=OLDER_THAN,
-            output=out,
-            run_id="r1",
-            delete_slice=30,
-            progress=crash_at("delete_slice"),
-        )
+    crashed_run(spark, shards, out, crash_at("delete_slice"), delete_slice=30)
     after_crash = ids_in_shards(shards)
     assert len(before - after_crash) == 30  # one slice committed
     assert (before - after_crash) <= data.expected()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import re
 import socket
 import threading
@@ -30,6 +31,34 @@ def web_tokens() -> WebTokens:
             {"name": "bob", "secret": READ, "scope": "read"},
         ]
     )
+
+
+@contextlib.contextmanager
+def static_page(html: str) -> Iterator[str]:
+    """An HTTP server on another port of this host (another origin, the same site) that answers
+    every GET with the page ``html``: its URL."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = html.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        thread.join(10)
+        httpd.server_close()
 
 
 def csrf_of(html: str) -> str:

@@ -28,7 +28,7 @@ from queue_manager.db.migrate import set_identity
 from queue_manager.domain.topology import KeyRange, Shard, Topology
 from tests import pgtest
 from tests.conftest import tenants_of
-from tests.web.conftest import ADMIN, READ, serving, web_tokens
+from tests.web.conftest import ADMIN, READ, serving, static_page, web_tokens
 
 CHROMIUM = os.environ.get("QM_TEST_CHROMIUM", "/usr/bin/chromium")
 
@@ -91,14 +91,13 @@ class Live:
         self.url = ""
 
     async def _main(self) -> None:
-        from tests.managerkit import running_manager, running_receiver, url, wait_leader
+        from tests.managerkit import leading_manager, running_receiver, url
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
             # maintenance at a relaxed pace: these tests watch dispatch, not the sweeps
-            async with running_manager(self.dsn, purge_interval=5.0, reconcile_interval=5.0) as manager:
-                await wait_leader(manager)
+            async with leading_manager(self.dsn, purge_interval=5.0, reconcile_interval=5.0) as manager:
                 self.url = url(manager)
                 async with running_receiver(url(manager)) as (_, recorder):
                     recorder_events = recorder.events
@@ -438,34 +437,6 @@ def test_a_tenants_events_at_a_million_rows_are_on_the_first_page_and_paged_once
     print(f"paged {len(seen)} events of a tenant over {pages} pages of a million rows in {paged:.1f} s")
 
 
-@contextlib.contextmanager
-def _other_site(html: str) -> Iterator[str]:
-    """A page served from another port of this host (another origin, the same site): its URL."""
-    import http.server
-
-    class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = html.encode()
-            self.send_response(200)
-            self.send_header("content-type", "text/html; charset=utf-8")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    finally:
-        httpd.shutdown()
-        thread.join(10)
-        httpd.server_close()
-
-
 def test_a_page_of_another_origin_cannot_frame_the_dashboard(server: str, browser: Any) -> None:
     """Logged in, the operator opens a page of another port of the same host that frames the
     dashboard's queue page (its pause button) and its login page: Chromium refuses both frames
@@ -474,7 +445,7 @@ def test_a_page_of_another_origin_cannot_frame_the_dashboard(server: str, browse
     refused: list[str] = []
     page.on("console", lambda m: refused.append(m.text) if "frame-ancestors" in m.text else None)
     frames = f'<iframe id="a" src="{server}/queues/orders"></iframe><iframe id="b" src="{server}/login"></iframe>'
-    with _other_site(f"<!doctype html><title>elsewhere</title>{frames}") as elsewhere:
+    with static_page(f"<!doctype html><title>elsewhere</title>{frames}") as elsewhere:
         page.goto(elsewhere)
         page.wait_for_function("() => document.readyState === 'complete'")
         children = [f for f in page.frames if f != page.main_frame]

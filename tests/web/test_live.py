@@ -6,8 +6,6 @@ the exact counts are there on demand."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -19,7 +17,7 @@ from queue_manager.domain.topology import Topology
 from queue_manager.web import shards
 from queue_manager.web.monitor import Monitor
 from tests.conftest import tenants_of
-from tests.web.conftest import READ
+from tests.web.conftest import READ, static_page
 from tests.web.test_http import insert
 
 HTML = {"accept": "text/html", "authorization": f"Bearer {READ}"}
@@ -184,27 +182,10 @@ def test_pooled_connections_are_reused_and_carry_the_statement_timeout(topology:
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
 
 
-class _NotAManager(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"<html>a web server, not a manager</html>"
-        self.send_response(200)
-        self.send_header("content-type", "text/html")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def not_a_manager() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotAManager)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
+    with static_page("<html>a web server, not a manager</html>") as url:
+        yield url
 
 
 def test_managers_that_cannot_be_read_are_shown_as_such_never_a_500(
