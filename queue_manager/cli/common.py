@@ -64,10 +64,11 @@ def command(
     return with_topology(p) if topology else p
 
 
-def group(sub: Subparsers, name: str, doc: str) -> Subparsers:
-    """Add a command group (``qm queue``, ``qm local``, ...) explained by ``doc``; returns its subparsers."""
+def group(sub: Subparsers, name: str, doc: str, **options: Any) -> Subparsers:
+    """Add a command group (``qm queue``, ``qm local``, ...) explained by ``doc``; returns its
+    subparsers (``options``: more of ``add_subparsers``' arguments)."""
     p = parser(sub, name, doc)
-    return p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND", title="commands")
+    return p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND", title="commands", **options)
 
 
 def parser(sub: Subparsers, name: str, doc: str) -> Any:
