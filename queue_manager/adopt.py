@@ -400,35 +400,28 @@ def check_adoption(topology: Topology, queue: str, source_dsn: str, mapping: Ado
         return _check(legacy_conn, shard_conns, queue, mapping, AdoptOptions())[1]
 
 
+@dataclass
 class _Run:
     """One run of an adoption: the connections, the report, and the three phases of a slice."""
 
-    def __init__(
-        self,
-        topology: Topology,
-        queue: str,
-        legacy_conn: psycopg.Connection[Any],
-        shard_conns: dict[str, psycopg.Connection[Any]],
-        legacy: _Legacy,
-        options: AdoptOptions,
-        report: AdoptReport,
-        hook: Callable[[Phase], None] | None,
-    ) -> None:
-        self.topology = topology
-        self.queue = queue
-        self.legacy_conn = legacy_conn
-        self.shard_conns = shard_conns
-        self.legacy = legacy
-        self.options = options
-        self.report = report
-        self.hook = hook or (lambda phase: None)
-        self.insert = _q("adopt_insert").format(queue=sql.Identifier(queue))
-        #: legacy ids of bad rows left in the legacy table (not taken again this run)
-        self.skip_ids: list[str] = []
-        #: outbox keys the queue refused (not published again this run)
-        self.skip_keys: list[UUID] = []
-        #: per shard, ledger keys whose outbox rows are gone: deleted with the shard's next publish
-        self.forget: dict[str, list[UUID]] = defaultdict(list)
+    topology: Topology
+    queue: str
+    legacy_conn: psycopg.Connection[Any]
+    shard_conns: dict[str, psycopg.Connection[Any]]
+    legacy: _Legacy
+    options: AdoptOptions
+    report: AdoptReport
+    hook: Callable[[Phase], None]
+    insert: sql.Composed = field(init=False)
+    #: legacy ids of bad rows left in the legacy table (not taken again this run)
+    skip_ids: list[str] = field(init=False, default_factory=list)
+    #: outbox keys the queue refused (not published again this run)
+    skip_keys: list[UUID] = field(init=False, default_factory=list)
+    #: per shard, ledger keys whose outbox rows are gone: deleted with the shard's next publish
+    forget: dict[str, list[UUID]] = field(init=False, default_factory=lambda: defaultdict(list))
+
+    def __post_init__(self) -> None:
+        self.insert = _q("adopt_insert").format(queue=sql.Identifier(self.queue))
 
     # phase 1 ------------------------------------------------------------------------------------
     def move(self) -> int:
@@ -676,7 +669,7 @@ def adopt(
                 legacy_conn.execute(legacy.outbox_index)
         except psycopg.Error as exc:
             raise _config_error(f"creating the outbox {legacy.outbox_name} in the legacy database", exc) from None
-        run = _Run(topology, queue, legacy_conn, shard_conns, legacy, options, report, hook)
+        run = _Run(topology, queue, legacy_conn, shard_conns, legacy, options, report, hook or (lambda phase: None))
         logger.info(
             "adopt starting", extra={"action": "adopt_start", "adoption": adoption, "pending": preflight.pending}
         )

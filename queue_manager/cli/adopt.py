@@ -10,7 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from queue_manager.cli.common import HelpFormatter, Subparsers, duration, examples, print_json, topology
+from queue_manager.cli.common import Subparsers, command, duration, print_json, topology
 from queue_manager.domain.adopt import DEFAULT_OUTBOX, AdoptMapping, parse_assignments
 
 if TYPE_CHECKING:
@@ -19,21 +19,7 @@ if TYPE_CHECKING:
 
 def register(queue: Subparsers) -> None:
     """Add ``adopt`` to the ``qm queue`` group."""
-    p = queue.add_parser(
-        "adopt",
-        help="move the events of a legacy queue table into a queue, in slices, while it is still written",
-        description="Take pending rows out of an existing, unsharded queue table (on any PostgreSQL database) and "
-        "enqueue them, routed by tenant, slice by slice. Producers may keep writing to the table meanwhile; a run "
-        "may be stopped or killed at any time and re-run: nothing is lost or enqueued twice. Checks the mapping and "
-        "the rows first, before anything moves. Exit status: 0 done, 1 some rows rejected (left in the legacy table "
-        "or the outbox), 2 error (nothing lost). See docs/operations.md, 'Adopting a legacy queue table'.",
-        epilog=examples(
-            "qm queue adopt orders --from postgresql://legacy/app --table jobs --tenant-col account --check",
-            "qm queue adopt orders --from postgresql://legacy/app --table jobs --tenant-col account --follow",
-        ),
-        formatter_class=HelpFormatter,
-    )
-    p.add_argument("--topology", metavar="FILE", help="the topology file, TOML (default: $QM_TOPOLOGY)")
+    p = command(queue, "adopt", cmd_queue_adopt, topology=True)
     p.add_argument("queue", help="the target queue (must exist on every shard)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--from", dest="source_dsn", metavar="DSN", help="the legacy database (libpq DSN or URL)")
@@ -96,7 +82,6 @@ def register(queue: Subparsers) -> None:
         "--progress", type=duration, default=10.0, metavar="DURATION", help="print progress this often (default 10 s)"
     )
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    p.set_defaults(func=cmd_queue_adopt)
 
 
 def _mapping(args: argparse.Namespace) -> AdoptMapping:
@@ -126,6 +111,18 @@ def _print_preflight(table: str, pre: adopt.Preflight) -> None:
 
 
 def cmd_queue_adopt(args: argparse.Namespace) -> int:
+    """move the events of a legacy queue table into a queue, in slices, while it is still written
+
+    Take pending rows out of an existing, unsharded queue table (on any PostgreSQL database) and enqueue them, routed by
+    tenant, slice by slice. Producers may keep writing to the table meanwhile; a run may be stopped or killed at any
+    time and re-run: nothing is lost or enqueued twice. Checks the mapping and the rows first, before anything moves.
+    Exit status: 0 done, 1 some rows rejected (left in the legacy table or the outbox), 2 error (nothing lost). See
+    docs/operations.md, 'Adopting a legacy queue table'.
+
+    example:
+      qm queue adopt orders --from postgresql://legacy/app --table jobs --tenant-col account --check
+      qm queue adopt orders --from postgresql://legacy/app --table jobs --tenant-col account --follow
+    """
     from queue_manager import adopt
 
     topo = topology(args)

@@ -9,10 +9,12 @@ the library it needs (psycopg, the manager, alembic) when it runs.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 from queue_manager.domain.durations import parse_duration
@@ -45,23 +47,45 @@ def examples(*lines: str) -> str:
     return "example:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def command(sub: Subparsers, name: str, help: str, example: str | tuple[str, ...], description: str = "") -> Any:
-    """Add a command: ``help`` is its line in the group's list, ``description`` (default: ``help``)
-    opens its ``--help``, ``example`` closes it."""
-    lines = (example,) if isinstance(example, str) else example
+def command(
+    sub: Subparsers,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    doc: str = "",
+    topology: bool = False,
+    **defaults: Any,
+) -> Any:
+    """Add a command that runs ``func``, explained by ``doc`` (default: ``func``'s docstring; its
+    shape is :func:`parser`'s); ``topology`` adds ``--topology``, ``defaults`` are more values of
+    the parsed arguments."""
+    p = parser(sub, name, doc or func.__doc__ or "")
+    p.set_defaults(func=func, **defaults)
+    return with_topology(p) if topology else p
+
+
+def group(sub: Subparsers, name: str, doc: str, **options: Any) -> Subparsers:
+    """Add a command group (``qm queue``, ``qm local``, ...) explained by ``doc``; returns its
+    subparsers (``options``: more of ``add_subparsers``' arguments)."""
+    p = parser(sub, name, doc)
+    return p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND", title="commands", **options)
+
+
+def parser(sub: Subparsers, name: str, doc: str) -> Any:
+    """Add a command's parser, explained by ``doc``: its first paragraph is the command's line in the
+    group's list, the paragraphs after it open its ``--help`` (default: that line as a sentence), and
+    the last one, ``example:`` then one command line an indented line, closes it."""
+    line, *description, example = inspect.cleandoc(doc).split("\n\n")
+    if not example.startswith("example:\n  "):
+        raise ValueError(f"the help of {name!r} does not end with its examples")
+    line = " ".join(line.split())
     return sub.add_parser(
         name,
-        help=help,
-        description=description or help[0].upper() + help[1:] + ".",
-        epilog=examples(*lines),
+        help=line,
+        description="\n\n".join(" ".join(para.split()) for para in description) or line[0].upper() + line[1:] + ".",
+        epilog=example,
         formatter_class=HelpFormatter,
     )
-
-
-def group(sub: Subparsers, name: str, help: str, example: str | tuple[str, ...], description: str = "") -> Subparsers:
-    """Add a command group (``qm queue``, ``qm local``, ...); returns its subparsers."""
-    p = command(sub, name, help, example, description)
-    return p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND", title="commands")
 
 
 def duration(text: str) -> float:

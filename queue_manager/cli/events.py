@@ -9,26 +9,12 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from queue_manager.cli.common import Subparsers, command, group, print_json, topology, with_topology
+from queue_manager.cli.common import Subparsers, command, group, print_json, topology
 from queue_manager.errors import ConfigurationError
 
 
 def register_enqueue(sub: Subparsers) -> None:
-    p = with_topology(
-        command(
-            sub,
-            "enqueue",
-            help="enqueue one event (routed to its tenant's shard)",
-            description="Enqueue one event into a queue, on the shard that owns the tenant, and print its id. "
-            "Applications enqueue by INSERT in their own transaction (docs/sql.md) or from Python "
-            "(queue_manager.producer); this command is for trying things and for scripts.",
-            example=(
-                "qm enqueue orders acme '{\"order\": 42}'",
-                "qm enqueue orders acme '{\"remind\": 42}' --fire-at 2026-01-01T12:00:00+00:00 --dedup-key remind-42",
-                "qm enqueue orders acme '{\"sync\": 7}' --priority 1 --concurrency-key account-7",
-            ),
-        )
-    )
+    p = command(sub, "enqueue", cmd_enqueue, topology=True)
     p.add_argument("queue", help="the queue")
     p.add_argument("tenant", help="the tenant the event belongs to (it picks the shard and the partitions)")
     p.add_argument("payload", nargs="?", default="{}", help="the event's JSON payload (default {})")
@@ -36,90 +22,48 @@ def register_enqueue(sub: Subparsers) -> None:
         "--fire-at", metavar="TIME", help="fire at this ISO-8601 time with offset, e.g. 2026-01-01T12:00:00+00:00"
     )
     p.add_argument("--dedup-key", metavar="KEY", help="no second event with this key while the first is in the queue")
-    p.add_argument(
-        "--priority", type=int, metavar="N", help="1 (highest) to 5 (default: the queue's default_priority)"
-    )
+    p.add_argument("--priority", type=int, metavar="N", help="1 (highest) to 5 (default: the queue's default_priority)")
     p.add_argument(
         "--concurrency-key", metavar="KEY", help="a key of the tenant, limited by the queue's key_max_in_flight"
     )
     p.add_argument("--rate-key", metavar="KEY", help="a key of the tenant, limited by the queue's key_max_qps")
-    p.set_defaults(func=cmd_enqueue)
+
+
+EVENTS_HELP = """act on events
+
+Act on the events of a queue (the dashboard, qm web, does more: docs/dashboard.md).
+
+example:
+  qm events retry orders --tenant acme
+"""
 
 
 def register(sub: Subparsers) -> None:
-    events = group(
-        sub,
-        "events",
-        help="act on events",
-        description="Act on the events of a queue (the dashboard, qm web, does more: docs/dashboard.md).",
-        example="qm events retry orders --tenant acme",
-    )
-    p = with_topology(
-        command(
-            events,
-            "retry",
-            help="put dead-lettered (failed) events back to to_be_fired",
-            description="Put dead-lettered (failed) events of a queue back: due now, with their attempts reset. "
-            "Every failed event of the queue, or only those given by --id or --tenant.",
-            example=("qm events retry orders", "qm events retry orders --id 42 --id 43"),
-        )
-    )
+    events = group(sub, "events", EVENTS_HELP)
+    p = command(events, "retry", cmd_events_retry, topology=True)
     p.add_argument("queue", help="the queue")
     p.add_argument("--id", type=int, action="append", help="only this event id (repeat)")
     p.add_argument("--tenant", help="only this tenant's events")
-    p.set_defaults(func=cmd_events_retry)
 
-    p = with_topology(
-        command(
-            events,
-            "list",
-            help="a page of a queue's events across the shards, newest first",
-            description="A page of a queue's events on every shard, newest first (by creation), filtered by "
-            "state, tenant, dedup key or payload. The last line gives the --cursor of the next page.",
-            example=("qm events list orders --state failed", "qm events list orders --tenant acme --json"),
-        )
-    )
+    p = command(events, "list", cmd_events_list, topology=True)
     p.add_argument("queue", help="the queue")
     _filters(p)
     p.add_argument("--limit", type=int, default=50, help="events per page (1 to 1000, default 50)")
     p.add_argument("--cursor", metavar="SHARD:ID,...", help="where the page starts (printed by the page before)")
     p.add_argument("--json", action="store_true", help="as JSON")
-    p.set_defaults(func=cmd_events_list)
 
-    p = with_topology(
-        command(
-            events,
-            "show",
-            help="one event, every column (its last error, its attempts)",
-            description="One event, every column: its state, attempts, times, last error and payload. Event ids "
-            "are per shard: without --shard, every shard's event of that id is shown.",
-            example=("qm events show orders 1041", "qm events show orders 1041 --shard s1 --json"),
-        )
-    )
+    p = command(events, "show", cmd_events_show, topology=True)
     p.add_argument("queue", help="the queue")
     p.add_argument("id", type=int, help="the event's id")
     p.add_argument("--shard", help="only on this shard")
     p.add_argument("--json", action="store_true", help="as JSON")
-    p.set_defaults(func=cmd_events_show)
 
-    p = with_topology(
-        command(
-            events,
-            "cancel",
-            help="cancel events not yet settled (to_be_fired or fired): they end cancelled, never fired again",
-            description="Cancel events: by --id (on every shard, ids being per shard), or every event matching "
-            "the filters after a confirmation that shows how many match (--yes confirms at once; at most "
-            "--cap events). A to_be_fired event is cancelled at once; a fired one is cancelled in the table, and "
-            'the manager tells the receiver holding it to stop its handler (docs/protocol.md, "cancel").',
-            example=("qm events cancel orders --id 1041", "qm events cancel orders --tenant acme --state to_be_fired"),
-        )
-    )
+    p = command(events, "cancel", cmd_events_cancel, topology=True)
     p.add_argument("queue", help="the queue")
     p.add_argument("--id", type=int, action="append", help="this event id (repeat)")
     _filters(p, states=("to_be_fired", "fired"))
     p.add_argument("--cap", type=int, default=10_000, help="at most this many events by filter (default 10000)")
     p.add_argument("--yes", action="store_true", help="confirm without asking")
-    p.set_defaults(func=cmd_events_cancel)
 
 
 def _filters(p: Any, states: tuple[str, ...] | None = None) -> None:
@@ -142,6 +86,17 @@ def _flt(args: argparse.Namespace) -> Any:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
+    """enqueue one event (routed to its tenant's shard)
+
+    Enqueue one event into a queue, on the shard that owns the tenant, and print its id. Applications enqueue by INSERT
+    in their own transaction (docs/sql.md) or from Python (queue_manager.producer); this command is for trying things
+    and for scripts.
+
+    example:
+      qm enqueue orders acme '{"order": 42}'
+      qm enqueue orders acme '{"remind": 42}' --fire-at 2026-01-01T12:00:00+00:00 --dedup-key remind-42
+      qm enqueue orders acme '{"sync": 7}' --priority 1 --concurrency-key account-7
+    """
     from queue_manager.producer import Router
 
     try:
@@ -169,6 +124,15 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_events_retry(args: argparse.Namespace) -> int:
+    """put dead-lettered (failed) events back to to_be_fired
+
+    Put dead-lettered (failed) events of a queue back: due now, with their attempts reset. Every failed event of the
+    queue, or only those given by --id or --tenant.
+
+    example:
+      qm events retry orders
+      qm events retry orders --id 42 --id 43
+    """
     from queue_manager import admin  # psycopg: only for the commands that reach a shard
 
     total = admin.retry_failed(topology(args), args.queue, ids=args.id or None, tenant=args.tenant, via="cli")
@@ -177,6 +141,15 @@ def cmd_events_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_events_list(args: argparse.Namespace) -> int:
+    """a page of a queue's events across the shards, newest first
+
+    A page of a queue's events on every shard, newest first (by creation), filtered by state, tenant, dedup key or
+    payload. The last line gives the --cursor of the next page.
+
+    example:
+      qm events list orders --state failed
+      qm events list orders --tenant acme --json
+    """
     from queue_manager.admin import browse
 
     topo = topology(args)
@@ -198,6 +171,15 @@ def cmd_events_list(args: argparse.Namespace) -> int:
 
 
 def cmd_events_show(args: argparse.Namespace) -> int:
+    """one event, every column (its last error, its attempts)
+
+    One event, every column: its state, attempts, times, last error and payload. Event ids are per shard: without
+    --shard, every shard's event of that id is shown.
+
+    example:
+      qm events show orders 1041
+      qm events show orders 1041 --shard s1 --json
+    """
     from queue_manager.admin import browse
 
     found = browse.show_event(topology(args), args.queue, args.id, args.shard)
@@ -218,6 +200,17 @@ def cmd_events_show(args: argparse.Namespace) -> int:
 
 
 def cmd_events_cancel(args: argparse.Namespace) -> int:
+    """cancel events not yet settled (to_be_fired or fired): they end cancelled, never fired again
+
+    Cancel events: by --id (on every shard, ids being per shard), or every event matching the filters after a
+    confirmation that shows how many match (--yes confirms at once; at most --cap events). A to_be_fired event is
+    cancelled at once; a fired one is cancelled in the table, and the manager tells the receiver holding it to stop its
+    handler (docs/protocol.md, "cancel").
+
+    example:
+      qm events cancel orders --id 1041
+      qm events cancel orders --tenant acme --state to_be_fired
+    """
     from queue_manager import admin
 
     topo = topology(args)

@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from queue_manager.cli.common import Subparsers, command, duration, topology, with_topology
+from queue_manager.cli.common import Subparsers, command, duration, topology
 from queue_manager.domain.durations import format_duration
 from queue_manager.domain.topology import TOPOLOGY_ENV, Topology
 from queue_manager.domain.topology_file import forget_manager, record_manager
@@ -23,22 +23,7 @@ _d = ManagerConfig.default
 
 
 def register(sub: Subparsers) -> None:
-    p = with_topology(
-        command(
-            sub,
-            "manager",
-            help="run the manager of one shard",
-            description="Run a manager of one shard until SIGTERM or Ctrl-C (then it drains: the events in hand "
-            "get their acks, up to --drain-timeout). One manager per shard leads: it holds the shard's lease, "
-            "fires due events to the receivers over websockets and takes their acks; others wait as standbys and "
-            "take over when the lease runs out (--lease-ttl). Each serves /metrics, /health and /health/leader on "
-            "its port. Logs at INFO: leadership taken and lost, drains, receivers connecting.",
-            example=(
-                "qm manager --shard s0 --tokens tokens.toml --port 8765",
-                "qm manager --shard s0 --tokens tokens.toml --port 8767      # a standby of s0",
-            ),
-        )
-    )
+    p = command(sub, "manager", cmd_manager, topology=True)
     p.add_argument("--shard", required=True, help="the shard's name in the topology file")
     p.add_argument(
         "--tokens", metavar="FILE", help="the receivers' token file, TOML (default: $QM_TOKENS; docs/protocol.md)"
@@ -94,7 +79,6 @@ def register(sub: Subparsers) -> None:
         help="fires do not wait for their WAL flush (faster; after a PostgreSQL crash an attempt number may repeat, "
         "see docs/manager.md)",
     )
-    p.set_defaults(func=cmd_manager)
 
 
 #: the flags that take seconds, in the order of ``--help``: (flag, help, after the default); the
@@ -152,6 +136,18 @@ def _with_reshard_target(topo: Topology, path: Path, name: str) -> Topology:
 
 
 def cmd_manager(args: argparse.Namespace) -> int:
+    """run the manager of one shard
+
+    Run a manager of one shard until SIGTERM or Ctrl-C (then it drains: the events in hand get their acks, up to
+    --drain-timeout). One manager per shard leads: it holds the shard's lease, fires due events to the receivers over
+    websockets and takes their acks; others wait as standbys and take over when the lease runs out (--lease-ttl). Each
+    serves /metrics, /health and /health/leader on its port. Logs at INFO: leadership taken and lost, drains, receivers
+    connecting.
+
+    example:
+      qm manager --shard s0 --tokens tokens.toml --port 8765
+      qm manager --shard s0 --tokens tokens.toml --port 8767      # a standby of s0
+    """
     import asyncio
     import signal
 

@@ -9,104 +9,70 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from queue_manager.cli import adopt
-from queue_manager.cli.common import Subparsers, command, duration, group, print_json, topology, with_topology
+from queue_manager.cli.common import Subparsers, command, duration, group, print_json, topology
 from queue_manager.domain.durations import format_duration
 from queue_manager.domain.settings import KEY_SETTINGS, SETTINGS, TENANT_SETTINGS, Setting
 
+QUEUE_HELP = """create, alter, list, pause and resume queues
+
+Manage queues. A queue exists on every shard, with the same settings on each; its events live in a table of its name,
+which applications INSERT into (docs/sql.md).
+
+example:
+  qm queue create orders --partitions 16 --shuffle 4
+  qm queue list
+"""
+
+TENANT_HELP = """a tenant's weight and in-flight cap in a queue (on the tenant's shard)
+
+Per-tenant dispatch settings of a queue: a weight (a backlogged tenant's share of the fires against the others') and a
+cap on its events in flight. Stored on the tenant's shard, which alone dispatches its events.
+
+example:
+  qm queue tenant set orders acme --weight 3
+  qm queue tenant list orders
+"""
+
+KEY_HELP = """limits of one key of a tenant in a queue (on the tenant's shard)
+
+Per-key limits of a queue: at most N events of a concurrency_key fired and unsettled at once (--max-in-flight), at most
+R fires a second of a rate_key (--max-qps). A key belongs to its tenant and is stored on the tenant's shard, which alone
+dispatches its events; a key without limits of its own has the queue's key_max_in_flight and key_max_qps.
+
+example:
+  qm queue key set orders acme account-7 --max-in-flight 1
+  qm queue key list orders
+"""
+
 
 def register(sub: Subparsers) -> None:
-    queue = group(
-        sub,
-        "queue",
-        help="create, alter, list, pause and resume queues",
-        description="Manage queues. A queue exists on every shard, with the same settings on each; its events live "
-        "in a table of its name, which applications INSERT into (docs/sql.md).",
-        example=("qm queue create orders --partitions 16 --shuffle 4", "qm queue list"),
-    )
-    p = with_topology(
-        command(
-            queue,
-            "create",
-            help="create a queue on every shard",
-            description="Create a queue on every shard: its table, indexes and triggers, with the settings given "
-            "(each setting's default otherwise). Durations take units: 30s, 5min, 12h, 7d. A queue that exists "
-            "already is an error naming its shard, unless --if-not-exists (then it is left unchanged: "
-            "qm queue alter changes settings).",
-            example=(
-                "qm queue create orders",
-                "qm queue create orders --partitions 32 --ack-timeout 2min --retention 3d",
-            ),
-        )
-    )
+    queue = group(sub, "queue", QUEUE_HELP)
+    p = command(queue, "create", cmd_queue_create, topology=True)
     p.add_argument("name", help="the queue's name: lowercase letters, digits and _, starting with a letter")
     _setting_options(p, alter=False)
     p.add_argument("--paused", dest="paused", action="store_const", const=True, help="create it paused: no dispatch")
     p.add_argument(
         "--if-not-exists", action="store_true", help="a queue that exists is left unchanged, and that is no error"
     )
-    p.set_defaults(func=cmd_queue_create)
 
-    p = with_topology(
-        command(
-            queue,
-            "alter",
-            help="change a queue's settings on every shard",
-            description="Change the settings given, on every shard; the others stay as they are. Managers apply "
-            "the change at once. Fewer partitions: the dropped ones drain first (qm status shows them).",
-            example=("qm queue alter orders --max-attempts 5", "qm queue alter orders --retention 14d --max-qps 200"),
-        )
-    )
+    p = command(queue, "alter", cmd_queue_alter, topology=True)
     p.add_argument("name", help="the queue")
     _setting_options(p, alter=True)
     p.add_argument("--paused", dest="paused", action="store_const", const=True, help="pause it (as qm queue pause)")
-    p.set_defaults(func=cmd_queue_alter)
 
-    p = with_topology(
-        command(
-            queue,
-            "list",
-            help="list the queues of every shard and their settings",
-            example=("qm queue list", "qm queue list --json"),
-        )
-    )
+    p = command(queue, "list", cmd_queue_list, topology=True)
     p.add_argument("--json", action="store_true", help="every setting of every queue, as JSON")
-    p.set_defaults(func=cmd_queue_list)
     for verb, paused, text in (
         ("pause", True, "stop dispatching a queue's events (enqueue goes on)"),
         ("resume", False, "dispatch a paused queue's events again"),
     ):
-        p = with_topology(
-            command(
-                queue,
-                verb,
-                help=text,
-                description=text[0].upper() + text[1:] + ", on every shard. The managers hear of it at once.",
-                example=f"qm queue {verb} orders",
-            )
-        )
+        description = text[0].upper() + text[1:] + ", on every shard. The managers hear of it at once."
+        doc = f"{text}\n\n{description}\n\nexample:\n  qm queue {verb} orders"
+        p = command(queue, verb, cmd_queue_pause, doc=doc, topology=True, paused=paused)
         p.add_argument("name", help="the queue")
-        p.set_defaults(func=lambda a, paused=paused: cmd_queue_pause(a, paused))
 
-    tenant = group(
-        queue,
-        "tenant",
-        help="a tenant's weight and in-flight cap in a queue (on the tenant's shard)",
-        description="Per-tenant dispatch settings of a queue: a weight (a backlogged tenant's share of the fires "
-        "against the others') and a cap on its events in flight. Stored on the tenant's shard, which alone "
-        "dispatches its events.",
-        example=("qm queue tenant set orders acme --weight 3", "qm queue tenant list orders"),
-    )
-    p = with_topology(
-        command(
-            tenant,
-            "set",
-            help="set a tenant's weight and/or in-flight cap",
-            example=(
-                "qm queue tenant set orders acme --weight 3",
-                "qm queue tenant set orders acme --max-in-flight 10",
-            ),
-        )
-    )
+    tenant = group(queue, "tenant", TENANT_HELP)
+    p = command(tenant, "set", cmd_queue_tenant_set, topology=True)
     p.add_argument("name", help="the queue")
     p.add_argument("tenant", help="the tenant")
     for key, spec in TENANT_SETTINGS.items():
@@ -116,51 +82,15 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--default-max-in-flight", action="store_true", help="drop the tenant's own cap (the queue's default applies)"
     )
-    p.set_defaults(func=cmd_queue_tenant_set)
-    p = with_topology(
-        command(
-            tenant,
-            "unset",
-            help="drop a tenant's overrides (back to weight 1 and the queue's cap)",
-            example="qm queue tenant unset orders acme",
-        )
-    )
+    p = command(tenant, "unset", cmd_queue_tenant_unset, topology=True)
     p.add_argument("name", help="the queue")
     p.add_argument("tenant", help="the tenant")
-    p.set_defaults(func=cmd_queue_tenant_unset)
-    p = with_topology(
-        command(
-            tenant,
-            "list",
-            help="list the tenant overrides",
-            example=("qm queue tenant list", "qm queue tenant list orders"),
-        )
-    )
+    p = command(tenant, "list", cmd_queue_tenant_list, topology=True)
     p.add_argument("name", nargs="?", help="the queue (default: every queue)")
     p.add_argument("--json", action="store_true", help="as JSON")
-    p.set_defaults(func=cmd_queue_tenant_list)
 
-    key = group(
-        queue,
-        "key",
-        help="limits of one key of a tenant in a queue (on the tenant's shard)",
-        description="Per-key limits of a queue: at most N events of a concurrency_key fired and unsettled at once "
-        "(--max-in-flight), at most R fires a second of a rate_key (--max-qps). A key belongs to its tenant and "
-        "is stored on the tenant's shard, which alone dispatches its events; a key without limits of its own "
-        "has the queue's key_max_in_flight and key_max_qps.",
-        example=("qm queue key set orders acme account-7 --max-in-flight 1", "qm queue key list orders"),
-    )
-    p = with_topology(
-        command(
-            key,
-            "set",
-            help="set a key's in-flight and/or rate limit",
-            example=(
-                "qm queue key set orders acme account-7 --max-in-flight 1",
-                "qm queue key set orders acme api --max-qps 5",
-            ),
-        )
-    )
+    key = group(queue, "key", KEY_HELP)
+    p = command(key, "set", cmd_queue_key_set, topology=True)
     p.add_argument("name", help="the queue")
     p.add_argument("tenant", help="the tenant")
     p.add_argument("key", help="the concurrency_key and/or rate_key the events name")
@@ -171,27 +101,13 @@ def register(sub: Subparsers) -> None:
         "--default-max-in-flight", action="store_true", help="drop the key's own in-flight limit (the queue's applies)"
     )
     p.add_argument("--default-max-qps", action="store_true", help="drop the key's own rate (the queue's applies)")
-    p.set_defaults(func=cmd_queue_key_set)
-    p = with_topology(
-        command(
-            key,
-            "unset",
-            help="drop a key's own limits (the queue's apply)",
-            example="qm queue key unset orders acme account-7",
-        )
-    )
+    p = command(key, "unset", cmd_queue_key_unset, topology=True)
     p.add_argument("name", help="the queue")
     p.add_argument("tenant", help="the tenant")
     p.add_argument("key", help="the key")
-    p.set_defaults(func=cmd_queue_key_unset)
-    p = with_topology(
-        command(
-            key, "list", help="list the keys' own limits", example=("qm queue key list", "qm queue key list orders")
-        )
-    )
+    p = command(key, "list", cmd_queue_key_list, topology=True)
     p.add_argument("name", nargs="?", help="the queue (default: every queue)")
     p.add_argument("--json", action="store_true", help="as JSON")
-    p.set_defaults(func=cmd_queue_key_list)
 
     adopt.register(queue)
 
@@ -244,6 +160,16 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_queue_create(args: argparse.Namespace) -> int:
+    """create a queue on every shard
+
+    Create a queue on every shard: its table, indexes and triggers, with the settings given (each setting's default
+    otherwise). Durations take units: 30s, 5min, 12h, 7d. A queue that exists already is an error naming its shard,
+    unless --if-not-exists (then it is left unchanged: qm queue alter changes settings).
+
+    example:
+      qm queue create orders
+      qm queue create orders --partitions 32 --ack-timeout 2min --retention 3d
+    """
     from queue_manager import admin
 
     settings = _settings(args)
@@ -258,6 +184,15 @@ def cmd_queue_create(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_alter(args: argparse.Namespace) -> int:
+    """change a queue's settings on every shard
+
+    Change the settings given, on every shard; the others stay as they are. Managers apply the change at once. Fewer
+    partitions: the dropped ones drain first (qm status shows them).
+
+    example:
+      qm queue alter orders --max-attempts 5
+      qm queue alter orders --retention 14d --max-qps 200
+    """
     from queue_manager import admin
 
     rows = admin.alter_queue(topology(args), args.name, _settings(args), via="cli")
@@ -269,15 +204,22 @@ def cmd_queue_alter(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_queue_pause(args: argparse.Namespace, paused: bool) -> int:
+def cmd_queue_pause(args: argparse.Namespace) -> int:
     from queue_manager import admin
 
+    paused = args.paused
     (admin.pause if paused else admin.resume)(topology(args), args.name, via="cli")
     print(f"queue {args.name} {'paused' if paused else 'resumed'} on every shard")
     return 0
 
 
 def cmd_queue_list(args: argparse.Namespace) -> int:
+    """list the queues of every shard and their settings
+
+    example:
+      qm queue list
+      qm queue list --json
+    """
     from queue_manager import admin
 
     data = admin.list_queues(topology(args))
@@ -320,6 +262,12 @@ def _override_settings(args: argparse.Namespace, names: Iterable[str]) -> dict[s
 
 
 def cmd_queue_key_set(args: argparse.Namespace) -> int:
+    """set a key's in-flight and/or rate limit
+
+    example:
+      qm queue key set orders acme account-7 --max-in-flight 1
+      qm queue key set orders acme api --max-qps 5
+    """
     from queue_manager import admin
 
     settings = _override_settings(args, KEY_SETTINGS)
@@ -333,6 +281,11 @@ def cmd_queue_key_set(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_key_unset(args: argparse.Namespace) -> int:
+    """drop a key's own limits (the queue's apply)
+
+    example:
+      qm queue key unset orders acme account-7
+    """
     from queue_manager import admin
 
     removed = admin.unset_key(topology(args), args.name, args.tenant, args.key, via="cli")
@@ -342,6 +295,12 @@ def cmd_queue_key_unset(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_key_list(args: argparse.Namespace) -> int:
+    """list the keys' own limits
+
+    example:
+      qm queue key list
+      qm queue key list orders
+    """
     from queue_manager import admin
 
     return _print_rows(args, admin.list_keys(topology(args), args.name), _key_line, "no key limits of their own")
@@ -354,6 +313,12 @@ def _key_line(r: dict[str, Any]) -> str:
 
 
 def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
+    """set a tenant's weight and/or in-flight cap
+
+    example:
+      qm queue tenant set orders acme --weight 3
+      qm queue tenant set orders acme --max-in-flight 10
+    """
     from queue_manager import admin
 
     row = admin.set_tenant(topology(args), args.name, args.tenant, _override_settings(args, TENANT_SETTINGS), via="cli")
@@ -363,6 +328,11 @@ def cmd_queue_tenant_set(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_tenant_unset(args: argparse.Namespace) -> int:
+    """drop a tenant's overrides (back to weight 1 and the queue's cap)
+
+    example:
+      qm queue tenant unset orders acme
+    """
     from queue_manager import admin
 
     removed = admin.unset_tenant(topology(args), args.name, args.tenant, via="cli")
@@ -372,6 +342,12 @@ def cmd_queue_tenant_unset(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_tenant_list(args: argparse.Namespace) -> int:
+    """list the tenant overrides
+
+    example:
+      qm queue tenant list
+      qm queue tenant list orders
+    """
     from queue_manager import admin
 
     return _print_rows(args, admin.list_tenants(topology(args), args.name), _tenant_line, "no tenant overrides")

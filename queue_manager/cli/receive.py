@@ -10,28 +10,13 @@ import logging
 import os
 from collections.abc import Sequence
 
-from queue_manager.cli.common import Subparsers, command, duration, with_topology
+from queue_manager.cli.common import Subparsers, command, duration
 from queue_manager.domain.topology import TOPOLOGY_ENV, Topology
 from queue_manager.errors import ConfigurationError
 
 
 def register(sub: Subparsers) -> None:
-    p = with_topology(
-        command(
-            sub,
-            "receive",
-            help="receive a queue's events and run a handler on each",
-            description="Connect to the active manager of every shard, receive the queue's events and call the "
-            "handler on each: it returns, the event is acked; it raises, the event is nacked and fired again after a "
-            "back-off (dead-lettered after the queue's max attempts). Follows failovers and, with a topology file, "
-            "reshards. SIGTERM or Ctrl-C drains: no new events, the ones in hand finish and are acked, then it "
-            "exits 0. Logs at INFO: subscribed, drained; a failing handler at WARNING with its traceback.",
-            example=(
-                "qm receive --queue orders --manager s0=ws://127.0.0.1:8765/ --manager s1=ws://127.0.0.1:8766/ "
-                "myapp:handle",
-            ),
-        )
-    )
+    p = command(sub, "receive", cmd_receive, topology=True)
     p.add_argument("handler", help="module:function to call with each event (async or not), e.g. myapp.jobs:handle")
     p.add_argument("--queue", required=True, help="the queue to receive from")
     p.add_argument(
@@ -79,7 +64,6 @@ def register(sub: Subparsers) -> None:
         choices=["first_parent", "parent", "link", "none"],
         help="how a handler's span relates to the event's creation context (default first_parent)",
     )
-    p.set_defaults(func=cmd_receive)
 
 
 def managers_by_shard(entries: Sequence[str], topology: Topology | None) -> dict[str, list[str]]:
@@ -119,6 +103,17 @@ def managers_by_shard(entries: Sequence[str], topology: Topology | None) -> dict
 
 def cmd_receive(args: argparse.Namespace) -> int:
     # lazy: the receiver library (websockets) is only needed here
+    """receive a queue's events and run a handler on each
+
+    Connect to the active manager of every shard, receive the queue's events and call the handler on each: it returns,
+    the event is acked; it raises, the event is nacked and fired again after a back-off (dead-lettered after the queue's
+    max attempts). Follows failovers and, with a topology file, reshards. SIGTERM or Ctrl-C drains: no new events, the
+    ones in hand finish and are acked, then it exits 0. Logs at INFO: subscribed, drained; a failing handler at WARNING
+    with its traceback.
+
+    example:
+      qm receive --queue orders --manager s0=ws://127.0.0.1:8765/ --manager s1=ws://127.0.0.1:8766/ myapp:handle
+    """
     from receivers import load_handler, run_receiver
 
     path = args.topology or os.environ.get(TOPOLOGY_ENV)

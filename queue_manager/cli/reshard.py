@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from queue_manager.cli.common import HelpFormatter, duration, examples
+from queue_manager.cli.common import command, duration, group
 from queue_manager.domain.topology import Shard, shard_from_dict
 from queue_manager.errors import ConfigurationError
 from queue_manager.reshard.plan import FREEZE_ATTEMPTS, LOCK_TIMEOUT
@@ -109,6 +109,13 @@ def _say(line: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """what moves where (nothing changes)
+
+    Print what a reshard to these targets would move, and the topology file after the switch. Nothing changes.
+
+    example:
+      qm reshard plan --target s2 -40 postgresql://db-c/qm --target s3 40-80 postgresql://db-d/qm
+    """
     with _reshard(args) as r:
         plan = r.plan(_targets(args))
         for line in plan.describe():
@@ -119,12 +126,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    """prepare the targets, capture changes, copy every event (a rerun resumes)
+
+    Migrate the targets, start capturing the sources' changes, then copy every event of the moving key ranges while the
+    sources keep serving. Recorded next to the topology file: a rerun resumes.
+
+    example:
+      qm reshard start --target s2 -40 postgresql://db-c/qm --target s3 40-80 postgresql://db-d/qm --target-manager s2=ws://mgr-e:8765/
+    """
     with _reshard(args) as r:
         r.start(_targets(args), batch=args.batch)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """phase, rows copied and left, lag, estimated catch-up (also while another command runs)
+
+    example:
+      qm reshard status --json
+    """
     with _reshard(args) as r:
         data = r.status()
     if args.json:
@@ -149,6 +169,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
+    """apply the captured changes now
+
+    example:
+      qm reshard sync
+    """
     with _reshard(args) as r:
         p = r.sync(batch=args.batch)
     print(f"applied {p.rows} changes in {p.seconds:.3f}s")
@@ -156,18 +181,36 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
+    """cut over to the targets (a rerun resumes an interrupted one)
+
+    The cut-over: freeze the moving ranges' writes (a second or so), apply the last changes, write the new topology
+    file; producers, receivers and managers follow it. A rerun resumes an interrupted switch.
+
+    example:
+      qm reshard switch --timeout 10
+    """
     with _reshard(args) as r:
         r.switch(timeout=args.timeout, lock_timeout=args.lock_timeout)
     return 0
 
 
 def cmd_reverse(args: argparse.Namespace) -> int:
+    """cut back over to the sources (allowed until cleanup)
+
+    example:
+      qm reshard reverse
+    """
     with _reshard(args) as r:
         r.reverse(timeout=args.timeout, lock_timeout=args.lock_timeout)
     return 0
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
+    """after the switch: drop the sources' events; ends the reshard
+
+    example:
+      qm reshard cleanup
+    """
     with _reshard(args) as r:
         r.cleanup()
     print("cleaned up: the reshard is done")
@@ -175,73 +218,31 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    """before the switch: drop the targets' copy; the sources keep serving
+
+    example:
+      qm reshard cancel
+    """
     with _reshard(args) as r:
         r.cancel()
     print("cancelled: the sources serve, the targets' copy is dropped")
     return 0
 
 
-#: (verb, what it does, its description, its example)
-VERBS = {
-    "plan": (
-        "what moves where (nothing changes)",
-        "Print what a reshard to these targets would move, and the topology file after the switch. Nothing changes.",
-        "qm reshard plan --target s2 -40 postgresql://db-c/qm --target s3 40-80 postgresql://db-d/qm",
-    ),
-    "start": (
-        "prepare the targets, capture changes, copy every event (a rerun resumes)",
-        "Migrate the targets, start capturing the sources' changes, then copy every event of the moving key "
-        "ranges while the sources keep serving. Recorded next to the topology file: a rerun resumes.",
-        "qm reshard start --target s2 -40 postgresql://db-c/qm --target s3 40-80 postgresql://db-d/qm "
-        "--target-manager s2=ws://mgr-e:8765/",
-    ),
-    "status": (
-        "phase, rows copied and left, lag, estimated catch-up (also while another command runs)",
-        "",
-        "qm reshard status --json",
-    ),
-    "sync": ("apply the captured changes now", "", "qm reshard sync"),
-    "switch": (
-        "cut over to the targets (a rerun resumes an interrupted one)",
-        "The cut-over: freeze the moving ranges' writes (a second or so), apply the last changes, write the new "
-        "topology file; producers, receivers and managers follow it. A rerun resumes an interrupted switch.",
-        "qm reshard switch --timeout 10",
-    ),
-    "reverse": (
-        "cut back over to the sources (allowed until cleanup)",
-        "",
-        "qm reshard reverse",
-    ),
-    "cleanup": ("after the switch: drop the sources' events; ends the reshard", "", "qm reshard cleanup"),
-    "cancel": ("before the switch: drop the targets' copy; the sources keep serving", "", "qm reshard cancel"),
-}
+RESHARD_HELP = """split or merge shards online (docs/operations.md, 'Resharding')
+
+Move whole shards' key ranges to new shards while they serve: plan, start (copy), switch (the cut-over), then cleanup;
+reverse until cleanup. See docs/operations.md, 'Resharding'.
+
+example:
+  qm reshard plan --target s2 -40 DSN --target s3 40-80 DSN
+  qm reshard status
+"""
 
 
 def register(sub: Any) -> None:
     """Add ``qm reshard ...`` to the ``qm`` parser's subcommands."""
-    reshard = sub.add_parser(
-        "reshard",
-        help="split or merge shards online (docs/operations.md, 'Resharding')",
-        description="Move whole shards' key ranges to new shards while they serve: plan, start (copy), switch (the "
-        "cut-over), then cleanup; reverse until cleanup. See docs/operations.md, 'Resharding'.",
-        epilog=examples("qm reshard plan --target s2 -40 DSN --target s3 40-80 DSN", "qm reshard status"),
-        formatter_class=HelpFormatter,
-    )
-    verbs = reshard.add_subparsers(
-        dest="reshard_command", required=True, metavar="COMMAND", title="commands", parser_class=_RangeParser
-    )
-
-    def verb(name: str) -> argparse.ArgumentParser:
-        help_text, description, example = VERBS[name]
-        p: argparse.ArgumentParser = verbs.add_parser(
-            name,
-            help=help_text,
-            description=description or help_text[0].upper() + help_text[1:] + ".",
-            epilog=examples(example),
-            formatter_class=HelpFormatter,
-        )
-        p.add_argument("--topology", metavar="FILE", help="the topology file, TOML (default: $QM_TOPOLOGY)")
-        return p
+    verbs = group(sub, "reshard", RESHARD_HELP, parser_class=_RangeParser)
 
     def with_targets(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -258,21 +259,16 @@ def register(sub: Any) -> None:
             help="a manager of a target, written to the topology file at the switch for receivers (repeat)",
         )
 
-    p = verb("plan")
-    with_targets(p)
-    p.set_defaults(func=cmd_plan)
-    p = verb("start")
+    with_targets(command(verbs, "plan", cmd_plan, topology=True))
+    p = command(verbs, "start", _lock_errors_exit_4(cmd_start), topology=True)
     with_targets(p)
     p.add_argument("--batch", type=int, default=2000, help="events per copy page (default 2000)")
-    p.set_defaults(func=_lock_errors_exit_4(cmd_start))
-    p = verb("status")
+    p = command(verbs, "status", cmd_status, topology=True)
     p.add_argument("--json", action="store_true", help="as JSON")
-    p.set_defaults(func=cmd_status)
-    p = verb("sync")
+    p = command(verbs, "sync", _lock_errors_exit_4(cmd_sync), topology=True)
     p.add_argument("--batch", type=int, default=2000, help="changes applied per page (default 2000)")
-    p.set_defaults(func=_lock_errors_exit_4(cmd_sync))
     for name, func in (("switch", cmd_switch), ("reverse", cmd_reverse)):
-        p = verb(name)
+        p = command(verbs, name, _lock_errors_exit_4(func), topology=True)
         p.add_argument(
             "--timeout",
             type=duration,
@@ -287,6 +283,5 @@ def register(sub: Any) -> None:
             metavar="DURATION",
             help=f"bound on each lock wait of the freeze (default {LOCK_TIMEOUT:g} s; {FREEZE_ATTEMPTS} tries)",
         )
-        p.set_defaults(func=_lock_errors_exit_4(func))
-    verb("cleanup").set_defaults(func=_lock_errors_exit_4(cmd_cleanup))
-    verb("cancel").set_defaults(func=_lock_errors_exit_4(cmd_cancel))
+    command(verbs, "cleanup", _lock_errors_exit_4(cmd_cleanup), topology=True)
+    command(verbs, "cancel", _lock_errors_exit_4(cmd_cancel), topology=True)

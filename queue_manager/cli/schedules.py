@@ -7,38 +7,25 @@ import json
 from datetime import datetime
 from typing import Any
 
-from queue_manager.cli.common import Subparsers, command, duration, group, print_json, topology, with_topology
+from queue_manager.cli.common import Subparsers, command, duration, group, print_json, topology
 from queue_manager.errors import ConfigurationError
+
+SCHEDULE_HELP = """periodic schedules: an event enqueued at every slot of a cron expression or an interval
+
+Periodic schedules. A schedule lives on the shard that owns its tenant; that shard's active manager enqueues an event at
+each slot, ahead of time, with fire_at the slot's instant, so it fires at its time like any scheduled event, exactly
+once per slot (docs/operations.md, "Schedules").
+
+example:
+  qm schedule add nightly --queue reports --tenant acme --cron '0 3 * * *' --tz Europe/Berlin
+  qm schedule add heartbeat --queue pings --tenant acme --every 30s --payload '{"ping": 1}'
+  qm schedule list
+"""
 
 
 def register(sub: Subparsers) -> None:
-    g = group(
-        sub,
-        "schedule",
-        help="periodic schedules: an event enqueued at every slot of a cron expression or an interval",
-        description="Periodic schedules. A schedule lives on the shard that owns its tenant; that shard's active "
-        "manager enqueues an event at each slot, ahead of time, with fire_at the slot's instant, so it fires at "
-        'its time like any scheduled event, exactly once per slot (docs/operations.md, "Schedules").',
-        example=(
-            "qm schedule add nightly --queue reports --tenant acme --cron '0 3 * * *' --tz Europe/Berlin",
-            "qm schedule add heartbeat --queue pings --tenant acme --every 30s --payload '{\"ping\": 1}'",
-            "qm schedule list",
-        ),
-    )
-    p = with_topology(
-        command(
-            g,
-            "add",
-            help="add a schedule (or change one with --replace)",
-            description="Add a schedule: an event for TENANT in QUEUE at every slot of --cron (5 fields, in --tz) "
-            "or of --every (from --start, default now: the first slot is at once). Every input is checked "
-            "before any shard sees it; a bad one is refused and nothing changes.",
-            example=(
-                "qm schedule add nightly --queue reports --tenant acme --cron '30 2 * * *' --tz Europe/Berlin",
-                "qm schedule add poll --queue jobs --tenant acme --every 5min --misfire catch_up --catch-up 3",
-            ),
-        )
-    )
+    g = group(sub, "schedule", SCHEDULE_HELP)
+    p = command(g, "add", cmd_add, topology=True)
     p.add_argument("name", help="the schedule's name: letters, digits and _ . : - (unique across the shards)")
     p.add_argument("--queue", required=True, help="the queue its events go to")
     p.add_argument("--tenant", required=True, help="the tenant of its events (it picks the shard)")
@@ -61,31 +48,21 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--priority", type=int, metavar="P", help="its events' priority, 1 (highest) to 5")
     p.add_argument("--paused", action="store_true", help="add it paused")
     p.add_argument("--replace", action="store_true", help="change the schedule of that name if there is one")
-    p.set_defaults(func=cmd_add)
 
-    p = with_topology(
-        command(
-            g,
-            "list",
-            help="the schedules, with their next runs",
-            example=("qm schedule list", "qm schedule list --json"),
-        )
-    )
+    p = command(g, "list", cmd_list, topology=True)
     p.add_argument("--queue", help="only this queue's schedules")
     p.add_argument("--json", action="store_true", help="as JSON")
-    p.set_defaults(func=cmd_list)
-    p = with_topology(command(g, "show", help="one schedule, every field", example="qm schedule show nightly"))
+    p = command(g, "show", cmd_show, topology=True)
     p.add_argument("name", help="the schedule's name")
     p.add_argument("--json", action="store_true", help="as JSON")
-    p.set_defaults(func=cmd_show)
     for name, text in (
         ("pause", "pause a schedule: no slot is enqueued; the slots enqueued ahead and not yet due are dropped"),
         ("resume", "resume a paused schedule: its slots are enqueued from now on"),
         ("remove", "remove a schedule and its slots not yet due (its fired events stay)"),
     ):
-        p = with_topology(command(g, name, help=text, example=f"qm schedule {name} nightly"))
+        doc = f"{text}\n\nexample:\n  qm schedule {name} nightly"
+        p = command(g, name, cmd_change, doc=doc, topology=True, change=name)
         p.add_argument("name", help="the schedule's name")
-        p.set_defaults(func=cmd_change, change=name)
 
 
 def _definition(args: argparse.Namespace) -> Any:
@@ -123,6 +100,16 @@ def _line(s: Any) -> str:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
+    """add a schedule (or change one with --replace)
+
+    Add a schedule: an event for TENANT in QUEUE at every slot of --cron (5 fields, in --tz) or of --every (from
+    --start, default now: the first slot is at once). Every input is checked before any shard sees it; a bad one is
+    refused and nothing changes.
+
+    example:
+      qm schedule add nightly --queue reports --tenant acme --cron '30 2 * * *' --tz Europe/Berlin
+      qm schedule add poll --queue jobs --tenant acme --every 5min --misfire catch_up --catch-up 3
+    """
     from queue_manager.admin import schedules
 
     s = schedules.add(topology(args), _definition(args), replace=args.replace, via="cli")
@@ -132,6 +119,12 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """the schedules, with their next runs
+
+    example:
+      qm schedule list
+      qm schedule list --json
+    """
     from queue_manager.admin import schedules
 
     found = schedules.list_schedules(topology(args), args.queue)
@@ -146,6 +139,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    """one schedule, every field
+
+    example:
+      qm schedule show nightly
+    """
     from queue_manager.admin import schedules
 
     s = schedules.show(topology(args), args.name)

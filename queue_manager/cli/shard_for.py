@@ -6,28 +6,27 @@ from __future__ import annotations
 
 import argparse
 
-from queue_manager.cli.common import Subparsers, command, topology, with_topology
+from queue_manager.cli.common import Subparsers, command, topology
 from queue_manager.domain.routing import keyspace_hex
 
 
 def register(sub: Subparsers) -> None:
-    p = with_topology(
-        command(
-            sub,
-            "shard-for",
-            help="the shard that holds a tenant's events, and its DSN",
-            description="Print the shard a tenant's events live on: its name, its key range, the tenant's keyspace "
-            "id (the hash of the tenant that picks the shard) and the shard's DSN. Only that shard accepts the "
-            "tenant's INSERTs (another one refuses them, naming the right one). Reads the topology file only.",
-            example=("qm shard-for acme", 'psql "$(qm shard-for acme --dsn)"      # a psql session on acme\'s shard'),
-        )
-    )
+    p = command(sub, "shard-for", cmd_shard_for, topology=True)
     p.add_argument("tenant", help="the tenant, as in the events' tenant column")
     p.add_argument("--dsn", action="store_true", help="print the shard's DSN only (for psql or a script)")
-    p.set_defaults(func=cmd_shard_for)
 
 
 def cmd_shard_for(args: argparse.Namespace) -> int:
+    """the shard that holds a tenant's events, and its DSN
+
+    Print the shard a tenant's events live on: its name, its key range, the tenant's keyspace id (the hash of the tenant
+    that picks the shard) and the shard's DSN. Only that shard accepts the tenant's INSERTs (another one refuses them,
+    naming the right one). Reads the topology file only.
+
+    example:
+      qm shard-for acme
+      psql "$(qm shard-for acme --dsn)"      # a psql session on acme's shard
+    """
     shard = topology(args).shard_for(args.tenant)
     if args.dsn:
         print(shard.dsn)

@@ -10,18 +10,21 @@ from typing import Any
 from queue_manager.cli.common import Subparsers, group, topology
 from queue_manager.errors import ConfigurationError
 
+SPARK_HELP = """Spark jobs (need pyspark and Java)
+
+Bulk enqueue from Spark, all-or-nothing and safe to re-run, and the archive of settled events to Parquet (docs/spark.md,
+docs/spark-archive.md). They need pyspark (the spark extra) and Java 17.
+
+example:
+  qm spark enqueue --queue orders --input orders.parquet --run-id r1
+  qm spark archive --help
+"""
+
 
 def register(sub: Subparsers) -> None:
     from spark_jobs import commands  # no pyspark at import: `qm` starts without it
 
-    spark = group(
-        sub,
-        "spark",
-        help="Spark jobs (need pyspark and Java)",
-        description="Bulk enqueue from Spark, all-or-nothing and safe to re-run, and the archive of settled events to "
-        "Parquet (docs/spark.md, docs/spark-archive.md). They need pyspark (the spark extra) and Java 17.",
-        example=("qm spark enqueue --queue orders --input orders.parquet --run-id r1", "qm spark archive --help"),
-    )
+    spark = group(sub, "spark", SPARK_HELP)
     commands.register(spark)
     for name, job in (("enqueue", _enqueue), ("recover", _recover), ("cleanup", _cleanup), ("archive", _archive)):
         spark.choices[name].set_defaults(func=_command(name, job))

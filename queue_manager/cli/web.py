@@ -5,22 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from queue_manager.cli.common import Subparsers, command, topology, with_topology
+from queue_manager.cli.common import Subparsers, command, topology
 from queue_manager.errors import ConfigurationError
 
 
 def register(sub: Subparsers) -> None:
-    p = with_topology(
-        command(
-            sub,
-            "web",
-            help="serve the web dashboard over every shard (docs/dashboard.md)",
-            description="Serve the web dashboard until Ctrl-C: every shard's queues live, the events with payload "
-            "filters, bulk actions, the managers and their receivers. Log in with a secret of the token file's "
-            "[[web_token]] tables (read-only or admin). Needs the web extra: pip install 'queue-manager[web]'.",
-            example="qm web --tokens tokens.toml --port 8080 --manager s0=ws://127.0.0.1:8765/",
-        )
-    )
+    p = command(sub, "web", cmd_web, topology=True)
     p.add_argument("--tokens", metavar="FILE", help="token file with [[web_token]] tables (default: $QM_TOKENS)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
@@ -33,10 +23,18 @@ def register(sub: Subparsers) -> None:
         help="a manager of a shard, e.g. s0=ws://mgr-a:8765/ (repeat for each; the overview shows their roles, "
         "standbys and connected receivers)",
     )
-    p.set_defaults(func=cmd_web)
 
 
 def cmd_web(args: argparse.Namespace) -> int:
+    """serve the web dashboard over every shard (docs/dashboard.md)
+
+    Serve the web dashboard until Ctrl-C: every shard's queues live, the events with payload filters, bulk actions, the
+    managers and their receivers. Log in with a secret of the token file's [[web_token]] tables (read-only or admin).
+    Needs the web extra: pip install 'queue-manager[web]'.
+
+    example:
+      qm web --tokens tokens.toml --port 8080 --manager s0=ws://127.0.0.1:8765/
+    """
     try:
         from queue_manager.web.access import WebTokens
         from queue_manager.web.app import WebConfig

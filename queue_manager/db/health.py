@@ -11,7 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from queue_manager.db.sqlfiles import query
-from queue_manager.domain.health import Horizon, ShardHealth, Slot, TableHealth
+from queue_manager.domain.health import Horizon, ShardHealth, Slot, TableHealth, from_row
 
 #: the statements of one reading, in order
 STATEMENTS: tuple[tuple[str, str], ...] = (
@@ -32,9 +32,9 @@ def assemble(results: Sequence[Rows]) -> ShardHealth:
     for r in indexes:
         by_queue[r["queue"]].append(r)
     return ShardHealth(
-        horizon=Horizon.from_row(horizon[0]) if horizon else None,
+        horizon=from_row(Horizon, horizon[0]) if horizon else None,
         notify_queue_usage=float(notify[0]["usage"]) if notify else 0.0,
-        slots=tuple(Slot.from_row(r) for r in slots),
+        slots=tuple(from_row(Slot, r) for r in slots),
         tables=tuple(TableHealth.from_rows(r, by_queue.get(r["queue"], [])) for r in tables),
     )
 

@@ -9,8 +9,11 @@ as pg-boss's dashboard documents its warnings.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 #: a session or prepared transaction holding back vacuum for longer than this (seconds): the queue
 #: tables' dead rows then pile up until it ends
@@ -36,6 +39,14 @@ VACUUM_MAX_BYTES = 1 << 30
 #: the server's NOTIFY queue more than this full (0 to 1): a listener is not consuming; when it is
 #: full, every transaction that notifies fails at commit (the producers' wake-ups among them)
 NOTIFY_QUEUE_WARN = 0.10
+
+Reading = TypeVar("Reading", bound="DataclassInstance")
+
+
+def from_row(cls: type[Reading], row: Mapping[str, Any], **given: Any) -> Reading:
+    """A reading (a dataclass) from a row of its query: each field the row's column of its name,
+    but the fields ``given``."""
+    return cls(**{f.name: row[f.name] for f in fields(cls) if f.name not in given}, **given)
 
 
 @dataclass(frozen=True)
@@ -69,10 +80,6 @@ class Horizon:
     #: transactions begun since (how far back it holds vacuum)
     xid_age: int | None
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Horizon:
-        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
-
 
 @dataclass(frozen=True)
 class Slot:
@@ -91,10 +98,6 @@ class Slot:
     @property
     def xid_age(self) -> int:
         return max(self.xmin_age or 0, self.catalog_xmin_age or 0)
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Slot:
-        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -143,11 +146,10 @@ class TableHealth:
 
     @classmethod
     def from_rows(cls, row: Mapping[str, Any], index_rows: list[Mapping[str, Any]]) -> TableHealth:
-        values = {k: row[k] for k in cls.__dataclass_fields__ if k != "indexes"}
         indexes = tuple(
             IndexHealth(r["index_name"], r["size_bytes"], r["bloat_bytes"], r["bloat_ratio"]) for r in index_rows
         )
-        return cls(**values, indexes=indexes)
+        return from_row(cls, row, indexes=indexes)
 
 
 @dataclass(frozen=True)

@@ -225,13 +225,9 @@ class WindowCache:
         ``choose(entry)`` returns where the event goes (a receiver) or None when nobody can take
         it now; such an event stays, and the partition's next candidates are tried in its next turns.
         """
-        out: list[tuple[Entry, R]] = []
-        if limit <= 0 or not self._streams:
-            return out
-        cands = self._candidates(now, limit)
+        cands, pos = self._due(now, limit)
         if not cands:
-            return out
-        pos = self._walk(cands)
+            return []
         oldest: dict[int, float | None] = {}
         for es in cands.values():
             for e in es:
@@ -247,15 +243,9 @@ class WindowCache:
                 turns[e.priority] = j + 1
                 ranked.append((counts[e.priority - 1], j, pos[p], ties[e.priority - 1], e.fire_at, e))
         ranked.sort(key=lambda x: x[:5])
-        for *_, e in ranked:
-            if len(out) >= limit:
-                break
-            target = choose(e)
-            if target is None:
-                continue
-            self._remove(e)
-            out.append((e, target))
-            self._cursor = e.partition + 1
+        out = self._offer((e for *_, e in ranked), limit, choose)
+        if out:
+            self._cursor = out[-1][0].partition + 1
         return out
 
     def take_ordered(
@@ -269,29 +259,37 @@ class WindowCache:
         partition's by fire_at) are offered in the order ``order(candidates, n)`` gives (which may
         leave some out): the per-tenant fair share of a queue with tenant settings (fairness.py),
         by effective priority first."""
-        out: list[tuple[Entry, R]] = []
-        if limit <= 0 or not self._streams:
-            return out
-        cands = self._candidates(now, limit)
+        cands, pos = self._due(now, limit)
         if not cands:
-            return out
-        pos = self._walk(cands)
+            return []
         listed: list[Entry] = []
         for p in sorted(cands, key=pos.__getitem__):
             listed.extend(sorted(cands[p], key=lambda e: e.fire_at))
-        last = -1
-        for e in order(listed, len(listed)):
+        out = self._offer(order(listed, len(listed)), limit, choose)
+        if out:
+            walk = sorted(pos, key=pos.__getitem__)
+            self._cursor = walk[max(pos[e.partition] for e, _ in out)] + 1
+        return out
+
+    def _due(self, now: float, limit: int) -> tuple[dict[int, list[Entry]], dict[int, int]]:
+        """The due candidates of :meth:`_candidates` (none when ``limit`` <= 0) and each one's
+        partition's place in the walk from the cursor."""
+        cands = self._candidates(now, limit) if limit > 0 and self._streams else {}
+        return cands, self._walk(cands) if cands else {}
+
+    def _offer(
+        self, entries: Iterable[Entry], limit: int, choose: Callable[[Entry], R | None]
+    ) -> list[tuple[Entry, R]]:
+        """Remove and return, with where each goes, the first ``limit`` of ``entries`` that
+        ``choose`` places."""
+        out: list[tuple[Entry, R]] = []
+        for e in entries:
             if len(out) >= limit:
                 break
             target = choose(e)
-            if target is None:
-                continue
-            self._remove(e)
-            out.append((e, target))
-            last = max(last, pos[e.partition])
-        if last >= 0:
-            walk = sorted(pos, key=pos.__getitem__)
-            self._cursor = walk[last] + 1
+            if target is not None:
+                self._remove(e)
+                out.append((e, target))
         return out
 
     def discard_ids(self, ids: set[int]) -> int:
