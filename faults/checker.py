@@ -27,7 +27,9 @@ Pure: records in, a :class:`Report` out; no clock, no I/O. The definitions (docs
   receiver that may take it (alive, not paused, its tenant filter admitting the event) was up.
   An SQL ack that rolled back makes the event due again (its record's ``due_again``: the rollback,
   or the ack deadline when later); the wait from then to its next delivery (of a later attempt)
-  counts the same way.
+  counts the same way, unless no later attempt was delivered and the final read has the event
+  settled: its socket ack after the rollback committed though the answer was lost (a reset of
+  the manager's link), so it was never due again.
   A round whose ``nemesis`` start record has ``exempt_s`` exempts the events that became due within
   that many seconds of its start (before or after): those a fault is expected to hold, such as
   the events in hand of a receiver frozen at the start;
@@ -104,6 +106,8 @@ SLOT_PREFIX = "qm:schedule:"
 EARLY_TOLERANCE = 0.002
 #: violations kept per kind in Report.examples
 EXAMPLES = 5
+#: the final states of an event no receiver is owed again
+SETTLED = ("acked", "cancelled", "failed")
 #: how much later than its admission a fire's statement may record it (the rate check's slack)
 RATE_JITTER = 0.05
 
@@ -302,7 +306,7 @@ def check(
     # ---- safety
     lost = 0
     for k, rec in committed.items():
-        if k not in acked_at and final.get(k) not in ("acked", "cancelled", "failed"):
+        if k not in acked_at and final.get(k) not in SETTLED:
             lost += 1
             flag("lost", rec, final_state=final.get(k), deliveries=len(deliveries.get(k, ())))
     unexpected = early = after_ack = cross = deposed = duplicates = 0
@@ -377,7 +381,10 @@ def check(
     for k, due, rolled in due_again:
         # the next fire is a later attempt (an earlier one read late by a frozen receiver is not it)
         later = [float(d["t"]) for d in deliveries.get(k, ()) if int(d["attempt"]) > rolled]
-        if (k in committed and k not in acked_at) or later:
+        # owed again unless the rolled-back attempt's socket ack committed though its answer was
+        # lost (a reset): then the final read has it settled and no later attempt was fired
+        owed = k in committed and k not in acked_at and final.get(k) not in SETTLED
+        if owed or later:
             waits.append((k, due, min(later) if later else end, bool(later)))
     for k, due, first, delivered in waits:
         waiting = committed.get(k)

@@ -224,6 +224,14 @@ def test_a_stall_with_a_receiver_free_is_flagged_and_time_without_one_is_not_cou
     # ... or the receiver acked it over the socket after the rollback: nothing waited
     history = [up(0.0), enq("c", 1.0), dlv("c", 1.1), rb, ack("c", 3.1)]
     assert check(history, scenario="x", stall_bound_s=BOUND).max_stall_s < 0.2
+    # ... or its socket ack committed but the answer was lost with a reset: settled in the final
+    # read and no later attempt fired, so it was never due again (found at 64 s on a lossy link)
+    settled = {"kind": "final", "t": 9.0, "k": "c", "shard": "s0", "state": "acked"}
+    history = [up(0.0), enq("c", 1.0), dlv("c", 1.1), rb, settled]
+    assert check(history, scenario="x", stall_bound_s=BOUND).max_stall_s < 0.2
+    # ... but still in the queue in the final read, it waited to the end of the history
+    history = [up(0.0), enq("c", 1.0), dlv("c", 1.1), rb, {**settled, "state": "fired"}]
+    assert not check(history, scenario="x", stall_bound_s=BOUND).passed
     # a scheduled event waits from its fire_at, not from its commit
     history = [up(0.0), enq("c", 1.0, fire_at=5.0), dlv("c", 5.2), ack("c", 5.3)]
     assert check(history, scenario="x", stall_bound_s=BOUND).max_stall_s < 0.3
