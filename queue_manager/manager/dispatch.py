@@ -266,7 +266,7 @@ class Dispatcher:
             if not fired and q.limits.cut and (hint or dirty):
                 pick.due_hint = True  # held back by the queue's limits: fire when they admit it (limits.py)
             if fired and r.polling:
-                wake.polled(now)
+                wake.polled(now, fired)
             # a poll that emptied the queue waits POLL_INTERVAL before the next one
             if fired and (pick.backlog or not r.polling):
                 progressed = True

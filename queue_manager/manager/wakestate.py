@@ -35,8 +35,13 @@ held through its WAL flush, so while the manager waits on a queue that gets many
 transactions, those producers commit one at a time (measured: 8 connections could not reach
 2 000 inserts/s). When POLL_ENTER_WAKES wake-ups of a queue come within POLL_ENTER_SPAN seconds
 (500/s or more, :meth:`WakeState.burst`), the queue is polled: the dispatcher gives its lock back
-(producers stop notifying) and fires due events every POLL_INTERVAL instead, until POLL_LINGER
-passes with nothing fired (:meth:`WakeState.polled`); then it arms the queue again.
+(producers stop notifying) and fires due events every POLL_INTERVAL instead, for as long as its
+polls fire at least POLL_STAY_RATE events a second (:meth:`WakeState.polled`); POLL_LINGER after
+the last poll that showed that rate, it arms the queue again. A burst is not a rate: a producer
+that catches up after a stall (or a manager that reads a stall's notices at once) makes one, and
+before the rate was checked a queue of 200 commits a second then stayed polled for good (every
+poll fired something within POLL_LINGER), each event waiting for the next poll and every poll
+costing the server a statement.
 
 **The floors** (floors.py): where the picks of each partition start, one per priority level of the
 partition (a *slot*: :meth:`WakeState.slot`), since a pick reads each level of a partition in
@@ -60,8 +65,11 @@ POLL_ENTER_WAKES = 8
 POLL_ENTER_SPAN = 0.016
 #: while polled, due events are fetched this often, seconds
 POLL_INTERVAL = 0.001
-#: and the queue stays polled until this long passes with nothing fired, seconds
+#: and the queue stays polled until this long passes without POLL_STAY_RATE, seconds
 POLL_LINGER = 0.05
+#: polls that fire fewer events a second than this (over POLL_LINGER) let the mode end: half the
+#: entry's rate, so that a queue near it does not switch at every burst
+POLL_STAY_RATE = POLL_ENTER_WAKES / POLL_ENTER_SPAN / 2
 
 
 class Lock(Enum):
@@ -88,6 +96,7 @@ class WakeState:
         "_next_reading",
         "_partitions",
         "_poll_until",
+        "_polls",
         "_reset_at",
         "_wakes",
     )
@@ -100,6 +109,8 @@ class WakeState:
         #: loop times of the latest wake-ups, and the end of poll mode
         self._wakes: deque[float] = deque(maxlen=POLL_ENTER_WAKES)
         self._poll_until = 0.0
+        #: loop times and events fired of the polls within the last POLL_LINGER
+        self._polls: deque[tuple[float, int]] = deque()
         self._floors = Floors(partitions * levels)
         #: producers holding the lock while it is not armed, and the loop time of the next reading
         self._holders = HolderWatch()
@@ -205,6 +216,7 @@ class WakeState:
         w = self._wakes
         if len(w) == POLL_ENTER_WAKES and w[-1] - w[0] < POLL_ENTER_SPAN:
             self._poll_until = now + POLL_LINGER
+            self._polls.clear()
             w.clear()
             return True
         return False
@@ -213,9 +225,16 @@ class WakeState:
         """In poll mode: the lock given back, due events fetched every POLL_INTERVAL."""
         return now < self._poll_until
 
-    def polled(self, now: float) -> None:
-        """A poll fired events: the mode lasts until POLL_LINGER from now."""
-        self._poll_until = now + POLL_LINGER
+    def polled(self, now: float, fired: int) -> None:
+        """A poll fired ``fired`` events: while the polls of the last POLL_LINGER fired at least
+        POLL_STAY_RATE a second, the mode lasts until POLL_LINGER from now; below that rate it ends
+        when its linger runs out (producers notify again)."""
+        polls = self._polls
+        polls.append((now, fired))
+        while polls[0][0] <= now - POLL_LINGER:
+            polls.popleft()
+        if sum(n for _, n in polls) >= POLL_STAY_RATE * POLL_LINGER:
+            self._poll_until = now + POLL_LINGER
 
     # ------------------------------------------------------------------ floors
 

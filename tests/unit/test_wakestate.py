@@ -19,6 +19,7 @@ from queue_manager.manager.wakestate import (
     POLL_ENTER_WAKES,
     POLL_INTERVAL,
     POLL_LINGER,
+    POLL_STAY_RATE,
     Lock,
     WakeState,
 )
@@ -92,15 +93,39 @@ def test_a_burst_of_wake_ups_enters_poll_mode_until_a_quiet_linger() -> None:
     start = clock.monotonic()
     assert w.burst(start) and w.polling(start)
     assert not w.burst(start)  # the wake-ups that made the burst are used up
-    # every poll that fires something keeps the mode on for another POLL_LINGER
+    # a poll that fires POLL_STAY_RATE's share of POLL_LINGER keeps the mode on for another POLL_LINGER
     clock.advance(POLL_LINGER - POLL_INTERVAL)
     assert w.polling(clock.monotonic())
-    w.polled(clock.monotonic())
+    w.polled(clock.monotonic(), round(POLL_STAY_RATE * POLL_LINGER + 0.5))
     clock.advance(POLL_LINGER - POLL_INTERVAL)
     assert w.polling(clock.monotonic())
     # POLL_LINGER with nothing fired: the mode ends (the dispatcher arms the queue again)
     clock.advance(POLL_INTERVAL)
     assert not w.polling(clock.monotonic())
+
+
+@pytest.mark.parametrize(("rate", "polled"), [(200.0, False), (0.8 * POLL_STAY_RATE, False), (1000.0, True)])
+def test_poll_mode_lasts_only_while_its_polls_fire_at_its_rate(rate: float, polled: bool) -> None:
+    """A burst (a producer catching up after a stall) enters poll mode; polls that then fire events
+    one by one at a steady rate keep it only at POLL_STAY_RATE a second or more. At 200/s it once
+    lasted for good (each poll fired something within POLL_LINGER), and producers stopped
+    notifying."""
+    clock = FakeClock()
+    w = WakeState(1)
+    for _ in range(POLL_ENTER_WAKES):
+        w.woken(clock.monotonic())
+    assert w.burst(clock.monotonic())
+    next_event = clock.monotonic()
+    for _ in range(round(10 * POLL_LINGER / POLL_INTERVAL)):  # ten lingers of polls
+        clock.advance(POLL_INTERVAL)
+        now = clock.monotonic()
+        fired = 0
+        while next_event <= now:
+            fired += 1
+            next_event += 1 / rate
+        if w.polling(now) and fired:
+            w.polled(now, fired)
+    assert w.polling(clock.monotonic()) is polled
 
 
 def test_floors_rise_after_picks_fall_for_notices_and_stay_below_the_holder_readings() -> None:
