@@ -126,31 +126,35 @@ class TermSession:
         )
         await listen.execute("LISTEN qm_wake")  # before the reload: nothing committed after it is missed
         await dispatcher.reload()
-        # events in hand that were settled while no session listened (notices are not kept for a
-        # listener that comes later): their slots are free, as a notice would have freed them
-        for q in rt.queues.values():
+        # one round trip for every queue (store.in_flight), read after the LISTEN like the settings
+        queues = list(rt.queues.values())
+        restarted = rt.session_term == self.term
+        found = await store.in_flight(
+            work, [(q.settings, q.ledger.in_hand()) for q in queues], self.term if restarted else None
+        )
+        unanswered: dict[str, list[ReleaseItem]] = {}
+        for q, seen in zip(queues, found, strict=True):
+            # events in hand that were settled while no session listened (notices are not kept for
+            # a listener that comes later): their slots are free, as a notice would have freed them
             held = q.ledger.in_hand()
             if held:
-                still = await store.in_hand(work, q.settings, held)
-                rt.settled_unheard(q, [h for h in held if h[0] not in still])
-        # started again under the term of a session that failed: what it fired and never pushed (the
-        # fire committed, its answer was lost with the connection) goes again now, not at its ack
-        # deadline. A fire of this term that no receiver of ours holds was never delivered by us
-        unanswered: dict[str, list[ReleaseItem]] = {}
-        if rt.session_term == self.term:
-            for q in rt.queues.values():
+                rt.settled_unheard(q, [h for h in held if h[0] not in seen.still])
+            # started again under the term of a session that failed: what it fired and never pushed
+            # (the fire committed, its answer was lost with the connection) goes again now, not at
+            # its ack deadline. A fire of this term that no receiver of ours holds was never
+            # delivered by us (read before any fire of this session: none of them is among these)
+            if restarted:
                 holding = {i for i, _ in q.ledger.in_hand()}
-                mine = await store.fired_in_term(work, q.settings, self.term)
-                unanswered[q.name] = [(i, a, 0.0, "its fire's answer was lost") for i, a in mine if i not in holding]
-        rt.session_term = self.term
-        # events fired with a concurrency key that no connection of ours holds (the previous
-        # leader's, still in its receivers' hands until settled or collected): they count for their
-        # keys from the first pick on, so that a failover never admits more than a key's limit
-        for q in rt.queues.values():
-            fired = await store.fired_keys(work, q.settings)
-            rt.strays_found(q, fired)
+                unanswered[q.name] = [
+                    (i, a, 0.0, "its fire's answer was lost") for i, a in seen.in_term if i not in holding
+                ]
+            # events fired with a concurrency key that no connection of ours holds (the previous
+            # leader's, still in its receivers' hands until settled or collected): they count for
+            # their keys from the first pick on, so that a failover never admits more than a key's limit
+            rt.strays_found(q, seen.keys)
             # nor what it fired of a rate key: every key starts with an empty bucket
             q.rates = RateBuckets(rt.clock.monotonic())
+        rt.session_term = self.term
         for q in rt.queues.values():
             q.reset()
         self._spawn(dispatcher.run(), "qm-dispatch")
