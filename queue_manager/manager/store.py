@@ -549,6 +549,8 @@ async def in_flight(
     is given) and :func:`fired_keys`, every queue's in one round trip (a pipeline: one snapshot).
     A session's start read them one after the other, three round trips a queue, each one more wait
     of a restart on a slow or lossy link."""
+    if not asks:
+        return []
     cursors = []
     async with conn.pipeline():
         for q, held in asks:
