@@ -44,6 +44,9 @@ class TcpProxy:
         self.reset = 0.0
         #: chunks forwarded, lost (held for retransmission) and connections reset while lossy
         self.counts = {"chunks": 0, "lost": 0, "resets": 0}
+        #: when set, (event loop time, connection number, first bytes) of every chunk a client sent, as it arrived
+        self.sends: list[tuple[float, int, bytes]] | None = None
+        self._accepted = 0
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._rng = rng or random.Random()
@@ -73,10 +76,14 @@ class TcpProxy:
             writer.close()
             return
         self._writers.update((writer, up_writer))
+        self._accepted += 1
+        number = self._accepted
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
                 while data := await src.read(65536):
+                    if self.sends is not None and src is reader:
+                        self.sends.append((asyncio.get_running_loop().time(), number, data[:200]))
                     await self._flowing.wait()
                     if self.delay or self.jitter:
                         await asyncio.sleep(self.delay + self._rng.random() * self.jitter)

@@ -224,6 +224,8 @@ class Leadership:
                         await s.failed_event.wait()
                 if s.failed is None and s.stalled(clock.monotonic(), STALL_AFTER):
                     s.fail(RuntimeError(f"the dispatcher started no round for {STALL_AFTER:g} s"))
+                if s.failed is not None:
+                    continue  # _restart renews, once, before the next session (not here as well)
                 await self._renew_within_trust(ctl)
             except asyncio.CancelledError:
                 raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -47,6 +48,27 @@ def _static(name: str) -> sql.SQL:
 def queue_sql(name: str, queue: str) -> sql.Composed:
     """A manager statement for one queue table (the name is allow-listed first)."""
     return sql.SQL(query(name, "manager.sql")).format(queue=sql.Identifier(check_queue_name(queue)))
+
+
+#: per connection, the statements executed on it with ``prepare=True`` at least once
+_PREPARED: weakref.WeakKeyDictionary[AsyncConn, set[str]] = weakref.WeakKeyDictionary()
+
+
+async def _execute_prepared(
+    conn: AsyncConn, key: str, statement: sql.SQL | sql.Composed, params: Mapping[str, Any], *, binary: bool = False
+) -> psycopg.AsyncCursor[Any]:
+    """``conn.execute(statement, params, prepare=True)``; its first time on a connection (``key``
+    names the statement) inside a pipeline. Outside one, psycopg prepares a statement in a round
+    trip of its own (Parse, wait, then Bind and Execute): on a new session's connections the
+    dispatcher's probe, scan and fire each cost two round trips instead of one, and a restart on a
+    slow or lossy link waits for every one of them (docs/faults.md, "A cheaper restart")."""
+    known = _PREPARED.setdefault(conn, set())
+    if key in known:
+        return await conn.execute(statement, params, prepare=True, binary=binary)
+    async with conn.pipeline():
+        cur = await conn.execute(statement, params, prepare=True, binary=binary)
+    known.add(key)
+    return cur
 
 
 def is_fenced(exc: BaseException) -> bool:
@@ -263,7 +285,7 @@ async def scan(
             await cur.execute(queue_sql("mgr_scan", q.name), params, prepare=True)
         fired = await fire_cur.fetchall()
     else:
-        cur = await conn.execute(queue_sql("mgr_scan", q.name), params, prepare=True)
+        cur = await _execute_prepared(conn, f"mgr_scan {q.name}", queue_sql("mgr_scan", q.name), params)
     rows = await cur.fetchall()
     clock = float(rows[0][4]) if rows else None
     return [(r[0], r[1], r[2], r[3], r[5], r[6], r[7]) for r in rows], quota, clock, fired
@@ -275,9 +297,9 @@ def _fire_params(q: QueueSettings, term: int, ids: list[int]) -> dict[str, Any]:
 
 async def fire(conn: AsyncConn, q: QueueSettings, term: int, ids: list[int]) -> list[FiredRow]:
     """Mark events fired; returns the rows fired (:data:`FiredRow`)."""
-    cur = await conn.execute(
-        queue_sql("mgr_fire", q.name), _fire_params(q, term, ids), prepare=True, binary=True  # see fire_due
-    )
+    statement = queue_sql("mgr_fire", q.name)
+    # rows in binary: see fire_due
+    cur = await _execute_prepared(conn, f"mgr_fire {q.name}", statement, _fire_params(q, term, ids), binary=True)
     return await cur.fetchall()
 
 
@@ -311,7 +333,9 @@ async def fire_due(
             slot = p * PRIORITY_LEVELS + v - 1
             cap_slots.extend([None] * (slot + 1 - len(cap_slots)))
             cap_slots[slot] = n
-    cur = await conn.execute(
+    cur = await _execute_prepared(
+        conn,
+        f"mgr_fire_due {q.name}",
         queue_sql("mgr_fire_due", q.name),
         {
             "term": term,
@@ -328,7 +352,6 @@ async def fire_due(
             "ack_timeout": q.ack_timeout_seconds,
             "queue_id": q.id,
         },
-        prepare=True,
         # rows in binary: the numbers and the levels' array are not parsed from text (0.2 us of
         # the manager's CPU a fired event, docs/benchmarks.md, "End to end")
         binary=True,
@@ -357,7 +380,9 @@ async def fire_due_fair(
     partitions = max(1, q.partitions_physical)
     quota, candidates = candidate_quota(limit, partitions)
     passed = bool(pick.capped or ckeys.blocked or rkeys.blocked)
-    cur = await conn.execute(
+    cur = await _execute_prepared(
+        conn,
+        f"mgr_fire_due_fair {q.name}",
         queue_sql("mgr_fire_due_fair", q.name),
         {
             "term": term,
@@ -388,7 +413,6 @@ async def fire_due_fair(
             "ack_timeout": q.ack_timeout_seconds,
             "queue_id": q.id,
         },
-        prepare=True,
     )
     rows = await cur.fetchall()
     seen = int(rows[0][12]) if rows else 0
@@ -506,26 +530,50 @@ async def sweep(
     return moved, failed, pages, at, held
 
 
-async def in_hand(conn: AsyncConn, q: QueueSettings, items: Sequence[tuple[int, int]]) -> set[int]:
-    """The ids of these (id, attempt) deliveries that the queue still has fired at that attempt."""
-    cur = await conn.execute(
-        queue_sql("mgr_in_hand", q.name),
-        {"ids": _ints(i for i, _ in items), "attempts": _ints(a for _, a in items)},
-    )
-    return {int(r[0]) for r in await cur.fetchall()}
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """What a session starting finds of one queue's fired events (:func:`in_flight`)."""
+
+    #: the ids of the deliveries asked about that are still fired at their attempt (:func:`in_hand`)
+    still: set[int]
+    #: (id, attempt) fired under the term asked about (:func:`fired_in_term`), empty when not asked
+    in_term: list[tuple[int, int]]
+    #: (id, attempt, tenant, concurrency key) of the fired events with a key (:func:`fired_keys`)
+    keys: list[tuple[int, int, str, str]]
 
 
-async def fired_keys(conn: AsyncConn, q: QueueSettings) -> list[tuple[int, int, str, str]]:
-    """(id, attempt, tenant, concurrency_key) of the queue's fired events that have a concurrency key
-    (through the fired index: as many as are in flight)."""
-    cur = await conn.execute(queue_sql("mgr_fired_keys", q.name))
-    return [(int(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in await cur.fetchall()]
-
-
-async def fired_in_term(conn: AsyncConn, q: QueueSettings, term: int) -> list[tuple[int, int]]:
-    """(id, attempt) of the queue's events fired under ``term`` (through the fired index)."""
-    cur = await conn.execute(queue_sql("mgr_fired_in_term", q.name), {"term": term})
-    return [(int(r[0]), int(r[1])) for r in await cur.fetchall()]
+async def in_flight(
+    conn: AsyncConn, asks: Sequence[tuple[QueueSettings, Sequence[tuple[int, int]]]], term: int | None
+) -> list[InFlight]:
+    """For each (queue, deliveries in hand): :func:`in_hand`, :func:`fired_in_term` (when ``term``
+    is given) and :func:`fired_keys`, every queue's in one round trip (a pipeline: one snapshot).
+    A session's start read them one after the other, three round trips a queue, each one more wait
+    of a restart on a slow or lossy link."""
+    if not asks:
+        return []
+    cursors = []
+    async with conn.pipeline():
+        for q, held in asks:
+            still = None
+            if held:
+                still = await conn.execute(
+                    queue_sql("mgr_in_hand", q.name),
+                    {"ids": _ints(i for i, _ in held), "attempts": _ints(a for _, a in held)},
+                )
+            in_term = None
+            if term is not None:
+                in_term = await conn.execute(queue_sql("mgr_fired_in_term", q.name), {"term": term})
+            cursors.append((still, in_term, await conn.execute(queue_sql("mgr_fired_keys", q.name))))
+    out = []
+    for still, in_term, keys in cursors:
+        out.append(
+            InFlight(
+                still=set() if still is None else {int(r[0]) for r in await still.fetchall()},
+                in_term=[] if in_term is None else [(int(r[0]), int(r[1])) for r in await in_term.fetchall()],
+                keys=[(int(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in await keys.fetchall()],
+            )
+        )
+    return out
 
 
 async def settled(conn: AsyncConn, q: QueueSettings, term: int, parts: Sequence[int]) -> None:
@@ -541,7 +589,7 @@ async def wake_lock_holders(
 
     A cheap probe first (a try of each lock, given back at once); the lock table is read only for
     the queues whose lock is held, which a drain without producers never pays."""
-    cur = await conn.execute(_static("mgr_wake_lock_probe"), {"ids": list(queue_ids)}, prepare=True)
+    cur = await _execute_prepared(conn, "mgr_wake_lock_probe", _static("mgr_wake_lock_probe"), {"ids": list(queue_ids)})
     out: dict[int, dict[int, float | None]] = {qid: {} for qid in queue_ids}
     held = []
     at = 0.0
@@ -551,7 +599,7 @@ async def wake_lock_holders(
             held.append(int(qid))
     if not held:
         return out, at
-    cur = await conn.execute(_static("mgr_wake_lock_holders"), {"ids": held}, prepare=True)
+    cur = await _execute_prepared(conn, "mgr_wake_lock_holders", _static("mgr_wake_lock_holders"), {"ids": held})
     for qid, pid, start, clock in await cur.fetchall():
         at = float(clock)
         if qid is not None:

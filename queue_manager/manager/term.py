@@ -124,33 +124,53 @@ class TermSession:
             known=rt.queues.__contains__,
             loop_time=rt.clock.monotonic,
         )
-        await listen.execute("LISTEN qm_wake")  # before the reload: nothing committed after it is missed
-        await dispatcher.reload()
-        # events in hand that were settled while no session listened (notices are not kept for a
-        # listener that comes later): their slots are free, as a notice would have freed them
-        for q in rt.queues.values():
-            held = q.ledger.in_hand()
-            if held:
-                still = await store.in_hand(work, q.settings, held)
-                rt.settled_unheard(q, [h for h in held if h[0] not in still])
-        # started again under the term of a session that failed: what it fired and never pushed (the
-        # fire committed, its answer was lost with the connection) goes again now, not at its ack
-        # deadline. A fire of this term that no receiver of ours holds was never delivered by us
+        await listen.execute("LISTEN qm_wake")  # before the reads: nothing committed after them is missed
+        # after the LISTEN, the settings (on their connection) and, at once on the dispatcher's, the
+        # events in flight of the queues already known (store.in_flight, every queue in one round
+        # trip; a session started again has them all): one round trip, not two. A queue the
+        # settings bring that was not known is read after them
+        restarted = rt.session_term == self.term
+        term = self.term if restarted else None
+        asks = [(q, q.ledger.in_hand()) for q in rt.queues.values()]
+        # both end before this goes on (as the connections' opening), the first error raised
+        reloaded, flying = await asyncio.gather(
+            dispatcher.reload(),
+            store.in_flight(work, [(q.settings, held) for q, held in asks], term),
+            return_exceptions=True,
+        )
+        if isinstance(reloaded, BaseException):
+            raise reloaded
+        if isinstance(flying, BaseException):
+            raise flying
+        found = {id(q): (set(held), seen) for (q, held), seen in zip(asks, flying, strict=True)}
+        new = [q for q in rt.queues.values() if id(q) not in found]
+        if new:
+            seen_new = await store.in_flight(work, [(q.settings, ()) for q in new], term)
+            found.update((id(q), (set(), seen)) for q, seen in zip(new, seen_new, strict=True))
         unanswered: dict[str, list[ReleaseItem]] = {}
-        if rt.session_term == self.term:
-            for q in rt.queues.values():
-                holding = {i for i, _ in q.ledger.in_hand()}
-                mine = await store.fired_in_term(work, q.settings, self.term)
-                unanswered[q.name] = [(i, a, 0.0, "its fire's answer was lost") for i, a in mine if i not in holding]
-        rt.session_term = self.term
-        # events fired with a concurrency key that no connection of ours holds (the previous
-        # leader's, still in its receivers' hands until settled or collected): they count for their
-        # keys from the first pick on, so that a failover never admits more than a key's limit
         for q in rt.queues.values():
-            fired = await store.fired_keys(work, q.settings)
-            rt.strays_found(q, fired)
+            asked, seen = found[id(q)]
+            # events in hand that were settled while no session listened (notices are not kept for
+            # a listener that comes later): their slots are free, as a notice would have freed them
+            gone = [h for h in q.ledger.in_hand() if h in asked and h[0] not in seen.still]
+            if gone:
+                rt.settled_unheard(q, gone)
+            # started again under the term of a session that failed: what it fired and never pushed
+            # (the fire committed, its answer was lost with the connection) goes again now, not at
+            # its ack deadline. A fire of this term that no receiver of ours holds was never
+            # delivered by us (read before any fire of this session: none of them is among these)
+            if restarted:
+                holding = {i for i, _ in q.ledger.in_hand()}
+                unanswered[q.name] = [
+                    (i, a, 0.0, "its fire's answer was lost") for i, a in seen.in_term if i not in holding
+                ]
+            # events fired with a concurrency key that no connection of ours holds (the previous
+            # leader's, still in its receivers' hands until settled or collected): they count for
+            # their keys from the first pick on, so that a failover never admits more than a key's limit
+            rt.strays_found(q, seen.keys)
             # nor what it fired of a rate key: every key starts with an empty bucket
             q.rates = RateBuckets(rt.clock.monotonic())
+        rt.session_term = self.term
         for q in rt.queues.values():
             q.reset()
         self._spawn(dispatcher.run(), "qm-dispatch")

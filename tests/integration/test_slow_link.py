@@ -170,3 +170,73 @@ async def test_a_session_started_again_under_its_term_releases_the_fires_whose_a
                 rows = dict(c.execute("SELECT id, attempts FROM orders").fetchall())
     assert rows == {held: 1, lost: 2}
     assert rec.ids().count(held) == 1
+
+
+#: the round trips one after the other from a failed session to the fire of an event due at once
+#: (13 before): the lease's renewal, a new connection's two (SSL request, start-up), the LISTEN, the
+#: settings with the events in flight (every queue's, beside them on the dispatcher's connection),
+#: the dispatcher's wake-up lock reading, rescan and fire
+RESTART_ROUND_TRIPS = 8
+
+
+def waves(sends: list[tuple[float, int, bytes]], gap: float) -> list[list[tuple[float, int, bytes]]]:
+    """The chunks the clients sent, in groups sent together: a chunk more than ``gap`` after the
+    one before it starts a group (on a link delaying every chunk by ``gap`` each way, a chunk that
+    waited for an answer comes at least 2 x ``gap`` after the request it answered)."""
+    out: list[list[tuple[float, int, bytes]]] = []
+    for send in sends:
+        if not out or send[0] - out[-1][-1][0] > gap:
+            out.append([])
+        out[-1].append(send)
+    return out
+
+
+async def test_a_session_restart_costs_a_counted_number_of_round_trips_in_sequence(
+    shard: Shard, make_queue: Any
+) -> None:
+    """From a session's failure (its dispatcher's connection terminated) to the fire of an event
+    due at once, on a link that delays every chunk: the round trips one after the other are counted
+    from what the manager sends, in groups (``waves``), not timed. A restart used to take 13 (two
+    renewals, the reads of a session's start one after the other, and each of the dispatcher's
+    first statements prepared in a round trip of its own); every one of them is a wait of a restart
+    on a lossy link (docs/faults.md, "A cheaper restart")."""
+    make_queue("orders", partitions=2, shuffle=1)
+    tenant = tenants_of(shard, 1)[0]
+    delay = 0.1
+    proxy = TcpProxy.for_dsn(shard.dsn)
+    await proxy.start()
+    # nothing periodic on the link while it is counted (renewals, rescans, maintenance)
+    quiet = {
+        "lease_ttl": 30.0,
+        "rescan_interval": 30.0,
+        "sweep_interval": 30.0,
+        "purge_interval": 30.0,
+        "reconcile_interval": 30.0,
+    }
+    try:
+        async with leading_manager(proxy.proxied(shard.dsn), **quiet) as m:
+            async with running_receiver(url(m)) as (_, rec):
+                (first,) = await insert(shard.dsn, [(tenant, {})])
+                await wait_for(lambda: first in rec.ids(), what="the first event")
+                proxy.slow(delay, 0)
+                proxy.sends = []
+                with psycopg.connect(shard.dsn, autocommit=True) as c:
+                    c.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND application_name LIKE 'qm-manager-work%%'"
+                    )
+                (due,) = await insert(shard.dsn, [(tenant, {})])
+                await wait_for(lambda: due in rec.ids(), timeout=30, what="the event due, after the restart")
+                sends = list(proxy.sends)
+                proxy.slow(0, 0)
+    finally:
+        await proxy.close()
+    # from the restart's first statement (the lease's renewal) to the fire: what comes after the
+    # fire is not waited for
+    start = next(i for i, s in enumerate(sends) if b"renew_leadership" in s[2])
+    fire = next(i for i, s in enumerate(sends) if i > start and (b"-- Fire" in s[2] or b"-- Mark due" in s[2]))
+    groups = waves(sends[start : fire + 1], delay)
+    shown = "\n".join(f"{g[0][0] - sends[start][0]:.2f} s: {[s[2][:40] for s in g]}" for g in groups)
+    assert len(groups) <= RESTART_ROUND_TRIPS, f"{len(groups)} round trips in sequence:\n{shown}"
+    # and the count is of what it claims: a session's start is among them
+    assert any(b"LISTEN" in s[2] for s in sends[start:fire])
