@@ -273,6 +273,7 @@ def test_every_page_loads_and_the_payload_filter_finds_events(
     assert '"id": 42' in page.locator("pre.payload").inner_text() and t1 in page.content()
     _shot(page, "event")
     page.click("text=Database health")
+    page.wait_for_url(f"{server}/database")  # loaded: a locator's count does not wait for the page
     assert page.locator("h2").count() == 2
     _shot(page, "database")
     page.context.close()
