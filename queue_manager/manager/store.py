@@ -534,19 +534,20 @@ async def sweep(
 class InFlight:
     """What a session starting finds of one queue's fired events (:func:`in_flight`)."""
 
-    #: the ids of the deliveries asked about that are still fired at their attempt (:func:`in_hand`)
+    #: the ids of the deliveries asked about that are still fired at their attempt (``mgr_in_hand``)
     still: set[int]
-    #: (id, attempt) fired under the term asked about (:func:`fired_in_term`), empty when not asked
+    #: (id, attempt) fired under the term asked about (``mgr_fired_in_term``), empty when not asked
     in_term: list[tuple[int, int]]
-    #: (id, attempt, tenant, concurrency key) of the fired events with a key (:func:`fired_keys`)
+    #: (id, attempt, tenant, concurrency key) of the fired events with a key (``mgr_fired_keys``)
     keys: list[tuple[int, int, str, str]]
 
 
 async def in_flight(
     conn: AsyncConn, asks: Sequence[tuple[QueueSettings, Sequence[tuple[int, int]]]], term: int | None
 ) -> list[InFlight]:
-    """For each (queue, deliveries in hand): :func:`in_hand`, :func:`fired_in_term` (when ``term``
-    is given) and :func:`fired_keys`, every queue's in one round trip (a pipeline: one snapshot).
+    """For each (queue, deliveries in hand): which are still fired, what was fired under ``term``
+    (when given) and the fired events with a concurrency key (:class:`InFlight`), every queue's in
+    one round trip (a pipeline).
     A session's start read them one after the other, three round trips a queue, each one more wait
     of a restart on a slow or lossy link."""
     if not asks:
